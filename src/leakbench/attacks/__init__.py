@@ -1,0 +1,17 @@
+"""Attacks: the contract, the registry and every registered attack.
+
+``leakbench.attack(name, observation, **options)`` runs one; ``names()`` lists them.
+"""
+from . import gradient, trained  # noqa: F401  (registration)
+from .base import ATTACKS, Attack, Reconstruction, attack, create, register
+from .labels import idlg, label_counts, recover_labels
+from .matching import GradientMatcher, MatchingSettings
+
+
+def names() -> list[str]:
+    """Names of the registered attacks."""
+    return ATTACKS.names()
+
+
+__all__ = ["ATTACKS", "Attack", "Reconstruction", "attack", "create", "register", "names", "idlg",
+           "label_counts", "recover_labels", "GradientMatcher", "MatchingSettings"]

@@ -1,0 +1,148 @@
+"""The attack contract: :class:`Attack`, :class:`Reconstruction`, the registry and :func:`attack`.
+
+Every attack declares its options as a dataclass (``Options``) with named
+presets (the paper's settings, ``quick`` for tests, ...), says in
+:meth:`Attack.requirements` why it cannot run on an observation before any work
+is done, and returns a :class:`Reconstruction`.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import time
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from ..errors import ConfigError, UnsupportedThreatModel
+from ..registry import Registry
+from ..threat import Observation
+
+#: ``callback(step, images)`` is called during optimisation (every ``trace_every`` steps).
+Callback = Callable[[int, torch.Tensor], None]
+#: ``progress(done, total, loss)`` reports advancement of long work.
+Progress = Callable[[int, int, float], None]
+
+
+@dataclass
+class Reconstruction:
+    """What an attack rebuilt: images, labels when recovered, per-sample confidence, and a trace."""
+
+    images: torch.Tensor
+    labels: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
+    trace: dict[str, Any] = field(default_factory=dict)
+    attack: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.images.shape[0])
+
+
+ATTACKS: Registry["Attack"] = Registry("attack")
+
+
+def _coerce(value: Any, annotation: Any, name: str, attack: str) -> Any:
+    """Convert CLI strings to the option's declared type."""
+    if not isinstance(value, str):
+        return value
+    target = annotation
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if value.lower() == "none" and type(None) in typing.get_args(annotation):
+            return None
+        target = args[0] if args else str
+    try:
+        if target is bool:
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if target in (int, float, str):
+            return target(value)
+    except ValueError:
+        raise ConfigError(f"expected {getattr(target, '__name__', target)} for option {name!r} "
+                          f"of attack {attack!r}, got {value!r}") from None
+    return value
+
+
+class Attack(abc.ABC):
+    """Base class of every attack.  Subclasses set ``name``, ``Options``, ``presets`` and ``run``."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = object
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def __init__(self, *, preset: str | None = None, **options: Any) -> None:
+        fields = {f.name: f for f in dataclasses.fields(self.Options)}
+        hints = typing.get_type_hints(self.Options)
+        chosen = preset or "default"
+        if chosen != "default" and chosen not in self.presets:
+            raise ConfigError(f"unknown preset {chosen!r} for attack {self.name!r}; "
+                              f"known presets: {', '.join(['default', *sorted(self.presets)])}")
+        merged = dict(self.presets.get(chosen, {}))
+        for key, value in options.items():
+            if key not in fields:
+                raise ConfigError(f"unknown option {key!r} for attack {self.name!r}; "
+                                  f"known options: {', '.join(sorted(fields))}")
+            merged[key] = _coerce(value, hints.get(key, Any), key, self.name)
+        self.preset = chosen
+        self.options = self.Options(**merged)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check option values (raise :class:`ConfigError`); the default accepts all."""
+
+    def requirements(self, obs: Observation) -> list[str]:
+        """Reasons this attack cannot run on ``obs`` (empty when it can)."""
+        return []
+
+    @abc.abstractmethod
+    def run(self, obs: Observation, *, seed: int = 0, callback: Callback | None = None,
+            progress: Progress | None = None) -> Reconstruction:
+        """Rebuild the batch behind ``obs`` (requirements already checked)."""
+
+    def __call__(self, obs: Observation, *, seed: int = 0, callback: Callback | None = None,
+                 progress: Progress | None = None) -> Reconstruction:
+        reasons = self.requirements(obs)
+        if reasons:
+            raise UnsupportedThreatModel(f"attack {self.name!r} cannot run on this observation: "
+                                         + "; ".join(reasons))
+        start = time.perf_counter()
+        rec = self.run(obs, seed=seed, callback=callback, progress=progress)
+        rec.trace.setdefault("seconds", time.perf_counter() - start)
+        rec.attack = self.name
+        rec.options = {"preset": self.preset, **dataclasses.asdict(self.options)}
+        return rec
+
+
+def register(cls: type[Attack]) -> type[Attack]:
+    """Class decorator: add an :class:`Attack` subclass to :data:`ATTACKS` under ``cls.name``."""
+    doc = (cls.__doc__ or "").strip().splitlines()
+    ATTACKS.register(cls.name, cls, help=doc[0] if doc else "")
+    return cls
+
+
+def create(name: str, *, preset: str | None = None, **options: Any) -> Attack:
+    """Instantiate the attack ``name`` with a preset and option overrides."""
+    return ATTACKS.get(name)(preset=preset, **options)
+
+
+def attack(name: str, observation: Observation, *, preset: str | None = None, seed: int = 0,
+           callback: Callback | None = None, progress: Progress | bool | None = None,
+           **options: Any) -> Reconstruction:
+    """Run attack ``name`` on ``observation``: ``lb.attack("inverting-gradients", obs, iterations=2000)``."""
+    if not isinstance(observation, Observation):
+        raise ConfigError(f"expected an Observation (from leakbench.observe), got {type(observation).__name__}")
+    runner = create(name, preset=preset, **options)
+    if progress is True:
+        from ..progress import rich_progress
+
+        with rich_progress(f"{name}") as report:
+            return runner(observation, seed=seed, callback=callback, progress=report)
+    return runner(observation, seed=seed, callback=callback, progress=progress or None)

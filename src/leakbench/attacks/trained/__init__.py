@@ -1,0 +1,1 @@
+"""Attacks on trained weights (KKT reconstruction, univariate, membership) register here."""

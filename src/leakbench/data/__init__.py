@@ -1,0 +1,58 @@
+"""Datasets: the ``ImageDataset`` type, the ``DATASETS`` registry and ``load``.
+
+>>> from leakbench.data import load
+>>> data = load("digits", size=16)
+>>> data.shape
+(1, 16, 16)
+
+Offline datasets (no network, no files): ``digits``, ``photos``, ``sphere``,
+``gaussian-mixture``.  File datasets read a user-given ``root``: ``cifar10``,
+``cifar100``, ``mnist``, ``fashion-mnist``, ``folder``, ``npz``.
+"""
+from __future__ import annotations
+
+import inspect
+
+from ..errors import ConfigError
+from ..registry import Registry
+from . import files, offline
+from .dataset import ImageDataset
+
+DATASETS: Registry[ImageDataset] = Registry("dataset")
+
+DATASETS.register("digits", offline.digits)
+DATASETS.register("photos", offline.photos)
+DATASETS.register("sphere", offline.sphere)
+DATASETS.register("gaussian-mixture", offline.gaussian_mixture)
+DATASETS.register("cifar10", files.cifar10)
+DATASETS.register("cifar100", files.cifar100)
+DATASETS.register("mnist", files.mnist)
+DATASETS.register("fashion-mnist", files.fashion_mnist)
+DATASETS.register("folder", files.folder)
+DATASETS.register("npz", files.npz)
+
+#: datasets that need neither files nor network.
+OFFLINE = ("digits", "photos", "sphere", "gaussian-mixture")
+
+
+def options(name: str) -> dict[str, object]:
+    """The options dataset ``name`` accepts, with their defaults (``inspect.Parameter.empty`` if required)."""
+    params = inspect.signature(DATASETS.get(name)).parameters.values()
+    return {p.name: p.default for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+def load(name: str, **opts: object) -> ImageDataset:
+    """Load the dataset registered as ``name`` with keyword options (e.g. ``size=32``, ``root=...``)."""
+    accepted = options(name)
+    unknown = [k for k in opts if k not in accepted]
+    if unknown:
+        raise ConfigError(
+            f"unknown option {unknown[0]!r} for dataset {name!r}; accepted options: {', '.join(accepted)}"
+        )
+    missing = [k for k, v in accepted.items() if v is inspect.Parameter.empty and k not in opts]
+    if missing:
+        raise ConfigError(f"dataset {name!r} needs option {missing[0]!r} (e.g. load({name!r}, {missing[0]}=...))")
+    return DATASETS.create(name, **opts)
+
+
+__all__ = ["ImageDataset", "DATASETS", "load", "options", "OFFLINE"]

@@ -1,0 +1,579 @@
+"""Loaders that read standard on-disk dataset formats themselves (no torchvision).
+
+- ``cifar10`` / ``cifar100``: the "python version" pickle batches.
+- ``mnist`` / ``fashion-mnist``: IDX files, gzipped or raw (torchvision's
+  ``MNIST/raw`` layout is found too).
+- ``folder``: one sub-folder of image files per class.
+- ``npz``: arrays ``x`` (images) and ``y`` (labels) in one ``.npz``.
+
+Absent files raise :class:`~leakbench.errors.DataNotFound` saying which files
+were looked for and where to put them; ``download=True`` fetches the official
+archives (md5-checked) where the network allows.  The default ``root`` is
+``$LEAKBENCH_DATA`` or ``~/.cache/leakbench/data``.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.client
+import os
+import pickle
+import shutil
+import tarfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, DataNotFound
+from .dataset import ImageDataset
+from .offline import _choice, _int_option, apply_limit, set_channels
+
+PathLike = str | os.PathLike
+
+CIFAR10_CLASSES = [
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+]
+#: CIFAR-10 classes labelled "vehicle" (1) by ``binary="vehicles-animals"``; the rest are "animal" (0).
+CIFAR10_VEHICLES = ("airplane", "automobile", "ship", "truck")
+CIFAR100_FINE = (
+    "apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly "
+    "camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup "
+    "dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo keyboard lamp lawn_mower "
+    "leopard lion lizard lobster man maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid "
+    "otter palm_tree pear pickup_truck pine_tree plain plate poppy porcupine possum rabbit raccoon ray road "
+    "rocket rose sea seal shark shrew skunk skyscraper snail snake spider squirrel streetcar sunflower "
+    "sweet_pepper table tank telephone television tiger tractor train trout tulip turtle wardrobe whale "
+    "willow_tree wolf woman worm"
+).split()
+CIFAR100_COARSE = (
+    "aquatic_mammals fish flowers food_containers fruit_and_vegetables household_electrical_devices "
+    "household_furniture insects large_carnivores large_man-made_outdoor_things large_natural_outdoor_scenes "
+    "large_omnivores_and_herbivores medium_mammals non-insect_invertebrates people reptiles small_mammals "
+    "trees vehicles_1 vehicles_2"
+).split()
+FASHION_CLASSES = [
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+]
+
+_CIFAR = {
+    "cifar10": {
+        "folder": "cifar-10-batches-py",
+        "train": [f"data_batch_{i}" for i in range(1, 6)],
+        "test": ["test_batch"],
+        "url": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+        "md5": "c58f30108f718f92721af3b95e74349a",
+    },
+    "cifar100": {
+        "folder": "cifar-100-python",
+        "train": ["train"],
+        "test": ["test"],
+        "url": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+        "md5": "eb9058c3a382ffc7106e4002c42a8d85",
+    },
+}
+_IDX = {
+    "mnist": {
+        "subdir": "MNIST/raw",
+        "mirrors": ["https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"],
+        "md5": {
+            "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+            "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+            "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+            "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+        },
+    },
+    "fashion-mnist": {
+        "subdir": "FashionMNIST/raw",
+        "mirrors": [
+            "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+            "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
+        ],
+        "md5": {
+            "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+            "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+            "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+            "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+        },
+    },
+}
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+# ------------------------------------------------------------------ shared helpers
+def default_root() -> Path:
+    """Where file datasets live unless ``root`` is given: ``$LEAKBENCH_DATA`` or ``~/.cache/leakbench/data``."""
+    return Path(os.environ.get("LEAKBENCH_DATA") or Path.home() / ".cache" / "leakbench" / "data")
+
+
+def _root(root: PathLike | None) -> Path:
+    if root is None:
+        return default_root().expanduser()
+    if not isinstance(root, (str, os.PathLike)):
+        raise ConfigError(f"expected a directory path, got {root!r} (field root)")
+    return Path(root).expanduser()
+
+
+def _bool(value: object, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"expected True or False, got {value!r} (field {field})")
+    return value
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch(url: str, dest: Path, *, md5: str | None = None, timeout: float = 60.0) -> Path:
+    """Fetch ``url`` to ``dest`` (via a ``.part`` file), checking ``md5``; DataNotFound on any failure."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    try:
+        request = urllib.request.Request(url, headers={"User-Agent": "leakbench"})
+        with urllib.request.urlopen(request, timeout=timeout) as response, open(part, "wb") as out:
+            shutil.copyfileobj(response, out, 1 << 20)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:  # HTTP, timeouts, DNS, disk
+        part.unlink(missing_ok=True)
+        reason = getattr(exc, "reason", None) or exc
+        raise DataNotFound(
+            f"could not download {url} ({reason}); download it by hand and put it in {dest.parent}"
+        ) from None
+    if md5 is not None and _md5(part) != md5:
+        part.unlink(missing_ok=True)
+        raise DataNotFound(
+            f"downloaded {url} but its md5 does not match {md5} (corrupt or changed file); "
+            f"retry, or put a good copy at {dest}"
+        )
+    part.replace(dest)
+    return dest
+
+
+def _extract_tar(archive: Path, root: Path) -> None:
+    with tarfile.open(archive, "r:gz") as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(root, filter="data")
+        else:  # pragma: no cover - Python without extraction filters
+            base = root.resolve()
+            for member in tar.getmembers():
+                target = (root / member.name).resolve()
+                if base not in target.parents and target != base:
+                    raise DataNotFound(f"refusing to extract {member.name!r} outside {root} from {archive}")
+            tar.extractall(root)
+
+
+# ------------------------------------------------------------------ CIFAR
+class _NumpyUnpickler(pickle.Unpickler):
+    """Unpickler that only rebuilds numpy arrays and builtins (CIFAR batches need nothing else).
+
+    The official batches are Python 2 pickles; re-pickled ones (any protocol) load too.
+    Anything else a pickle could call is refused, so a dataset file cannot run code.
+    """
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),  # bytes in protocol-2 pickles written by Python 3
+    }
+
+    def find_class(self, module: str, name: str):
+        legacy = module.replace("numpy._core.", "numpy.core.")
+        if (legacy, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a dataset pickle")
+        if legacy.startswith("numpy.core.") and hasattr(np, "_core"):
+            module = legacy.replace("numpy.core.", "numpy._core.")  # numpy >= 2: skip the deprecation shim
+        return super().find_class(module, name)
+
+
+def _read_cifar_pickle(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            raw = _NumpyUnpickler(f, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError) as exc:
+        raise ConfigError(f"{path} is not a CIFAR python batch ({exc}); re-download it") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} is not a CIFAR python batch (expected a dict, got {type(raw).__name__})")
+    return {k.decode() if isinstance(k, bytes) else k: v for k, v in raw.items()}
+
+
+def _find_cifar(which: str, root: Path, train: bool, download_: bool) -> list[Path]:
+    spec = _CIFAR[which]
+    names = spec["train"] if train else spec["test"]
+    candidates = [root / spec["folder"], root]
+    for folder in candidates:
+        if all((folder / n).is_file() for n in names):
+            return [folder / n for n in names]
+    if download_:
+        archive = root / spec["url"].rsplit("/", 1)[1]
+        if not (archive.is_file() and _md5(archive) == spec["md5"]):  # reuse a good earlier download
+            fetch(spec["url"], archive, md5=spec["md5"])
+        _extract_tar(archive, root)
+        folder = root / spec["folder"]
+        if all((folder / n).is_file() for n in names):
+            return [folder / n for n in names]
+    raise DataNotFound(
+        f"{which} files not found: looked for {', '.join(names)} in {candidates[0]} and {candidates[1]}. "
+        f"Put the extracted '{spec['folder']}' folder of {spec['url']} in {root} "
+        f"(pass root=... to look elsewhere), or pass download=True to fetch it where the network allows."
+    )
+
+
+def _cifar_arrays(paths: Sequence[Path], label_key: str, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    xs, ys, total = [], [], 0
+    for path in paths:
+        batch = _read_cifar_pickle(path)
+        if "data" not in batch or label_key not in batch:
+            raise ConfigError(f"{path} lacks 'data' or {label_key!r}; it is not a CIFAR python batch")
+        data = np.asarray(batch["data"], dtype=np.uint8)
+        xs.append(data.reshape(data.shape[0], 3, 32, 32))
+        ys.append(np.asarray(batch[label_key], dtype=np.int64))
+        total += data.shape[0]
+        if limit is not None and total >= limit:
+            break
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def _cifar_tensors(x: np.ndarray, y: np.ndarray, limit: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    images, labels = apply_limit(torch.from_numpy(x), torch.from_numpy(y), limit)
+    return images.to(torch.float32).div_(255.0), labels
+
+
+def cifar10(
+    *,
+    root: PathLike | None = None,
+    train: bool = True,
+    download: bool = False,
+    binary: str | None = None,
+    limit: int | None = None,
+) -> ImageDataset:
+    """CIFAR-10 (32×32 colour, 10 classes) from ``root/cifar-10-batches-py``.
+
+    ``binary="vehicles-animals"`` relabels to classes ["animal", "vehicle"]:
+    airplane, automobile, ship and truck → 1 (vehicle), the six animals → 0.
+    """
+    train, download_ = _bool(train, "train"), _bool(download, "download")
+    _choice(binary, field="binary", allowed=(None, "vehicles-animals"))
+    if limit is not None:
+        limit = _int_option(limit, field="limit", minimum=1)
+    paths = _find_cifar("cifar10", _root(root), train, download_)
+    images, labels = _cifar_tensors(*_cifar_arrays(paths, "labels", limit), limit)
+    classes = list(CIFAR10_CLASSES)
+    if binary == "vehicles-animals":
+        vehicle = torch.tensor([c in CIFAR10_VEHICLES for c in CIFAR10_CLASSES], dtype=torch.int64)
+        labels, classes = vehicle[labels], ["animal", "vehicle"]
+    return ImageDataset(images, labels, classes, "cifar10")
+
+
+def cifar100(
+    *,
+    root: PathLike | None = None,
+    train: bool = True,
+    download: bool = False,
+    coarse: bool = False,
+    limit: int | None = None,
+) -> ImageDataset:
+    """CIFAR-100 (32×32 colour) from ``root/cifar-100-python``: 100 fine labels, or 20 with ``coarse=True``."""
+    train, download_, coarse = _bool(train, "train"), _bool(download, "download"), _bool(coarse, "coarse")
+    if limit is not None:
+        limit = _int_option(limit, field="limit", minimum=1)
+    paths = _find_cifar("cifar100", _root(root), train, download_)
+    key = "coarse_labels" if coarse else "fine_labels"
+    images, labels = _cifar_tensors(*_cifar_arrays(paths, key, limit), limit)
+    return ImageDataset(images, labels, list(CIFAR100_COARSE if coarse else CIFAR100_FINE), "cifar100")
+
+
+# ------------------------------------------------------------------ IDX (MNIST family)
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: PathLike) -> np.ndarray:
+    """Read one IDX file (raw or ``.gz``) into an array of its declared shape and type."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as exc:  # includes gzip.BadGzipFile
+        raise ConfigError(f"cannot read IDX file {path} ({exc}); re-download it") from None
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        raise ConfigError(f"{path} is not an IDX file (bad magic number); re-download it")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise ConfigError(f"{path} is truncated (header of {ndim} dimensions incomplete); re-download it")
+    shape = tuple(int(s) for s in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
+    dtype = np.dtype(_IDX_DTYPES[data[2]])
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(data) - header != expected:
+        raise ConfigError(
+            f"{path} holds {len(data) - header} data bytes, expected {expected} for shape {shape}; re-download it"
+        )
+    return np.frombuffer(data, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def _find_idx(which: str, root: Path, stems: Sequence[str], download_: bool) -> list[Path]:
+    """Paths of the IDX files ``stems`` (raw or .gz) under root or root/<subdir>, downloading if asked."""
+    spec = _IDX[which]
+    folders = [root, root / spec["subdir"]]
+
+    def locate(stem: str) -> Path | None:
+        for folder in folders:
+            for name in (stem, stem + ".gz"):
+                if (folder / name).is_file():
+                    return folder / name
+        return None
+
+    found = {stem: locate(stem) for stem in stems}
+    missing = [stem for stem, p in found.items() if p is None]
+    if missing and download_:
+        for stem in missing:
+            dest = root / spec["subdir"] / (stem + ".gz")
+            errors = []
+            for mirror in spec["mirrors"]:
+                try:
+                    found[stem] = fetch(mirror + stem + ".gz", dest, md5=spec["md5"][stem + ".gz"])
+                    break
+                except DataNotFound as exc:
+                    errors.append(str(exc))
+            else:
+                raise DataNotFound(
+                    f"could not download {stem}.gz from any mirror ({'; '.join(errors)}); "
+                    f"put the file in {root} or {dest.parent}"
+                )
+        missing = []
+    if missing:
+        raise DataNotFound(
+            f"{which} files not found: looked for {' and '.join(f'{m}[.gz]' for m in missing)} "
+            f"in {folders[0]} and {folders[1]}. Put the IDX files (gzipped or not) in {root} "
+            f"(pass root=... to look elsewhere), or pass download=True to fetch them where the network allows."
+        )
+    return [found[stem] for stem in stems]
+
+
+def _idx_dataset(
+    which: str, root: PathLike | None, train: bool, download_: bool, limit: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    train, download_ = _bool(train, "train"), _bool(download_, "download")
+    if limit is not None:
+        limit = _int_option(limit, field="limit", minimum=1)
+    base = _root(root)
+    prefix = "train" if train else "t10k"
+    image_path, label_path = _find_idx(
+        which, base, [f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte"], download_
+    )
+    x, y = read_idx(image_path), read_idx(label_path)
+    if x.ndim != 3 or y.ndim != 1 or x.shape[0] != y.shape[0] or x.dtype != np.uint8:
+        raise ConfigError(
+            f"expected uint8 images N×H×W and N labels, got {x.dtype} {x.shape} in {image_path} "
+            f"and {y.shape} in {label_path}"
+        )
+    images, labels = apply_limit(torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)), limit)
+    return images.unsqueeze(1).to(torch.float32).div_(255.0), labels
+
+
+def mnist(
+    *,
+    root: PathLike | None = None,
+    train: bool = True,
+    download: bool = False,
+    binary: str | None = None,
+    limit: int | None = None,
+) -> ImageDataset:
+    """MNIST digits (28×28 grey) from IDX files in ``root`` or ``root/MNIST/raw``.
+
+    ``binary="odd-even"`` relabels even digits 0 and odd digits 1 (classes ["even", "odd"]).
+    """
+    _choice(binary, field="binary", allowed=(None, "odd-even"))
+    images, labels = _idx_dataset("mnist", root, train, download, limit)
+    classes = [str(k) for k in range(10)]
+    if binary == "odd-even":
+        labels, classes = labels % 2, ["even", "odd"]
+    return ImageDataset(images, labels, classes, "mnist")
+
+
+def fashion_mnist(
+    *,
+    root: PathLike | None = None,
+    train: bool = True,
+    download: bool = False,
+    limit: int | None = None,
+) -> ImageDataset:
+    """Fashion-MNIST (28×28 grey, 10 clothing classes) from IDX files in ``root`` or ``root/FashionMNIST/raw``."""
+    images, labels = _idx_dataset("fashion-mnist", root, train, download, limit)
+    return ImageDataset(images, labels, list(FASHION_CLASSES), "fashion-mnist")
+
+
+# ------------------------------------------------------------------ image folder
+def folder(
+    *,
+    root: PathLike,
+    size: int | None = None,
+    channels: int | None = None,
+    limit: int | None = None,
+) -> ImageDataset:
+    """Images under ``root/<class name>/`` (png, jpg, ...); classes are the sorted sub-folder names.
+
+    ``size`` resizes every image to size×size (anti-aliased); without it all images
+    must share one shape.  ``channels`` 1 or 3 (default: 3 if any image is colour).
+    """
+    from skimage.io import imread
+    from skimage.transform import resize
+    from skimage.util import img_as_float32
+
+    if root is None:
+        raise ConfigError("expected a directory with one sub-folder per class, got None (field root)")
+    base = _root(root)
+    if size is not None:
+        size = _int_option(size, field="size", minimum=1)
+    if channels is not None:
+        _choice(channels, field="channels", allowed=(1, 3))
+    if limit is not None:
+        limit = _int_option(limit, field="limit", minimum=1)
+    class_dirs = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".")) if base.is_dir() else []
+    files = [
+        (label, f)
+        for label, d in enumerate(class_dirs)
+        for f in sorted(d.iterdir())
+        if f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith(".")
+    ]
+    if not files:
+        raise DataNotFound(
+            f"no images found: looked for {', '.join(IMAGE_SUFFIXES)} files in the sub-folders of {base}. "
+            f"Put one folder per class there ({base}/<class name>/<image>.png)."
+        )
+    files = files[:limit] if limit is not None else files
+    arrays = []
+    for _, f in files:
+        try:
+            img = img_as_float32(imread(f))
+        except Exception as exc:  # unreadable or corrupt image file
+            raise ConfigError(f"cannot read image {f} ({exc}); remove or replace it") from None
+        if img.ndim == 2:
+            img = img[..., None]
+        img = img[..., :3] if img.shape[-1] >= 3 else img[..., :1]  # drop alpha
+        if size is not None and img.shape[:2] != (size, size):
+            img = resize(img, (size, size), anti_aliasing=True, preserve_range=True)
+        arrays.append(np.clip(img, 0, 1).astype(np.float32).transpose(2, 0, 1))
+    shapes = {a.shape[1:] for a in arrays}
+    if len(shapes) > 1:
+        raise ConfigError(
+            f"expected images of one size, got {len(shapes)} sizes (e.g. {sorted(shapes)[:3]}) in {base}; "
+            "pass size=... to resize them"
+        )
+    want = channels if channels is not None else (3 if any(a.shape[0] == 3 for a in arrays) else 1)
+    images = torch.cat([set_channels(torch.from_numpy(a).unsqueeze(0), want) for a in arrays])
+    labels = torch.tensor([label for label, _ in files], dtype=torch.int64)
+    return ImageDataset(images.contiguous(), labels, [d.name for d in class_dirs], base.name or "folder")
+
+
+# ------------------------------------------------------------------ npz
+def npz(
+    *,
+    path: PathLike,
+    classes: Sequence[str] | None = None,
+    layout: str | None = None,
+    limit: int | None = None,
+) -> ImageDataset:
+    """Arrays ``x`` and ``y`` from an ``.npz`` file.
+
+    ``x``: N×H×W×C (NHWC), N×C×H×W, N×H×W or N×d; uint8 is divided by 255, floats
+    kept (images must lie in [0, 1]).  The layout of 4-D ``x`` is NHWC when its last
+    axis has 1, 3 or 4 channels, else NCHW; ``layout="nchw"``/``"nhwc"`` overrides.
+    ``y``: integer labels 0..K-1 (labels exactly {-1, +1} become classes 0/1 named
+    "-1"/"+1").  Class names: ``classes``, else a ``classes`` array in the file, else
+    "0".."K-1".
+    """
+    if path is None:
+        raise ConfigError("expected the path of an .npz file, got None (field path)")
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"expected the path of an .npz file, got {path!r} (field path)")
+    file = Path(path).expanduser()
+    _choice(layout, field="layout", allowed=(None, "nhwc", "nchw"))
+    if limit is not None:
+        limit = _int_option(limit, field="limit", minimum=1)
+    if not file.is_file():
+        raise DataNotFound(f"npz file not found: looked for {file}; put the file there or pass path=...")
+    try:
+        with np.load(file, allow_pickle=False) as archive:
+            stored = {k: archive[k] for k in archive.files}
+    except (OSError, ValueError, EOFError) as exc:
+        raise ConfigError(f"cannot read {file} as .npz ({exc}); expected arrays x and y") from None
+    missing = [k for k in ("x", "y") if k not in stored]
+    if missing:
+        raise ConfigError(f"expected arrays 'x' and 'y' in {file}, got {sorted(stored)} (missing {missing})")
+    x, y = stored["x"], stored["y"]
+    if limit is not None:
+        x, y = x[:limit], y[:limit]
+    images = _npz_images(x, layout, file)
+    labels, names = _npz_labels(y, file)
+    if images.shape[0] != labels.shape[0]:
+        raise ConfigError(f"expected one label per image, got {images.shape[0]} images and {labels.shape[0]} labels in {file}")
+    if classes is None and "classes" in stored:
+        classes = [str(c) for c in stored["classes"].tolist()]
+    if classes is not None:
+        if isinstance(classes, str) or len(classes) < len(names):
+            raise ConfigError(
+                f"expected at least {len(names)} class names (labels go up to {len(names) - 1}), "
+                f"got {classes!r} (field classes)"
+            )
+        names = [str(c) for c in classes]
+    return ImageDataset(images, labels, names, file.stem)
+
+
+def _npz_images(x: np.ndarray, layout: str | None, file: Path) -> torch.Tensor:
+    if x.dtype == np.uint8:
+        arr = x.astype(np.float32) / 255.0
+    elif x.dtype == np.uint16:
+        arr = x.astype(np.float32) / 65535.0
+    elif x.dtype == bool or np.issubdtype(x.dtype, np.floating):
+        arr = x.astype(np.float32)
+    else:
+        raise ConfigError(f"expected x of dtype uint8, uint16 or float, got {x.dtype} in {file}")
+    if arr.ndim == 3:
+        arr = arr[:, None]
+    elif arr.ndim == 4:
+        nhwc = layout == "nhwc" or (layout is None and arr.shape[3] in (1, 3, 4))
+        if layout is None and not nhwc and arr.shape[1] not in (1, 3):
+            raise ConfigError(
+                f"cannot tell the channel axis of x with shape {x.shape} in {file}; pass layout='nhwc' or 'nchw'"
+            )
+        if nhwc:
+            arr = arr.transpose(0, 3, 1, 2)
+        arr = arr[:, :3] if arr.shape[1] == 4 else arr  # drop alpha
+    elif arr.ndim != 2:
+        raise ConfigError(f"expected x of shape N×H×W×C, N×C×H×W, N×H×W or N×d, got {x.shape} in {file}")
+    if arr.ndim == 4 and arr.size and (arr.min() < 0 or arr.max() > 1):
+        raise ConfigError(
+            f"expected float images in [0, 1], got range [{arr.min():.3g}, {arr.max():.3g}] in {file}; "
+            "store uint8 pixels or rescale to [0, 1]"
+        )
+    return torch.from_numpy(np.ascontiguousarray(arr))
+
+
+def _npz_labels(y: np.ndarray, file: Path) -> tuple[torch.Tensor, list[str]]:
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y.reshape(-1)
+    if y.ndim != 1:
+        raise ConfigError(f"expected y of shape N (class indices), got {y.shape} in {file}")
+    if np.issubdtype(y.dtype, np.floating) and y.size and np.all(np.mod(y, 1) == 0):
+        y = y.astype(np.int64)
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ConfigError(f"expected integer labels, got dtype {y.dtype} in {file}")
+    y = y.astype(np.int64)
+    values = set(np.unique(y).tolist())
+    if values and values <= {-1, 1} and -1 in values:
+        return torch.from_numpy((y > 0).astype(np.int64)), ["-1", "+1"]
+    if y.size and y.min() < 0:
+        raise ConfigError(f"expected labels 0..K-1, got negative labels (min {y.min()}) in {file}")
+    k = int(y.max()) + 1 if y.size else 1
+    return torch.from_numpy(y), [str(c) for c in range(k)]

@@ -1,0 +1,28 @@
+"""Error types shared by every stage.
+
+Messages read "expected X, got Y (field ...)" and say how to fix the input.
+User input is checked with these, never with ``assert``.
+"""
+from __future__ import annotations
+
+
+class LeakbenchError(Exception):
+    """Base class of every error leakbench raises on purpose."""
+
+
+class ConfigError(LeakbenchError, ValueError):
+    """A name, spec, shape or option given by the user is wrong."""
+
+
+class UnsupportedThreatModel(LeakbenchError, ValueError):
+    """An attack cannot run on this observation (missing grant, wrong architecture...)."""
+
+
+class DataNotFound(LeakbenchError, FileNotFoundError):
+    """A dataset's files are absent; the message says where to put them."""
+
+
+def expect(condition: bool, message: str, *, error: type[LeakbenchError] = ConfigError) -> None:
+    """Raise ``error(message)`` when ``condition`` is false (an ``assert`` for user input)."""
+    if not condition:
+        raise error(message)

@@ -1,0 +1,43 @@
+"""Reconstruction quality: per-sample scores, batch matching and ``compare``.
+
+- :mod:`.image` — pure per-sample scores on tensors (mse, rmse, psnr, ssim,
+  cosine, ncc), each returning shape (B,).
+- :mod:`.matching` — the best one-to-one matching of reconstructions to
+  originals (Hungarian method, Liu et al. 2024 eq. (1)).
+- :mod:`.compare` — :func:`compare`, the entry point used by the API, the
+  sweeps and the report.
+- :mod:`.perceptual` — optional LPIPS, only when its weights are on disk.
+
+``METRICS`` maps metric names to the per-sample functions, so sweep specs and
+the CLI name metrics the same way.  This package imports nothing from
+attacks, evaluation or report.
+"""
+from __future__ import annotations
+
+from ..registry import Registry
+from .compare import compare
+from .image import cosine, mse, ncc, psnr, rmse, ssim
+from .matching import match, pairwise_mse
+from .perceptual import lpips_available, lpips_distance
+
+METRICS: Registry = Registry("metric")
+METRICS.register("mse", mse)
+METRICS.register("rmse", rmse)
+METRICS.register("psnr", psnr)
+METRICS.register("ssim", ssim)
+METRICS.register("cosine", cosine)
+
+__all__ = [
+    "METRICS",
+    "compare",
+    "match",
+    "pairwise_mse",
+    "mse",
+    "rmse",
+    "psnr",
+    "ssim",
+    "cosine",
+    "ncc",
+    "lpips_available",
+    "lpips_distance",
+]

@@ -1,0 +1,104 @@
+"""One-to-one matching of reconstructions to originals.
+
+A batched gradient sums the per-sample gradients, so it carries the batch as
+an unordered set: an attack recovers the samples but not their order.  Scores
+are therefore taken after the best one-to-one assignment, as in Liu et al.
+(2024), "Data reconstruction attacks and defenses: a systematic evaluation",
+eq. (1):
+
+    d(S, π(Ŝ)) = (1/B) Σ_i ‖S_i − Ŝ_π(i)‖²,   minimised over permutations π.
+
+:func:`match` solves that assignment exactly with the Hungarian method
+(``scipy.optimize.linear_sum_assignment``) on the matrix of per-pair MSEs
+(MSE = squared norm / dimension, so the optimal π is the same as for eq. (1)),
+or on negative cosine similarities.  Cost matrices are built with batched
+tensor operations, never a Python loop over pairs.
+"""
+from __future__ import annotations
+
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from ..errors import ConfigError
+from .image import _as_tensor, _f64
+
+__all__ = ["match", "pairwise_mse", "COSTS"]
+
+#: Cost names accepted by :func:`match`.
+COSTS = ("mse", "negcos")
+
+
+def _flat_pair(a: object, b: object, *, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    a = _as_tensor(a, "a")
+    b = _as_tensor(b, "b")
+    if a.ndim == 0 or b.ndim == 0 or a.shape[1:] != b.shape[1:]:
+        raise ConfigError(
+            f"expected batches with the same per-sample shape for {what}, "
+            f"got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    if a.shape[0] == 0 or b.shape[0] == 0 or a[0].numel() == 0:
+        raise ConfigError(f"expected non-empty batches for {what}, got {tuple(a.shape)} and {tuple(b.shape)}")
+    fa = _f64(a)
+    fb = _f64(b).to(fa.device)
+    return fa.reshape(a.shape[0], -1), fb.reshape(b.shape[0], -1)
+
+
+def pairwise_mse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Matrix of MSEs between every sample of ``a`` (Na×…) and of ``b`` (Nb×…); shape (Na, Nb), float64.
+
+    Entry (i, j) is ``mean((a[i] - b[j])²)``, computed as
+    ``(‖a_i‖² + ‖b_j‖² − 2 a_i·b_j) / d`` with one matrix product (clamped at 0
+    against round-off).
+    """
+    fa, fb = _flat_pair(a, b, what="pairwise_mse")
+    sq = fa.square().sum(dim=1, keepdim=True) + fb.square().sum(dim=1)[None, :] - 2.0 * fa @ fb.T
+    return sq.clamp_min(0.0) / fa.shape[1]
+
+
+def _pairwise_negcos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    fa, fb = _flat_pair(a, b, what="pairwise cosine")
+    fa = fa / fa.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    fb = fb / fb.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return -(fa @ fb.T)
+
+
+def match(reconstruction: torch.Tensor, originals: torch.Tensor, *, cost: str = "mse") -> torch.Tensor:
+    """The best one-to-one assignment of reconstructions to originals (Liu et al. 2024, eq. (1)).
+
+    Returns a LongTensor ``perm`` (CPU) of length B = ``len(originals)`` with
+    distinct entries such that ``reconstruction[perm[i]]`` is matched to
+    ``originals[i]`` and ``Σ_i cost(reconstruction[perm[i]], originals[i])`` is
+    minimal.  ``cost`` is ``"mse"`` (per-pair mean squared error) or
+    ``"negcos"`` (negative cosine similarity of the flattened samples).
+
+    There may be more reconstructions than originals (e.g. an attack that
+    returns several candidates per sample): each original then gets one
+    distinct reconstruction and the rest are left out.  Fewer reconstructions
+    than originals is an error.  Non-finite costs (NaN reconstructions) are
+    replaced by a value larger than any finite one, so such pairs are used
+    only when nothing else is left.
+    """
+    if cost not in COSTS:
+        raise ConfigError(f"expected cost one of {', '.join(COSTS)}, got {cost!r} (field cost)")
+    rec = _as_tensor(reconstruction, "reconstruction")
+    orig = _as_tensor(originals, "originals")
+    if rec.ndim == 0 or orig.ndim == 0 or rec.shape[1:] != orig.shape[1:]:
+        raise ConfigError(
+            "expected reconstruction and originals with the same per-sample shape, "
+            f"got {tuple(rec.shape)} and {tuple(orig.shape)}"
+        )
+    if rec.shape[0] < orig.shape[0]:
+        raise ConfigError(
+            f"expected at least as many reconstructions as originals, got {rec.shape[0]} "
+            f"reconstructions for {orig.shape[0]} originals (shapes {tuple(rec.shape)} and {tuple(orig.shape)})"
+        )
+    costs = pairwise_mse(orig, rec) if cost == "mse" else _pairwise_negcos(orig, rec)  # (B, Nr)
+    costs = costs.detach().cpu()
+    finite = torch.isfinite(costs)
+    if not bool(finite.all()):
+        top = costs[finite].abs().max().item() if bool(finite.any()) else 0.0
+        costs = torch.where(finite, costs, torch.full_like(costs, (top + 1.0) * (costs.shape[0] + 1)))
+    rows, cols = linear_sum_assignment(costs.numpy())
+    perm = torch.empty(costs.shape[0], dtype=torch.long)
+    perm[torch.as_tensor(rows, dtype=torch.long)] = torch.as_tensor(cols, dtype=torch.long)
+    return perm

@@ -1,0 +1,69 @@
+"""A small generic name → factory registry.
+
+The CLI, the sweep spec and the Python API resolve attacks, defenses, datasets
+and models through these, so they all accept the same names.  An unknown name
+raises :class:`~leakbench.errors.ConfigError` listing the known ones.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Generic, Iterator, TypeVar
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Map names to factories (classes or functions) of one kind of component."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, Callable[..., T]] = {}
+        self._help: dict[str, str] = {}
+
+    def register(self, name: str, factory: Callable[..., T] | None = None, *, help: str | None = None):
+        """Register ``factory`` under ``name``; usable as a decorator."""
+
+        def deco(f: Callable[..., T]) -> Callable[..., T]:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            self._items[name] = f
+            doc = help if help is not None else (f.__doc__ or "").strip().splitlines()
+            self._help[name] = doc if isinstance(doc, str) else (doc[0] if doc else "")
+            return f
+
+        return deco(factory) if factory is not None else deco
+
+    def get(self, name: str) -> Callable[..., T]:
+        """The factory registered as ``name``; a clear error naming the known ones otherwise."""
+        if not isinstance(name, str):
+            raise ConfigError(f"expected a {self.kind} name (str), got {type(name).__name__}")
+        try:
+            return self._items[name]
+        except KeyError:
+            close = difflib.get_close_matches(name, self._items, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"unknown {self.kind} {name!r}.{hint} Known {self.kind}s: {', '.join(self.names())}"
+            ) from None
+
+    def create(self, name: str, **options) -> T:
+        """Instantiate the component ``name`` with keyword ``options``."""
+        return self.get(name)(**options)
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def describe(self) -> dict[str, str]:
+        """name → one-line description (for ``leakbench list``)."""
+        return {n: self._help[n] for n in self.names()}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._items)
