@@ -48,8 +48,8 @@ class Registry(Generic[T]):
                 f"unknown {self.kind} {name!r}.{hint} Known {self.kind}s: {', '.join(self.names())}"
             ) from None
 
-    def create(self, name: str, **options) -> T:
-        """Instantiate the component ``name`` with keyword ``options``."""
+    def create(self, name: str, /, **options) -> T:
+        """Instantiate the component ``name`` with keyword ``options`` (which may include one called ``name``)."""
         return self.get(name)(**options)
 
     def names(self) -> list[str]:

@@ -1,0 +1,1 @@
+"""leakbench benchmarks: ``python -m benchmarks [name ...] [--quick]`` prints one table per benchmark."""

@@ -1,0 +1,52 @@
+"""Shared helpers for benchmarks: tables, timing, the benchmark images."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import leakbench as lb
+
+CIFAR_NPZ = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10-test-1000.npz"
+console = Console()
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]], note: str = "") -> None:
+    """Print one benchmark table (floats with 4 significant digits)."""
+    t = Table(title=title, caption=note or None, caption_justify="left")
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r])
+    console.print(t)
+
+
+def benchmark_images(count: int, *, seed: int = 0) -> tuple[lb.ImageDataset, str]:
+    """CIFAR-10 test images from ../shared/data when present, else bundled photo patches; says which."""
+    if CIFAR_NPZ.exists():
+        from leakbench.data.files import CIFAR10_CLASSES
+
+        ds = lb.load("npz", path=str(CIFAR_NPZ), classes=list(CIFAR10_CLASSES))
+        source = f"CIFAR-10 test images from {CIFAR_NPZ.relative_to(CIFAR_NPZ.parents[2])}"
+    else:
+        ds = lb.load("photos", size=32)
+        source = "bundled scikit-image photo patches (32×32); ../shared/data/cifar10-test-1000.npz absent"
+    return ds, source
+
+
+def seconds(fn, *, repeat: int = 1) -> float:
+    """Best wall time of ``repeat`` calls."""
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(lb.metrics.psnr(a.clamp(0, 1), b).mean())

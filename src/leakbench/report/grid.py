@@ -1,0 +1,167 @@
+"""Image grids: originals (top row) against reconstructions (bottom row).
+
+``save_grid(path, x, rec.images, scores=lb.compare(rec, x, y))`` writes a PNG
+with one column per sample and its PSNR under the reconstruction.  Figures are
+drawn on matplotlib's Agg canvas directly (no pyplot, no global backend
+change), so this works headless and never opens a window.
+
+Layout: each column is :data:`COLUMN_PX` pixels wide and each original /
+reconstruction pair of rows :data:`ROW_PAIR_PX` pixels high; batches wider
+than ``columns`` wrap onto further row pairs.  Images (N×C×H×W) are shown with
+values clipped to [0, 1]: 1 channel in grey, 3 channels in colour, any other
+count as the channel mean in grey.  Vector data (N×d) is drawn as line plots
+of the features, original above reconstruction.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from ..errors import ConfigError
+from ..metrics import compare
+
+#: dots per inch of the saved PNG.
+DPI = 100
+#: width of one column in pixels.
+COLUMN_PX = 160
+#: height of one original + reconstruction pair of rows in pixels.
+ROW_PAIR_PX = 360
+#: columns per row pair before the grid wraps.
+MAX_COLUMNS = 8
+
+__all__ = ["save_grid", "grid_size", "DPI", "COLUMN_PX", "ROW_PAIR_PX", "MAX_COLUMNS"]
+
+
+def grid_size(count: int, *, columns: int = MAX_COLUMNS) -> tuple[int, int]:
+    """(width, height) in pixels of the grid :func:`save_grid` draws for ``count`` samples."""
+    cols = max(1, min(count, columns))
+    return cols * COLUMN_PX, math.ceil(count / cols) * ROW_PAIR_PX
+
+
+def _as_array(values: Any, field: str) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        values = values.detach().to("cpu", torch.float32).numpy()
+    try:
+        arr = np.asarray(values, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise ConfigError(f"expected an array or tensor, got {type(values).__name__} (field {field})") from None
+    if arr.ndim not in (2, 4) or arr.shape[0] == 0:
+        raise ConfigError(f"expected a non-empty batch N×C×H×W (images) or N×d (vectors), "
+                          f"got shape {arr.shape} (field {field})")
+    return arr
+
+
+def _pair_up(originals: np.ndarray, reconstructions: np.ndarray,
+             scores: Mapping[str, Any] | Sequence[float] | None) -> tuple[np.ndarray, list[float]]:
+    """Reconstructions reordered to match the originals column by column, and one PSNR per column."""
+    if originals.shape[1:] != reconstructions.shape[1:]:
+        raise ConfigError(f"expected reconstructions of per-sample shape {originals.shape[1:]} like the "
+                          f"originals, got {reconstructions.shape[1:]} (field reconstructions)")
+    if scores is None:
+        scores = compare(torch.from_numpy(np.nan_to_num(reconstructions)), torch.from_numpy(originals))
+    if isinstance(scores, Mapping):
+        order = scores.get("order")
+        if order is not None:
+            reconstructions = reconstructions[np.asarray(order, dtype=np.int64)]
+        psnrs = list(scores.get("per_sample", {}).get("psnr", []))
+    else:
+        psnrs = [float(s) for s in scores]
+    n = originals.shape[0]
+    if reconstructions.shape[0] != n:
+        raise ConfigError(f"expected one reconstruction per original ({n}), got {reconstructions.shape[0]}; "
+                          "pass scores=compare(...) so they are matched first (field reconstructions)")
+    if len(psnrs) != n:
+        raise ConfigError(f"expected {n} per-column scores, got {len(psnrs)} (field scores)")
+    return reconstructions, psnrs
+
+
+def _image(sample: np.ndarray) -> tuple[np.ndarray, str | None]:
+    """An HxW (grey) or HxWx3 array in [0, 1] for imshow, and its colormap."""
+    sample = np.clip(np.nan_to_num(sample, nan=0.0), 0.0, 1.0)
+    if sample.shape[0] == 3:
+        return np.transpose(sample, (1, 2, 0)), None
+    if sample.shape[0] == 1:
+        return sample[0], "gray"
+    return sample.mean(axis=0), "gray"
+
+
+def _draw(ax, sample: np.ndarray, *, reference: np.ndarray | None = None) -> None:
+    """An image, or for vectors a line plot (the original dashed behind a reconstruction, same y-range)."""
+    if sample.ndim == 3:
+        img, cmap = _image(sample)
+        ax.imshow(img, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
+    else:
+        values = np.nan_to_num(sample)
+        if reference is not None:
+            ax.plot(reference, color="0.6", linestyle="--", linewidth=1.0)
+            both = np.concatenate([values, reference])
+            low, high = float(both.min()), float(both.max())
+            pad = 0.05 * (high - low) or 0.5
+            ax.set_ylim(low - pad, high + pad)
+        ax.plot(values, linewidth=1.0)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _caption(value: float) -> str:
+    return "PSNR n/a" if value is None or not math.isfinite(value) else f"PSNR {value:.1f} dB"
+
+
+def save_grid(
+    path: str | Path,
+    originals: Any,
+    reconstructions: Any,
+    *,
+    titles: Sequence[str] | None = None,
+    scores: Mapping[str, Any] | Sequence[float] | None = None,
+    columns: int = MAX_COLUMNS,
+) -> Path:
+    """Write a PNG of ``originals`` (top row) over ``reconstructions`` (bottom row).
+
+    ``originals``/``reconstructions``: tensors or arrays N×C×H×W (or N×d).
+    ``scores``: the dict of :func:`leakbench.compare` (reconstructions are
+    reordered by its ``order`` and captioned with ``per_sample["psnr"]``), or
+    one PSNR per column, or None to compute them here.  ``titles``: one label
+    per column (e.g. class names), shown above the originals.  Returns the path.
+    """
+    orig = _as_array(originals, "originals")
+    rec, psnrs = _pair_up(orig, _as_array(reconstructions, "reconstructions"), scores)
+    n = orig.shape[0]
+    if titles is not None and len(titles) != n:
+        raise ConfigError(f"expected {n} titles (one per column), got {len(titles)} (field titles)")
+    if isinstance(columns, bool) or not isinstance(columns, int) or columns < 1:
+        raise ConfigError(f"expected columns ≥ 1, got {columns!r} (field columns)")
+    width, height = grid_size(n, columns=columns)
+    cols = width // COLUMN_PX
+    fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2 * (height // ROW_PAIR_PX), cols, squeeze=False)
+    is_image = orig.ndim == 4
+    for ax in axes.flat:
+        ax.set_axis_off()
+    for i in range(n):
+        block, col = divmod(i, cols)
+        top, bottom = axes[2 * block, col], axes[2 * block + 1, col]
+        top.set_axis_on()
+        bottom.set_axis_on()
+        _draw(top, orig[i])
+        _draw(bottom, rec[i], reference=orig[i])
+        if not is_image:
+            top.set_ylim(bottom.get_ylim())
+        top.set_title(str(titles[i]) if titles is not None else f"#{i}", fontsize=9)
+        bottom.set_xlabel(_caption(psnrs[i]), fontsize=9)
+        if col == 0:
+            top.set_ylabel("original", fontsize=9)
+            bottom.set_ylabel("reconstruction", fontsize=9)
+    fig.subplots_adjust(left=0.12 if cols == 1 else 0.06, right=0.98, top=0.93, bottom=0.06,
+                        wspace=0.15, hspace=0.45)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=DPI, format="png")
+    return out
