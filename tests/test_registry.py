@@ -117,3 +117,10 @@ def test_package_registries_resolve_through_the_same_class():
     assert {"ce", "mse", "logistic", "exponential"} <= set(LOSSES.names())
     assert {"dlg", "inverting-gradients"} <= set(lb.ATTACKS.names())
     assert "none" in lb.DEFENSES
+
+
+def test_plural_of_a_kind_ending_in_s():
+    r: Registry = Registry("loss")
+    r.register("ce", lambda: None)
+    with pytest.raises(ConfigError, match="Known losses: ce$"):
+        r.get("nope")

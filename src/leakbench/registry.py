@@ -45,7 +45,8 @@ class Registry(Generic[T]):
             close = difflib.get_close_matches(name, self._items, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(
-                f"unknown {self.kind} {name!r}.{hint} Known {self.kind}s: {', '.join(self.names())}"
+                f"unknown {self.kind} {name!r}.{hint} Known {self.kind}{'es' if self.kind.endswith('s') else 's'}: "
+                f"{', '.join(self.names())}"
             ) from None
 
     def create(self, name: str, /, **options) -> T:

@@ -76,12 +76,15 @@ def _mean_prediction(obs: Observation, layer: nn.Linear, *, samples: int, seed: 
     handle = layer.register_forward_hook(lambda m, i, o: feats.append(i[0].detach()))
     model = obs.model
     was = model.training
-    model.eval()
+    buffers = [b.clone() for b in model.buffers()]
+    model.train(obs.train_mode)  # as the client ran it: batch statistics in BN layers when it trained
     try:
         out = model(x)
     finally:
         handle.remove()
         model.train(was)
+        for b, saved in zip(model.buffers(), buffers):  # no running-statistics side effects
+            b.copy_(saved)
     probs = torch.softmax(out, dim=-1) if obs.loss == "ce" else out
     return probs.mean(0), float(feats[0].sum(1).mean()) if feats else 1.0
 
@@ -102,10 +105,12 @@ def label_counts(obs: Observation, *, samples: int = 64, seed: int = 0) -> torch
         signal = signal / 2.0
     estimate = (B * (p_mean - signal)).double().cpu().clamp_min(0)
     counts = estimate.floor().long()
-    counts = torch.maximum(counts, (signal.cpu() < 0).long())
+    minimum = (signal.cpu() < 0).long()
+    counts = torch.maximum(counts, minimum)
     while int(counts.sum()) > B:  # too many: take from the class with the largest surplus
         surplus = counts.double() - estimate
-        surplus[counts == 0] = -float("inf")
+        spare = counts > minimum  # a class with ∇b_k < 0 keeps its one sample while others can give
+        surplus[~spare if bool(spare.any()) else counts == 0] = -float("inf")
         counts[int(surplus.argmax())] -= 1
     remainder = estimate - counts.double()
     for _ in range(B - int(counts.sum())):

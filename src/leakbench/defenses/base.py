@@ -49,6 +49,23 @@ class Composition(Defense):
         return grads
 
 
+def _convert(param: inspect.Parameter, value: str, defense: str):
+    """A spec argument as the type of the parameter's default (a float without a default or for None)."""
+    default = param.default
+    if isinstance(default, bool):  # bool("false") would be True
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"expected true or false for {param.name} of defense {defense!r}, got {value!r}")
+    try:
+        if default is inspect.Parameter.empty or default is None:
+            return float(value)
+        return type(default)(value)
+    except ValueError:
+        raise ConfigError(f"expected a number for {param.name} of defense {defense!r}, got {value!r}") from None
+
+
 def _parse_one(text: str) -> Defense:
     name, _, args = text.strip().partition(":")
     factory = DEFENSES.get(name.strip())
@@ -57,12 +74,12 @@ def _parse_one(text: str) -> Defense:
     if len(values) > len(params):
         expected = ",".join(p.name for p in params) or "no arguments"
         raise ConfigError(f"defense {name!r} takes {expected}, got {args!r} (defense spec {text!r})")
+    missing = [p.name for p in params[len(values):] if p.default is inspect.Parameter.empty]
+    if missing:
+        raise ConfigError(f"defense {name!r} needs {','.join(missing)}, got {args!r} (defense spec {text!r})")
     kwargs = {}
     for p, v in zip(params, values):
-        try:
-            kwargs[p.name] = type(p.default)(v) if p.default is not inspect.Parameter.empty else float(v)
-        except ValueError:
-            raise ConfigError(f"expected a number for {p.name} of defense {name!r}, got {v!r}") from None
+        kwargs[p.name] = _convert(p, v, name)
     defense = factory(**kwargs)
     return defense
 
