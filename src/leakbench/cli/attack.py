@@ -1,0 +1,199 @@
+"""``leakbench attack``: observe one batch, attack it, score and save the reconstruction."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Mapping, Optional
+
+import numpy as np
+import torch
+import typer
+from rich.table import Table
+
+from .. import __version__
+from ..attacks import Reconstruction, attack as run_attack_api, create as create_attack
+from ..data import DATASETS, load
+from ..defenses import parse as parse_defense
+from ..errors import ConfigError
+from ..losses import LOSSES
+from ..metrics import compare
+from ..models import build, parse_spec
+from ..report import format_metric, save_grid
+from ..threat import observe
+from .common import (_print_paths, app, console, data_options, parse_assignments, parse_device, parse_indices,
+                     reports_errors, write_json)
+
+#: metrics shown by ``leakbench attack`` (keys of the compare dict, plus the attack's seconds).
+TABLE_METRICS = ("mse", "rmse", "psnr", "ssim", "label_acc", "seconds")
+
+
+
+@dataclass
+class RunSpec:
+    """Everything that fixes one CLI attack run (written into metrics.json as ``spec``)."""
+
+    data: str = "photos"
+    data_options: dict[str, Any] = field(default_factory=dict)
+    model: str = "convnet"
+    act: Optional[str] = None
+    init: str = "default"
+    model_seed: int = 0
+    attack: str = "inverting-gradients"
+    preset: Optional[str] = None
+    options: dict[str, Any] = field(default_factory=dict)
+    batch_size: Optional[int] = 1
+    seed: int = 0
+    indices: Optional[list[int]] = None
+    loss: str = "ce"
+    local_steps: int = 0
+    labels_known: bool = False
+    defense: str = "none"
+    device: str = "cpu"
+
+
+@dataclass
+class RunResult:
+    """The batch, what the attack rebuilt (on the CPU), the scores and the attack's time."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    reconstruction: Reconstruction
+    scores: dict[str, Any]
+    seconds: float
+    classes: list[str]
+
+
+def check_spec(spec: RunSpec) -> None:
+    """Reject bad values before any work is done (one-line errors naming the flag)."""
+    if spec.batch_size is not None and spec.batch_size < 1:
+        raise ConfigError(f"expected --batch-size ≥ 1, got {spec.batch_size}")
+    if spec.local_steps < 0:
+        raise ConfigError(f"expected --local-steps ≥ 0 (0 shares the gradient), got {spec.local_steps}")
+    if spec.seed < 0 or spec.model_seed < 0:
+        raise ConfigError(f"expected non-negative seeds, got --seed {spec.seed} --model-seed {spec.model_seed}")
+    DATASETS.get(spec.data)
+    parse_spec(spec.model)
+    LOSSES.get(spec.loss)
+    parse_defense(spec.defense)
+    parse_device(spec.device)
+    create_attack(spec.attack, preset=spec.preset, **spec.options)  # unknown attack, preset or option
+
+
+def execute(spec: RunSpec, *, progress: bool) -> RunResult:
+    """Load the data, build the model, observe one batch, attack it and score the reconstruction."""
+    check_spec(spec)
+    device = parse_device(spec.device)
+    data = load(spec.data, **spec.data_options)
+    model = build(spec.model, input_shape=data.shape, classes=data.num_classes, act=spec.act,
+                  init=spec.init, seed=spec.model_seed, device=device)
+    x, y = data.batch(spec.batch_size, seed=spec.seed, indices=spec.indices)
+    x, y = x.to(device), y.to(device)
+    obs = observe(model, x, y, loss=spec.loss, local_steps=spec.local_steps, labels_known=spec.labels_known,
+                  defense=spec.defense, seed=spec.seed)
+    start = time.perf_counter()
+    rec = run_attack_api(spec.attack, obs, preset=spec.preset, seed=spec.seed, progress=progress, **spec.options)
+    seconds = float(rec.trace.get("seconds", time.perf_counter() - start))
+    rec = dataclasses.replace(
+        rec, images=rec.images.detach().cpu(),
+        labels=None if rec.labels is None else rec.labels.detach().cpu(),
+    )
+    x, y = x.cpu(), y.cpu()
+    return RunResult(x=x, y=y, reconstruction=rec, scores=compare(rec, x, y), seconds=seconds,
+                     classes=list(data.classes))
+
+
+
+def run_record(spec: RunSpec, result: RunResult) -> dict[str, Any]:
+    """The metrics.json content of one run: the compare dict + attack, options, seconds and spec."""
+    rec = result.reconstruction
+    return {**result.scores, "attack": rec.attack or spec.attack, "options": rec.options,
+            "seconds": result.seconds, "spec": dataclasses.asdict(spec), "leakbench_version": __version__}
+
+
+
+def write_arrays(path: Path, result: RunResult) -> None:
+    """reconstruction.npz: x, y, reconstruction and the recovered labels (−1 where none were recovered)."""
+    rec = result.reconstruction
+    labels = rec.labels.numpy() if rec.labels is not None else np.full(rec.batch_size, -1, dtype=np.int64)
+    np.savez_compressed(path, x=result.x.numpy(), y=result.y.numpy(),
+                        reconstruction=rec.images.float().numpy(), labels=labels)
+
+
+def write_grid(path: Path, result: RunResult) -> Path:
+    """Originals over reconstructions (matched), titled with the class names."""
+    titles = [result.classes[int(c)] for c in result.y]
+    return save_grid(path, result.x, result.reconstruction.images, titles=titles, scores=result.scores)
+
+
+def metrics_rich_table(columns: Mapping[str, tuple[Mapping[str, Any], float]], title: str) -> Table:
+    """A rich table of the mean metrics and the attack's seconds, one value column per run."""
+    table = Table(title=title, min_width=len(title) + 4)
+    table.add_column("metric")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for key in TABLE_METRICS:
+        row = [format_metric(key, {**scores, "seconds": seconds}.get(key)) for scores, seconds in columns.values()]
+        table.add_row(key, *row)
+    return table
+
+
+def default_out(attack: str, data: str) -> Path:
+    return Path("runs") / f"{attack}-{data}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+
+@app.command("attack")
+@reports_errors
+def attack_command(
+    data: Annotated[str, typer.Option(help="Dataset name (see `leakbench list datasets`).")] = "photos",
+    data_option: Annotated[Optional[list[str]], typer.Option(
+        "--data-option", metavar="KEY=VALUE", help="Dataset option, repeatable (e.g. size=32).")] = None,
+    model: Annotated[str, typer.Option(help="Model spec, e.g. convnet-16, cnn:3-6-1-0, mlp:100.")] = "convnet",
+    act: Annotated[Optional[str], typer.Option(help="Activation (default: the family's).")] = None,
+    init: Annotated[str, typer.Option(help="Weight initialisation scheme.")] = "default",
+    model_seed: Annotated[int, typer.Option(help="Seed of the model's initialisation.")] = 0,
+    attack: Annotated[str, typer.Option(help="Attack name (see `leakbench list attacks`).")] = "inverting-gradients",
+    preset: Annotated[Optional[str], typer.Option(help="Attack preset (default: the attack's default).")] = None,
+    option: Annotated[Optional[list[str]], typer.Option(
+        "--option", metavar="KEY=VALUE", help="Attack option, repeatable (e.g. iterations=500).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(
+        help="Batch size (default 1, or the number of --indices).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the batch choice, the defense and the attack.")] = 0,
+    indices: Annotated[Optional[str], typer.Option(help="Exact sample indices, e.g. 1,5,9.")] = None,
+    loss: Annotated[str, typer.Option(help="Client's training loss (see `leakbench list losses`).")] = "ce",
+    local_steps: Annotated[int, typer.Option(help="0 shares the gradient; k ≥ 1 the update after k steps.")] = 0,
+    labels_known: Annotated[bool, typer.Option("--labels-known/--no-labels-known",
+                                               help="Grant the batch's labels to the attacker.")] = False,
+    defense: Annotated[str, typer.Option(help="Defense spec, e.g. none or clip:4+noise:0.01.")] = "none",
+    device: Annotated[str, typer.Option(help="Torch device for the model, the batch and the attack.")] = "cpu",
+    out: Annotated[Optional[Path], typer.Option(
+        help="Output directory (default runs/<attack>-<data>-<timestamp>).")] = None,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="No progress bar and no table; print only the output directory.")] = False,
+) -> None:
+    """Attack one batch; write grid.png, metrics.json and reconstruction.npz into --out."""
+    chosen = parse_indices(indices)
+    spec = RunSpec(
+        data=data, data_options=data_options(data, parse_assignments(data_option, "--data-option")),
+        model=model, act=act, init=init, model_seed=model_seed, attack=attack, preset=preset,
+        options=parse_assignments(option, "--option"),
+        batch_size=batch_size if batch_size is not None or chosen else 1,
+        seed=seed, indices=chosen, loss=loss, local_steps=local_steps, labels_known=labels_known,
+        defense=defense, device=device,
+    )
+    result = execute(spec, progress=not quiet)
+    target = out if out is not None else default_out(attack, data)
+    target.mkdir(parents=True, exist_ok=True)
+    paths = [target / "grid.png", target / "metrics.json", target / "reconstruction.npz"]
+    write_grid(paths[0], result)
+    write_json(paths[1], run_record(spec, result))
+    write_arrays(paths[2], result)
+    if quiet:
+        console.print(str(target), highlight=False, soft_wrap=True)
+        return
+    console.print(metrics_rich_table({"value": (result.scores, result.seconds)}, title=f"{attack} on {data}"))
+    _print_paths(paths)
+

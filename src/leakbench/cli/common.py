@@ -1,0 +1,195 @@
+"""Shared pieces of the command line: the Typer app, one-line errors and option parsing.
+
+Every :class:`~leakbench.errors.LeakbenchError` a command raises is printed as
+one red line ``error: <message>`` on stderr and the command exits with code 2
+(no traceback).
+"""
+from __future__ import annotations
+
+import collections.abc
+import functools
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Callable, Mapping, NoReturn, Sequence
+
+import numpy as np
+import torch
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from .. import __version__
+from ..data import DATASETS
+from ..errors import ConfigError, LeakbenchError
+
+app = typer.Typer(
+    name="leakbench",
+    help="Measure how much training data leaks from what neural-network training shares.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+#: exit code of every user-input error (as for usage errors).
+EXIT_USAGE = 2
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: message`` as one red line on stderr and exit with code 2."""
+    line = " ".join(str(message).splitlines())
+    err_console.print(Text(f"error: {line}", style="red"), soft_wrap=True, highlight=False)
+    raise typer.Exit(EXIT_USAGE)
+
+
+def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn :class:`LeakbenchError` into one red line and exit code 2; Ctrl-C into exit code 130."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except LeakbenchError as err:
+            fail(str(err))
+        except KeyboardInterrupt:
+            err_console.print(Text("interrupted", style="yellow"))
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------- parsing helpers
+
+
+def parse_assignments(items: Sequence[str] | None, flag: str) -> dict[str, str]:
+    """``["a=1", "b=x"]`` → ``{"a": "1", "b": "x"}``; a clear error for an item without ``=``."""
+    parsed: dict[str, str] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"expected KEY=VALUE for {flag}, got {item!r} (e.g. {flag} iterations=100)")
+        parsed[key.strip()] = value.strip()
+    return parsed
+
+
+def _guess(value: str) -> Any:
+    """A CLI string as None, bool, int, float or itself."""
+    lowered = value.lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
+
+
+def _coerce(value: str, annotation: Any, key: str, owner: str) -> Any:
+    """Convert ``value`` to the declared ``annotation`` (Optional, bool, int, float, str, sequences)."""
+    if _is_union(annotation):
+        args = typing.get_args(annotation)
+        if type(None) in args and value.lower() in ("none", "null"):
+            return None
+        rest = [a for a in args if a is not type(None)]
+        if str in rest:
+            return value
+        if len(rest) != 1:
+            return _guess(value)
+        annotation = rest[0]
+    if typing.get_origin(annotation) in (list, tuple, collections.abc.Sequence):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if annotation is bool:
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+    elif annotation in (int, float):
+        try:
+            return annotation(value)
+        except ValueError:
+            pass
+    elif annotation is str:
+        return value
+    else:
+        return _guess(value)
+    raise ConfigError(f"expected {annotation.__name__} for option {key!r} of {owner}, got {value!r}")
+
+
+def data_options(name: str, raw: Mapping[str, str]) -> dict[str, Any]:
+    """Coerce ``--data-option`` strings to the types the loader of dataset ``name`` declares."""
+    loader = DATASETS.get(name)
+    try:
+        hints = typing.get_type_hints(loader)
+    except Exception:  # unresolvable annotations: fall back to guessing
+        hints = {}
+    return {k: _coerce(v, hints.get(k, Any), k, f"dataset {name!r}") for k, v in raw.items()}
+
+
+def parse_indices(text: str | None) -> list[int] | None:
+    """``"1,5,9"`` → ``[1, 5, 9]``."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"expected comma-separated sample indices like 1,5,9 for --indices, got {text!r}")
+    return [int(p) for p in parts]
+
+
+def parse_device(name: str) -> torch.device:
+    """A torch device that exists on this machine."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"expected a torch device like cpu or cuda:0 for --device, got {name!r}") from None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()}
+    if not available.get(device.type, False):
+        raise ConfigError(f"device {name!r} is not available on this machine; use --device cpu")
+    return device
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
+        return value.tolist()
+    return str(value)
+
+
+
+def write_json(path: Path, content: Any) -> None:
+    path.write_text(json.dumps(content, indent=2, default=_json_default) + "\n")
+
+
+
+def _print_paths(paths: Sequence[Path]) -> None:
+    console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"leakbench {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Measure how much training data leaks from what neural-network training shares."""
+

@@ -1,0 +1,52 @@
+"""``leakbench list``: the registered attacks, datasets, models, defenses and losses."""
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..attacks import ATTACKS
+from ..data import DATASETS
+from ..defenses import DEFENSES
+from ..errors import ConfigError
+from ..losses import LOSSES
+from ..models import MODELS
+from .common import app, console, reports_errors
+
+#: kinds accepted by ``leakbench list`` and their registries.
+REGISTRIES = {"attacks": ATTACKS, "datasets": DATASETS, "models": MODELS, "defenses": DEFENSES, "losses": LOSSES}
+#: singular spellings accepted by ``leakbench list``.
+KIND_ALIASES = {"attack": "attacks", "dataset": "datasets", "model": "models", "defense": "defenses",
+                "loss": "losses"}
+
+
+
+@app.command("list")
+@reports_errors
+def list_command(
+    kind: Annotated[str, typer.Argument(help="One of: " + ", ".join(REGISTRIES) + ".")],
+) -> None:
+    """List the registered attacks, datasets, models, defenses or losses with a description."""
+    registry = REGISTRIES.get(KIND_ALIASES.get(kind.lower(), kind.lower()))
+    if registry is None:
+        raise ConfigError(f"unknown kind {kind!r}; expected one of: {', '.join(REGISTRIES)}")
+    is_attacks = registry is ATTACKS
+    table = Table(title=f"{KIND_ALIASES.get(kind.lower(), kind.lower())} ({len(registry)})")
+    table.add_column("name", no_wrap=True, style="bold")
+    table.add_column("description")
+    if is_attacks:
+        table.add_column("presets")
+    for name, description in registry.describe().items():
+        row = [name, description]
+        if is_attacks:
+            row.append(", ".join(attack_presets(name)))
+        table.add_row(*row)
+    console.print(table)
+
+
+def attack_presets(name: str) -> list[str]:
+    """The presets of attack ``name``, "default" first."""
+    presets = getattr(ATTACKS.get(name), "presets", {}) or {}
+    return ["default", *sorted(p for p in presets if p != "default")]
+
