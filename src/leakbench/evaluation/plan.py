@@ -1,0 +1,100 @@
+"""Expand a :class:`~.spec.SweepSpec` into trials: the cross product, filtered by include/exclude rules.
+
+Order: dataset, model, defense, batch size, seed, batch, attack — so the strongest
+attack of a setting is known as soon as its last attack finishes.  Utility
+trials (one per dataset × model × defense, when the spec has a ``utility``
+section) come first: they are few and the privacy–utility plot needs them all.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from .spec import SweepSpec
+from .trial import TrialSpec
+
+
+def defense_family(defense: str) -> tuple[str, str]:
+    """``"clip:4+noise:0.01"`` → ``("clip+noise", "4, 0.01")``; ``"none"`` → ``("none", "")``."""
+    parts = [p.strip().partition(":") for p in defense.split("+")]
+    return "+".join(name for name, _, _ in parts), ", ".join(args for _, _, args in parts if args)
+
+
+def _absent(trial: TrialSpec) -> tuple[str, ...]:
+    """Rule keys a trial of this kind does not have (utility trials have no attack, batch size or seed)."""
+    return {"utility": ("attack", "batch_size", "seed"), "bound": ("attack",)}.get(trial.kind, ())
+
+
+def matches(rule: Mapping[str, Any], trial: TrialSpec, *, absent: bool = False) -> bool:
+    """True when ``trial`` matches every key of ``rule`` (a value or a list of accepted values).
+
+    ``dataset``/``model``/``attack`` match the registry name or the label;
+    ``defense`` matches the exact spec or its family (``prune`` matches every ``prune:p``).
+    A rule naming a key the trial does not have (``attack`` for a utility trial) gives ``absent``.
+    """
+    if any(key in _absent(trial) for key in rule):
+        return absent
+    names = {
+        "dataset": {trial.dataset, trial.dataset_key},
+        "model": {trial.model, trial.model_key},
+        "attack": {trial.attack, trial.attack_key},
+        "defense": {trial.defense, defense_family(trial.defense)[0]},
+        "batch_size": {trial.batch_size},
+        "seed": {trial.seed},
+    }
+    for key, wanted in rule.items():
+        values = wanted if isinstance(wanted, list) else [wanted]
+        if not any(v in names[key] or str(v) in {str(n) for n in names[key]} for v in values):
+            return False
+    return True
+
+
+def keep(trial: TrialSpec, include: Iterable[Mapping], exclude: Iterable[Mapping]) -> bool:
+    """Kept when some include rule matches (or there are none) and no exclude rule does.
+
+    Rules naming keys a trial does not have never exclude it and always include it, so
+    ``exclude: [{attack: dlg}]`` keeps every utility trial.
+    """
+    include = list(include)
+    if include and not any(matches(r, trial, absent=True) for r in include):
+        return False
+    return not any(matches(r, trial, absent=False) for r in exclude)
+
+
+def plan(spec: SweepSpec) -> list[TrialSpec]:
+    """The trials of ``spec`` in run order (utility trials first), without duplicates."""
+    trials: dict[str, TrialSpec] = {}
+    defenses = spec.defense_specs()
+    common = dict(device=spec.device, threads=spec.threads, trial_seconds=spec.budget.trial_seconds,
+                  save_images=spec.save_images)
+    for d in spec.datasets:
+        for m in spec.models:
+            base = dict(dataset=d.name, data_options=dict(d.options), dataset_key=d.key, model=m.spec,
+                        model_key=m.key, training=m.training.model_dump(),
+                        model_options={"act": m.act, "init": m.init, "seed": m.seed, "options": dict(m.options)})
+            if spec.utility is not None:
+                for defense in defenses:
+                    t = TrialSpec(kind="utility", defense=defense, utility=spec.utility.model_dump(), **base, **common)
+                    if keep(t, spec.include, spec.exclude):
+                        trials.setdefault(t.key, t)
+            for defense in defenses:
+                for size in spec.batch_sizes:
+                    for seed in spec.seeds:
+                        for batch in range(max(1, spec.images // size)):
+                            for a in spec.attacks:
+                                t = TrialSpec(kind="attack", defense=defense, batch_size=size, images=spec.images,
+                                              batch=batch, seed=seed, attack=a.name, attack_key=a.key,
+                                              preset=a.preset, options=dict(a.options),
+                                              threat=spec.threat.model_dump(), **base, **common)
+                                if keep(t, spec.include, spec.exclude):
+                                    trials.setdefault(t.key, t)
+                            if spec.bounds is not None and spec.bounds.cramer_rao:
+                                t = TrialSpec(kind="bound", defense=defense, batch_size=size, images=spec.images,
+                                              batch=batch, seed=seed, threat=spec.threat.model_dump(),
+                                              bounds=spec.bounds.model_dump(), **base, **common)
+                                if keep(t, spec.include, spec.exclude):
+                                    trials.setdefault(t.key, t)
+    ordered = sorted(trials.values(), key=lambda t: t.kind != "utility")  # stable: utility first
+    return ordered
+
+
+__all__ = ["plan", "matches", "keep", "defense_family"]

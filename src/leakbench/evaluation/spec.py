@@ -1,0 +1,490 @@
+"""The sweep spec: a YAML file validated by pydantic, with errors that name the line.
+
+A sweep is the cross product datasets × models × batch sizes × defenses ×
+attacks × seeds (× batches of the ``images`` attacked per setting), filtered by
+``include``/``exclude`` rules.  Names resolve through the registries, so a newly
+registered attack or defense is usable in a spec without touching this file::
+
+    name: tiny
+    datasets: [{name: digits}]
+    models: ["cnn:3-8-2-1"]
+    batch_sizes: [1, 4]
+    images: 4                       # images attacked per setting and seed
+    attacks:
+      - dlg                         # a name, or a mapping with preset / options / label
+      - {name: inverting-gradients, preset: quick}
+    defenses:
+      - none
+      - {prune: [0.5, 0.9]}         # one family, a grid of parameters
+      - {spec: "clip:{C}+noise:{s}", grid: {C: [2, 4], s: [0.01]}}
+    seeds: [0]
+    exclude: [{attack: dlg, batch_size: 4}]
+
+:func:`load_spec` reads a path, YAML text or a mapping and raises one
+:class:`~leakbench.errors.ConfigError` reading
+``"spec.yaml line 7, field attacks[1].name: unknown attack 'dgl'. Did you mean 'dlg'? Known attacks: ..."``.
+"""
+from __future__ import annotations
+
+import itertools
+import string
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..errors import ConfigError, LeakbenchError
+
+#: keys an include/exclude rule may name.
+RULE_KEYS = ("dataset", "model", "batch_size", "attack", "defense", "seed")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetEntry(_Strict):
+    """A dataset by registry name, with loader options (``size``, ``limit``, ``root``...)."""
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    label: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @property
+    def key(self) -> str:
+        """How tables and rules name this dataset."""
+        if self.label:
+            return self.label
+        opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return f"{self.name}({opts})" if opts else self.name
+
+
+class TrainingEntry(_Strict):
+    """The model's training state before it is attacked: ``epochs: 0`` is untrained."""
+
+    epochs: int = Field(0, ge=0)
+    lr: float = Field(0.05, gt=0)
+    batch_size: int = Field(32, ge=1)
+    seed: int = Field(0, ge=0)
+
+
+class ModelEntry(_Strict):
+    """A model spec (``cnn:3-8-2-1``, ``convnet-16``...) with build options and training state."""
+
+    spec: str
+    act: Optional[str] = None
+    init: str = "default"
+    seed: int = Field(0, ge=0)
+    options: dict[str, Any] = Field(default_factory=dict)
+    training: TrainingEntry = Field(default_factory=TrainingEntry)
+    label: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"spec": value} if isinstance(value, str) else value
+
+    @property
+    def key(self) -> str:
+        if self.label:
+            return self.label
+        extra = [f"act={self.act}"] if self.act else []
+        extra += [f"init={self.init}"] if self.init != "default" else []
+        text = self.spec + (f"({','.join(extra)})" if extra else "")
+        return text + (f"@{self.training.epochs}ep" if self.training.epochs else "")
+
+
+class AttackEntry(_Strict):
+    """An attack by registry name with a preset and option overrides; ``label`` names it in tables."""
+
+    name: str
+    preset: Optional[str] = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    label: Optional[str] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
+
+
+class DefenseEntry(_Strict):
+    """A defense spec, or a template with a parameter grid (``{spec: "prune:{p}", grid: {p: [0.5, 0.9]}}``).
+
+    Shorthands: ``"clip:4+noise:0.01"`` (one setting) and ``{prune: [0.5, 0.9]}``
+    (a family with one setting per value; a list value ``[1.0, 0.01]`` gives ``dpsgd:1.0,0.01``).
+    """
+
+    spec: str
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"spec": value}
+        if isinstance(value, Mapping) and len(value) == 1 and "spec" not in value:
+            (name, values), = value.items()
+            if not isinstance(values, list):
+                values = [values]
+            return {"spec": f"{name}:{{p}}", "grid": {"p": [_arg(v) for v in values]}}
+        return value
+
+    def expand(self) -> list[str]:
+        """The concrete defense specs of this entry, in grid order."""
+        fields = [f for _, f, _, _ in string.Formatter().parse(self.spec) if f]
+        missing = [f for f in fields if f not in self.grid]
+        unused = [k for k in self.grid if k not in fields]
+        if missing or unused:
+            raise ValueError(f"template {self.spec!r} and grid keys {sorted(self.grid)} do not agree"
+                             + (f" (no values for {missing})" if missing else "")
+                             + (f" ({unused} not used in the template)" if unused else ""))
+        if not fields:
+            return [self.spec]
+        names = list(self.grid)
+        return [self.spec.format(**dict(zip(names, map(_arg, combo))))
+                for combo in itertools.product(*(self.grid[n] for n in names))]
+
+
+def _arg(value: Any) -> str:
+    """A grid value as defense-spec text: lists join with commas."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(_arg(v) for v in value)
+    return str(value)
+
+
+class ThreatEntry(_Strict):
+    """What the client shares and what the attacker is granted (arguments of :func:`leakbench.observe`)."""
+
+    loss: str = "ce"
+    labels_known: bool = False
+    local_steps: int = Field(0, ge=0)
+    local_lr: float = Field(0.1, gt=0)
+    train: bool = False
+    bn_stats: bool = False
+
+
+class UtilityEntry(_Strict):
+    """Train once per (dataset, model, defense) to measure the defense's utility cost."""
+
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.05, gt=0)
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = Field(0, ge=0)
+
+
+class BoundsEntry(_Strict):
+    """Lower bounds on the reconstruction error to draw on the privacy–utility plot."""
+
+    cramer_rao: bool = True
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class BudgetEntry(_Strict):
+    """Time limits: per trial (stopped at the attack's next progress report) and per sweep run."""
+
+    trial_seconds: Optional[float] = Field(None, gt=0)
+    sweep_minutes: Optional[float] = Field(None, gt=0)
+
+
+class SweepSpec(_Strict):
+    """A validated sweep (see the module docstring for the YAML form)."""
+
+    name: str = "sweep"
+    description: str = ""
+    datasets: list[DatasetEntry] = Field(min_length=1)
+    models: list[ModelEntry] = Field(min_length=1)
+    batch_sizes: list[int] = Field(min_length=1)
+    images: int = Field(1, ge=1)
+    attacks: list[AttackEntry] = Field(min_length=1)
+    defenses: list[DefenseEntry] = Field(default_factory=lambda: [DefenseEntry(spec="none")], min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    threat: ThreatEntry = Field(default_factory=ThreatEntry)
+    utility: Optional[UtilityEntry] = None
+    bounds: Optional[BoundsEntry] = None
+    budget: BudgetEntry = Field(default_factory=BudgetEntry)
+    include: list[dict[str, Any]] = Field(default_factory=list)
+    exclude: list[dict[str, Any]] = Field(default_factory=list)
+    device: str = "cpu"
+    threads: int = Field(1, ge=1)
+    save_images: bool = True
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, values: list[int]) -> list[int]:
+        bad = [v for v in values if v < 1]
+        if bad:
+            raise ValueError(f"expected batch sizes ≥ 1, got {bad[0]}")
+        return values
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, values: list[int]) -> list[int]:
+        bad = [v for v in values if v < 0]
+        if bad:
+            raise ValueError(f"expected non-negative seeds, got {bad[0]}")
+        return values
+
+    def defense_specs(self) -> list[str]:
+        """Every concrete defense setting, in spec order, without repeats."""
+        seen: dict[str, None] = {}
+        for entry in self.defenses:
+            for spec in entry.expand():
+                seen.setdefault(spec, None)
+        return list(seen)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+class _Source:
+    """Where a spec came from and the YAML line of every field path."""
+
+    def __init__(self, name: str, lines: dict[tuple, int]) -> None:
+        self.name, self.lines = name, lines
+
+    def where(self, path: tuple) -> str:
+        """``"spec.yaml line 7, field attacks[1].name"`` (the nearest enclosing line when the field is absent)."""
+        line = None
+        for cut in range(len(path), -1, -1):
+            if path[:cut] in self.lines:
+                line = self.lines[path[:cut]]
+                break
+        at = f"{self.name} line {line}" if line is not None else self.name
+        return f"{at}, field {_dotted(path)}" if path else at
+
+
+def _dotted(path: tuple) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _line_map(node: yaml.Node, path: tuple, out: dict[tuple, int], source: str) -> None:
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: set = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                raise ConfigError(f"{source} line {key_node.start_mark.line + 1}, field {_dotted(path + (key,))}: "
+                                  f"duplicate key {key!r}; keep one of them")
+            seen.add(key)
+            out[path + (key,)] = key_node.start_mark.line + 1
+            _line_map(value_node, path + (key,), out, source)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_map(item, path + (i,), out, source)
+
+
+def _read(source: "str | Path | Mapping") -> tuple[Any, _Source]:
+    if isinstance(source, Mapping):
+        return dict(source), _Source("spec", {})
+    if isinstance(source, SweepSpec):
+        return source.model_dump(), _Source("spec", {})
+    path = Path(source) if isinstance(source, Path) or ("\n" not in str(source) and
+                                                         str(source).endswith((".yaml", ".yml"))) else None
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError(f"expected a sweep spec file, got {str(path)!r} (no such file)")
+        text, name = path.read_text(), path.name
+    else:
+        text, name = str(source), "spec"
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{name}{where}: not valid YAML ({problem}); check indentation and quoting") from None
+    lines: dict[tuple, int] = {}
+    if node is not None:
+        _line_map(node, (), lines, name)
+    return data, _Source(name, lines)
+
+
+_FIXES = {
+    "extra_forbidden": "remove it or fix its spelling; known fields: {known}",
+    "missing": "add it",
+    "too_short": "give at least one entry",
+}
+
+
+def _pydantic_message(err: Mapping[str, Any], spec_root: Any) -> tuple[tuple, str]:
+    path = tuple(p for p in err["loc"] if not (isinstance(p, str) and p[:1].isupper()))  # drop model-name tags
+    msg = err["msg"].removeprefix("Value error, ")
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        owner = _owner_model(path[:-1])
+        known = ", ".join(owner.model_fields) if owner is not None else "see docs/evaluation.md"
+        return path, f"unknown field {path[-1]!r}; " + _FIXES[kind].format(known=known)
+    if kind == "missing":
+        return path, f"missing required field {path[-1]!r}; {_FIXES[kind]}"
+    if kind in _FIXES:
+        return path, f"{msg.lower()}; {_FIXES[kind]}"
+    if "input" in err and kind not in ("value_error",):
+        return path, f"{msg.lower()}, got {err['input']!r}"
+    return path, msg
+
+
+def _owner_model(path: tuple) -> type[BaseModel] | None:
+    """The pydantic model describing the mapping at ``path`` (for listing its fields)."""
+    model: Any = SweepSpec
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return None
+        annotation = field.annotation
+        for _ in range(3):  # unwrap Optional[...] and list[...]
+            args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                break
+            annotation = args[0] if args else annotation
+        model = annotation
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def load_spec(source: "str | Path | Mapping | SweepSpec", *, check: bool = True) -> SweepSpec:
+    """Read and validate a sweep spec (a path, YAML text or a mapping).
+
+    With ``check`` (default), every name is resolved through the registries
+    (datasets, models, attacks with presets and options, defenses, losses,
+    devices) so a bad spec fails here, before any trial runs.
+    """
+    if isinstance(source, SweepSpec):
+        if check:
+            check_names(source, _Source("spec", {}))
+        return source
+    data, where = _read(source)
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where.name}: expected a mapping with datasets, models, batch_sizes, attacks..., "
+                          f"got {type(data).__name__}")
+    try:
+        spec = SweepSpec.model_validate(data)
+    except ValidationError as err:
+        problems = [_pydantic_message(e, data) for e in err.errors()]
+        path, msg = problems[0]
+        more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
+        raise ConfigError(f"{where.where(path)}: {msg}{more}") from None
+    if check:
+        check_names(spec, where)
+    return spec
+
+
+def check_names(spec: SweepSpec, where: "_Source | None" = None) -> None:
+    """Resolve every name of ``spec`` through the registries; a :class:`ConfigError` naming the line otherwise."""
+    where = where or _Source("spec", {})
+    from ..attacks import ATTACKS, create as create_attack
+    from ..data import DATASETS, options as data_options
+    from ..defenses import parse as parse_defense
+    from ..losses import LOSSES
+    from ..models import parse_spec
+
+    def guard(path: tuple, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (LeakbenchError, ValueError, TypeError) as err:
+            raise ConfigError(f"{where.where(path)}: {err}") from None
+
+    for i, d in enumerate(spec.datasets):
+        guard(("datasets", i, "name"), DATASETS.get, d.name)
+        accepted = data_options(d.name)
+        for key in d.options:
+            if key not in accepted:
+                raise ConfigError(f"{where.where(('datasets', i, 'options', key))}: unknown option {key!r} for "
+                                  f"dataset {d.name!r}; accepted options: {', '.join(accepted)}")
+    for i, m in enumerate(spec.models):
+        guard(("models", i, "spec"), parse_spec, m.spec)
+    for i, a in enumerate(spec.attacks):
+        path = ("attacks", i)
+        guard(path + ("name",), ATTACKS.get, a.name)
+        bad_option = next((k for k in a.options if k not in _attack_fields(a.name)), None)
+        if bad_option is not None:
+            path = path + ("options", bad_option)
+        elif a.preset is not None:
+            path = path + ("preset",)
+        guard(path, create_attack, a.name, preset=a.preset, **a.options)
+    labels = [a.key for a in spec.attacks]
+    dup = next((k for k in labels if labels.count(k) > 1), None)
+    if dup is not None:
+        i = len(labels) - 1 - labels[::-1].index(dup)
+        raise ConfigError(f"{where.where(('attacks', i))}: attack {dup!r} is listed twice; "
+                          "give one of them a distinct label (label: ...)")
+    for i, d in enumerate(spec.defenses):
+        specs = guard(("defenses", i), d.expand)
+        for text in specs:
+            guard(("defenses", i), parse_defense, text)
+    guard(("threat", "loss"), LOSSES.get, spec.threat.loss)
+    guard(("device",), _check_device, spec.device)
+    for kind in ("include", "exclude"):
+        for i, rule in enumerate(getattr(spec, kind)):
+            for key in rule:
+                if key not in RULE_KEYS:
+                    raise ConfigError(f"{where.where((kind, i, key))}: unknown rule key {key!r}; "
+                                      f"a rule may name: {', '.join(RULE_KEYS)}")
+    if spec.utility is not None or any(m.training.epochs for m in spec.models):
+        path = ("utility",) if spec.utility is not None else ("models",)
+        guard(path, _needs_utility)
+    if spec.bounds is not None and spec.bounds.cramer_rao:
+        guard(("bounds", "cramer_rao"), _needs_bounds)
+
+
+def _attack_fields(name: str) -> set[str]:
+    import dataclasses
+
+    from ..attacks import ATTACKS
+
+    options = getattr(ATTACKS.get(name), "Options", None)
+    return {f.name for f in dataclasses.fields(options)} if dataclasses.is_dataclass(options) else set()
+
+
+def _check_device(name: str) -> None:
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"expected a torch device like cpu or cuda:0, got {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} is not available on this machine; use device: cpu")
+
+
+def _needs_utility() -> None:
+    try:
+        from . import utility  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(f"training models and measuring utility need leakbench.evaluation.utility, which "
+                          f"cannot be imported here ({err}); remove the utility section and training epochs") from None
+
+
+def _needs_bounds() -> None:
+    try:
+        from ..analysis.bounds import cramer_rao  # noqa: F401
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"the Cramér–Rao bound needs leakbench.analysis.bounds.cramer_rao, which is not "
+                          f"available here ({err}); remove the bounds section") from None
+
+
+def dump_spec(spec: SweepSpec) -> str:
+    """The spec as YAML text (stored with the results so a sweep is reproducible from its store)."""
+    return yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=False), sort_keys=False)
+
+
+__all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "TrainingEntry", "AttackEntry", "DefenseEntry",
+           "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "RULE_KEYS", "load_spec",
+           "check_names", "dump_spec"]

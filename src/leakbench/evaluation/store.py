@@ -1,0 +1,235 @@
+"""The results store: one SQLite file (WAL) with the trials, their results and an index of their images.
+
+- ``trials``: one row per trial (its spec as JSON, the columns tables group by,
+  ``status`` pending / running / done / failed / n/a, error, attempts, worker).
+- ``results``: the metrics of a finished trial (mean columns + JSON per sample and timings).
+- ``images``: files written next to the store for a trial (``npz``, ``png``).
+- ``meta``: the sweep spec and the schema version.
+
+Each finished trial is committed in its own transaction, so an interrupted sweep
+loses at most the trials that were running.  Writers use ``BEGIN IMMEDIATE``
+with a busy timeout, and a trial is *claimed* (pending → running, attempts + 1)
+before it runs, so several processes can work on one store without running a
+trial twice.  Claims of a process that died (same host, pid gone) or that are
+older than ``stale_seconds`` return to pending on :meth:`Store.recover`.
+Files live in ``<stem>-images/`` and trained models in ``<stem>-cache/`` beside the database.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+
+from ..errors import ConfigError
+from .trial import TrialResult, TrialSpec
+
+SCHEMA_VERSION = 1
+MEAN_COLUMNS = ("mse", "rmse", "psnr", "ssim", "label_acc")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS trials (
+    key TEXT PRIMARY KEY, kind TEXT NOT NULL, spec TEXT NOT NULL,
+    dataset TEXT, model TEXT, attack TEXT, defense TEXT, batch_size INTEGER, seed INTEGER, batch INTEGER,
+    status TEXT NOT NULL DEFAULT 'pending', error TEXT, traceback TEXT, attempts INTEGER NOT NULL DEFAULT 0,
+    worker TEXT, created REAL, started REAL, finished REAL
+);
+CREATE INDEX IF NOT EXISTS trials_status ON trials(status);
+CREATE TABLE IF NOT EXISTS results (
+    key TEXT PRIMARY KEY REFERENCES trials(key), mse REAL, rmse REAL, psnr REAL, ssim REAL, label_acc REAL,
+    seconds REAL, metrics TEXT, per_sample TEXT, timings TEXT, committed REAL
+);
+CREATE TABLE IF NOT EXISTS images (key TEXT NOT NULL, kind TEXT NOT NULL, path TEXT NOT NULL,
+                                   PRIMARY KEY (key, kind));
+"""
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=str, allow_nan=True)
+
+
+def _real(value: Any) -> Optional[float]:
+    if value is None or isinstance(value, bool):
+        return None if value is None else float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Store:
+    """A sweep's SQLite store (see the module docstring); ``Store("results.db")``."""
+
+    def __init__(self, path: "str | Path", *, timeout: float = 60.0) -> None:
+        self.path = Path(path)
+        if self.path.suffix == "" or self.path.is_dir():
+            raise ConfigError(f"expected a database file path like results.db, got {str(path)!r} (option --db)")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        self._conn.execute("PRAGMA journal_mode = WAL")
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        with self._tx() as c:
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                c.execute(statement)
+            c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        version = int(self.meta("schema_version") or SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:
+            raise ConfigError(f"{self.path} has store schema {version}, this leakbench reads {SCHEMA_VERSION}; "
+                              "use a new --db file")
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def images_dir(self) -> Path:
+        return self.path.parent / f"{self.path.stem}-images"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.path.parent / f"{self.path.stem}-cache"
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        else:
+            self._conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def meta(self, name: str) -> Optional[str]:
+        row = self._conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, name: str, value: str) -> None:
+        with self._tx() as c:
+            c.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+                      (name, value))
+
+    # ------------------------------------------------------------------ trials
+    def add(self, trials: Iterable[TrialSpec]) -> int:
+        """Record ``trials`` as pending (known ones keep their status; their labels are refreshed)."""
+        now = time.time()
+        rows = [(t.key, t.kind, _json(t.to_dict()), t.dataset_key, t.model_key, t.attack_key or None, t.defense,
+                 t.batch_size if t.kind != "utility" else None, t.seed, t.batch, now) for t in trials]
+        with self._tx() as c:
+            before = c.total_changes
+            c.executemany(
+                "INSERT INTO trials (key, kind, spec, dataset, model, attack, defense, batch_size, seed, batch, created)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET spec = excluded.spec,"
+                " dataset = excluded.dataset, model = excluded.model, attack = excluded.attack", rows)
+            return c.total_changes - before
+
+    def recover(self, *, stale_seconds: float = 6 * 3600) -> int:
+        """Return to pending the claims of dead local processes and claims older than ``stale_seconds``."""
+        host = socket.gethostname()
+        dead = []
+        for row in self._conn.execute("SELECT key, worker, started FROM trials WHERE status = 'running'"):
+            whost, _, pid = (row["worker"] or "").rpartition(":")
+            mine_dead = whost == host and pid.isdigit() and not _pid_alive(int(pid))
+            if mine_dead or (row["started"] or 0) < time.time() - stale_seconds:
+                dead.append((row["key"],))
+        if dead:
+            with self._tx() as c:
+                c.executemany("UPDATE trials SET status = 'pending', worker = NULL WHERE key = ? "
+                              "AND status = 'running'", dead)
+        return len(dead)
+
+    def claim(self, keys: Sequence[str], worker: str, *, retry_failed: bool = False) -> list[str]:
+        """Mark the claimable ``keys`` as running for ``worker``; returns the ones claimed, in order."""
+        states = ("pending", "failed") if retry_failed else ("pending",)
+        got = []
+        now = time.time()
+        with self._tx() as c:
+            for key in keys:
+                cur = c.execute(
+                    f"UPDATE trials SET status = 'running', worker = ?, started = ?, attempts = attempts + 1 "
+                    f"WHERE key = ? AND status IN ({','.join('?' * len(states))})", (worker, now, key, *states))
+                if cur.rowcount == 1:
+                    got.append(key)
+        return got
+
+    def release(self, keys: Iterable[str], worker: str) -> None:
+        """Give back claims that did not finish (interrupted): running → pending."""
+        with self._tx() as c:
+            c.executemany("UPDATE trials SET status = 'pending', worker = NULL, attempts = attempts - 1 "
+                          "WHERE key = ? AND status = 'running' AND worker = ?", [(k, worker) for k in keys])
+
+    def commit(self, result: TrialResult, files: Mapping[str, "str | Path"] | None = None) -> None:
+        """Store a finished trial (status, error, metrics, timings, image files) in one transaction."""
+        m = result.metrics
+        with self._tx() as c:
+            c.execute("UPDATE trials SET status = ?, error = ?, traceback = ?, finished = ?, worker = ? WHERE key = ?",
+                      (result.status, result.error, result.traceback, time.time(), result.worker, result.key))
+            c.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (result.key, *(_real(m.get(k)) for k in MEAN_COLUMNS), result.seconds, _json(m),
+                       _json(result.per_sample), _json(result.timings), time.time()))
+            c.execute("DELETE FROM images WHERE key = ?", (result.key,))
+            c.executemany("INSERT INTO images VALUES (?, ?, ?)",
+                          [(result.key, kind, str(p)) for kind, p in (files or {}).items()])
+
+    # ------------------------------------------------------------------ queries
+    def status(self, keys: Optional[Iterable[str]] = None) -> dict[str, str]:
+        """key → status (of ``keys`` or of every trial)."""
+        rows = self._conn.execute("SELECT key, status FROM trials").fetchall()
+        table = {r["key"]: r["status"] for r in rows}
+        return table if keys is None else {k: table[k] for k in keys if k in table}
+
+    def counts(self, keys: Optional[Iterable[str]] = None) -> dict[str, int]:
+        """How many trials (of ``keys`` or in all) have each status."""
+        out: dict[str, int] = {}
+        for s in self.status(keys).values():
+            out[s] = out.get(s, 0) + 1
+        return out
+
+    def rows(self, *, kind: Optional[str] = None, status: Optional[str] = None) -> list[dict[str, Any]]:
+        """Trials joined with their results and image paths, as dicts (JSON columns decoded)."""
+        where, args = [], []
+        if kind is not None:
+            where.append("t.kind = ?"), args.append(kind)
+        if status is not None:
+            where.append("t.status = ?"), args.append(status)
+        sql = ("SELECT t.*, r.mse, r.rmse, r.psnr, r.ssim, r.label_acc, r.seconds, r.metrics, r.per_sample, r.timings,"
+               " (SELECT path FROM images i WHERE i.key = t.key AND i.kind = 'npz') AS npz,"
+               " (SELECT path FROM images i WHERE i.key = t.key AND i.kind = 'png') AS png"
+               " FROM trials t LEFT JOIN results r ON r.key = t.key"
+               + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY t.rowid")
+        out = []
+        for row in self._conn.execute(sql, args):
+            d = dict(row)
+            for name in ("spec", "metrics", "per_sample", "timings"):
+                d[name] = json.loads(d[name]) if d.get(name) else {}
+            out.append(d)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "schema_version": SCHEMA_VERSION, "counts": self.counts()}
+
+
+__all__ = ["Store", "SCHEMA_VERSION", "MEAN_COLUMNS"]

@@ -1,0 +1,167 @@
+"""Run a sweep into a store: plan, skip what is done, claim, execute, commit each trial at once.
+
+    import leakbench as lb
+    summary = lb.evaluate("examples/sweep-tiny.yaml", db="results.db", workers=2)
+
+Re-running the same call resumes: finished trials (done or n/a) are skipped,
+failed ones are retried only with ``retry_failed=True``, and trials left
+``running`` by a process that died are run again.  Ctrl-C gives back the claims
+of the trials in flight, so nothing is lost and nothing is repeated.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from ..errors import ConfigError
+from .images import save_trial_files
+from .plan import plan
+from .runners import Runner, make_runner
+from .spec import SweepSpec, dump_spec, load_spec
+from .store import Store
+from .trial import TrialResult, TrialSpec, worker_id
+
+#: statuses that count as finished (not run again).
+FINISHED = ("done", "n/a")
+
+
+@dataclass
+class SweepSummary:
+    """What one :meth:`Sweep.run` did and where the sweep stands."""
+
+    db: Path
+    planned: int
+    skipped: int
+    ran: int
+    counts: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    stopped: Optional[str] = None
+
+    @property
+    def complete(self) -> bool:
+        """Every planned trial is finished (done or n/a)."""
+        return sum(self.counts.get(s, 0) for s in FINISHED) == self.planned
+
+
+class Sweep:
+    """A sweep spec bound to a store and an executor; :meth:`run` it, :meth:`state_dict` to inspect it."""
+
+    def __init__(self, spec: "SweepSpec | str | Path | dict", db: "str | Path | Store" = "results.db", *,
+                 workers: int = 1, ray: Optional[str] = None, retry_failed: bool = False,
+                 max_trials: Optional[int] = None, runner: Optional[Runner] = None,
+                 on_result: Optional[Callable[[TrialSpec, TrialResult], None]] = None) -> None:
+        self.spec = load_spec(spec)
+        self.store = db if isinstance(db, Store) else Store(db)
+        if max_trials is not None and (not isinstance(max_trials, int) or max_trials < 0):
+            raise ConfigError(f"expected max_trials ≥ 0, got {max_trials!r}")
+        self.workers, self.ray, self.retry_failed, self.max_trials = workers, ray, retry_failed, max_trials
+        self.runner = runner
+        self.on_result = on_result
+        self.trials = plan(self.spec)
+        self.by_key = {t.key: t for t in self.trials}
+        self.worker = worker_id()
+        self.ran = 0
+        self._claimed: set[str] = set()
+
+    def todo(self) -> list[TrialSpec]:
+        """Trials still to run (pending; also failed ones with ``retry_failed``)."""
+        status = self.store.status(self.by_key)
+        wanted = ("pending", "failed") if self.retry_failed else ("pending",)
+        return [t for t in self.trials if status.get(t.key, "pending") in wanted]
+
+    def _feed(self, todo: list[TrialSpec], start: float) -> Iterator[TrialSpec]:
+        budget = self.spec.budget.sweep_minutes
+        for i, trial in enumerate(todo):
+            if self.max_trials is not None and i >= self.max_trials:
+                self.stopped = "max_trials"
+                return
+            if budget is not None and time.perf_counter() - start > 60 * budget:
+                self.stopped = "budget.sweep_minutes"
+                return
+            if self.store.claim([trial.key], self.worker, retry_failed=self.retry_failed):
+                self._claimed.add(trial.key)
+                yield trial
+
+    def _commit(self, result: TrialResult) -> None:
+        files = save_trial_files(self.store.images_dir, result) if result.arrays else {}
+        result.arrays = {}
+        self.store.commit(result, files)
+        self._claimed.discard(result.key)
+        self.ran += 1
+
+    def run(self, *, progress: bool = False) -> SweepSummary:
+        """Run every trial still to do; each is committed to the store as soon as it finishes."""
+        start = time.perf_counter()
+        self.stopped: Optional[str] = None
+        self.store.recover()
+        self.store.add(self.trials)
+        self.store.set_meta("spec", dump_spec(self.spec))
+        self.store.set_meta("sweep", self.spec.name)
+        todo = self.todo()
+        skipped = len(self.trials) - len(todo)
+        runner = self.runner or make_runner(workers=self.workers, ray=self.ray, cache_dir=self.store.cache_dir)
+        bar = _bar(len(self.trials), skipped, self.spec.name) if progress else contextlib.nullcontext(None)
+        try:
+            with bar as advance:
+                for result in runner.run(self._feed(todo, start)):
+                    self._commit(result)
+                    if advance is not None:
+                        advance(result)
+                    if self.on_result is not None:
+                        self.on_result(self.by_key[result.key], result)
+        except KeyboardInterrupt:
+            self.stopped = "interrupted"
+            raise
+        finally:
+            if self._claimed:
+                self.store.release(self._claimed, self.worker)
+                self._claimed.clear()
+            if self.runner is None:
+                runner.close()
+        return SweepSummary(db=self.store.path, planned=len(self.trials), skipped=skipped, ran=self.ran,
+                            counts=self.store.counts(self.by_key), seconds=time.perf_counter() - start,
+                            stopped=self.stopped)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the sweep stands: spec, store counts for its trials, executor."""
+        return {"spec": self.spec.model_dump(mode="json"), "db": str(self.store.path), "planned": len(self.trials),
+                "counts": self.store.counts(self.by_key), "ran": self.ran, "retry_failed": self.retry_failed,
+                "executor": (self.runner.state_dict() if self.runner is not None
+                             else {"workers": self.workers, "ray": self.ray})}
+
+
+@contextlib.contextmanager
+def _bar(total: int, done: int, name: str):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    counts = {"done": 0, "failed": 0, "n/a": 0}
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                   TimeRemainingColumn())
+    task = bar.add_task(name, total=total, completed=done, counts="")
+
+    def advance(result: TrialResult) -> None:
+        counts[result.status] = counts.get(result.status, 0) + 1
+        text = " ".join(f"{k} {v}" for k, v in counts.items() if v)
+        bar.update(task, advance=1, counts=f"[dim]{text}[/dim]")
+
+    with bar:
+        yield advance
+
+
+def evaluate(spec: "SweepSpec | str | Path | dict", db: "str | Path" = "results.db", *, workers: int = 1,
+             ray: Optional[str] = None, retry_failed: bool = False, max_trials: Optional[int] = None,
+             progress: bool = False) -> SweepSummary:
+    """Run (or resume) the sweep ``spec`` into the SQLite store ``db``; see :class:`Sweep`."""
+    sweep = Sweep(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials)
+    try:
+        return sweep.run(progress=progress)
+    finally:
+        sweep.store.close()
+
+
+__all__ = ["Sweep", "SweepSummary", "evaluate", "FINISHED"]

@@ -1,0 +1,337 @@
+"""One trial: a pure function of its :class:`TrialSpec` → :class:`TrialResult`.
+
+An ``attack`` trial loads the dataset, builds (and trains, when asked) the
+model, draws the batch, computes the observation under the defense, runs the
+attack and scores the reconstruction after Hungarian matching.  A ``utility``
+trial trains the model with the defense and reports its utility.  Every random
+choice is seeded from the spec, the global RNG is left as it was, and the
+number of torch threads is fixed by the spec, so the same spec gives the same
+result in-process, in a process pool or on a Ray worker.
+
+A trial never raises for a problem of its own: an attack whose requirements
+the observation does not meet is ``"n/a"`` with the reason, anything else that
+goes wrong is ``"failed"`` with the error and its traceback.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import socket
+import time
+import traceback as tb
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ..errors import LeakbenchError, UnsupportedThreatModel
+
+KINDS = ("attack", "utility", "bound")
+#: defense families the Cramér–Rao bound models, and the argument of ``cramer_rao`` each sets.
+BOUND_ARGUMENTS = {"noise": "sigma", "clip": "clip", "prune": "prune"}
+STATUSES = ("pending", "running", "done", "failed", "n/a")
+#: fields of a :class:`TrialSpec` that do not change its result (labels and execution settings).
+NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "trial_seconds", "save_images")
+
+
+class TrialTimeout(LeakbenchError):
+    """A trial ran past the spec's ``budget.trial_seconds``."""
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything that fixes one trial; :attr:`key` hashes the fields that determine its result."""
+
+    kind: str
+    dataset: str
+    model: str
+    defense: str = "none"
+    data_options: dict = field(default_factory=dict)
+    model_options: dict = field(default_factory=dict)
+    training: dict = field(default_factory=dict)
+    batch_size: int = 0
+    images: int = 0
+    batch: int = 0
+    seed: int = 0
+    attack: str = ""
+    preset: Optional[str] = None
+    options: dict = field(default_factory=dict)
+    threat: dict = field(default_factory=dict)
+    utility: dict = field(default_factory=dict)
+    bounds: dict = field(default_factory=dict)
+    dataset_key: str = ""
+    model_key: str = ""
+    attack_key: str = ""
+    device: str = "cpu"
+    threads: int = 1
+    trial_seconds: Optional[float] = None
+    save_images: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialSpec":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that determine the result (labels and execution settings left out)."""
+        return {k: v for k, v in self.to_dict().items() if k not in NOT_IDENTITY}
+
+    @functools.cached_property
+    def key(self) -> str:
+        text = json.dumps(self.identity(), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    @property
+    def label(self) -> str:
+        """A one-line human description."""
+        if self.kind == "utility":
+            return f"utility {self.dataset_key} {self.model_key} {self.defense}"
+        if self.kind == "bound":
+            return f"bound {self.defense} on {self.dataset_key} {self.model_key} B={self.batch_size} seed {self.seed}"
+        return (f"{self.attack_key} vs {self.defense} on {self.dataset_key} {self.model_key} "
+                f"B={self.batch_size} seed {self.seed} batch {self.batch}")
+
+
+@dataclass
+class TrialResult:
+    """What a trial produced: status, mean and per-sample metrics, timings, error, arrays for the images."""
+
+    key: str
+    status: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    per_sample: dict[str, list] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    error: Optional[str] = None
+    traceback: Optional[str] = None
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    worker: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return float(self.timings.get("total", 0.0))
+
+
+def worker_id() -> str:
+    """``host:pid`` of the process running a trial."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# ----------------------------------------------------------------------------- cached inputs
+
+
+@functools.lru_cache(maxsize=8)
+def _dataset(name: str, options_json: str):
+    from ..data import load
+
+    return load(name, **json.loads(options_json))
+
+
+def dataset_for(spec: TrialSpec):
+    """The trial's dataset (loaded once per process)."""
+    return _dataset(spec.dataset, json.dumps(spec.data_options, sort_keys=True))
+
+
+_TRAINED: dict[str, dict[str, torch.Tensor]] = {}
+
+
+def _model_key(spec: TrialSpec) -> str:
+    text = json.dumps([spec.dataset, spec.data_options, spec.model, spec.model_options, spec.training],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Optional[Path] = None) -> torch.nn.Module:
+    """Build the trial's model and bring it to its training state (trained weights cached per process and on disk)."""
+    from ..models import build
+
+    opts = dict(spec.model_options)
+    model = build(spec.model, input_shape=data.shape, classes=data.num_classes, act=opts.get("act"),
+                  init=opts.get("init", "default"), seed=int(opts.get("seed", 0)), device=device,
+                  **dict(opts.get("options") or {}))
+    epochs = int(spec.training.get("epochs", 0))
+    if epochs == 0:
+        return model
+    key = _model_key(spec)
+    state = _TRAINED.get(key)
+    path = Path(cache_dir) / "models" / f"{key}.pt" if cache_dir is not None else None
+    if state is None and path is not None and path.is_file():
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if state is None:
+        from .utility import train_model
+
+        trained = train_model(model, data, defense="none", epochs=epochs, batch_size=int(spec.training["batch_size"]),
+                              lr=float(spec.training["lr"]), seed=int(spec.training.get("seed", 0)),
+                              device=str(device))
+        state = {k: v.detach().cpu().clone() for k, v in trained.model.state_dict().items()}
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            torch.save(state, tmp)
+            os.replace(tmp, path)  # atomic: concurrent workers never read a half-written file
+    _TRAINED[key] = state
+    model.load_state_dict(state)
+    return model
+
+
+def batch_for(spec: TrialSpec, data) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch ``spec.batch`` of the ``spec.images`` samples drawn with ``spec.seed`` (the same images for every B)."""
+    pool = max(spec.images, spec.batch_size * (spec.batch + 1))
+    x, y = data.batch(pool, seed=spec.seed)
+    lo = spec.batch * spec.batch_size
+    return x[lo:lo + spec.batch_size], y[lo:lo + spec.batch_size]
+
+
+# ----------------------------------------------------------------------------- running
+
+
+class _Clock:
+    """Named timings and the trial's deadline (checked at every progress report of the attack)."""
+
+    def __init__(self, limit: Optional[float]) -> None:
+        self.start = time.perf_counter()
+        self.limit = limit
+        self.timings: dict[str, float] = {}
+        self._mark = self.start
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = self.timings.get(name, 0.0) + now - self._mark
+        self._mark = now
+
+    def progress(self, done: int, total: int, loss: float) -> None:
+        if self.limit is not None and time.perf_counter() - self.start > self.limit:
+            raise TrialTimeout(f"trial exceeded budget.trial_seconds={self.limit:g} after {done}/{total} steps")
+
+    def total(self) -> dict[str, float]:
+        return {**self.timings, "total": time.perf_counter() - self.start}
+
+
+def run_trial(spec: TrialSpec, *, cache_dir: "str | Path | None" = None) -> TrialResult:
+    """Run one trial; never raises for a problem of the trial itself (see the module docstring)."""
+    clock = _Clock(spec.trial_seconds)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(spec.threads)))
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            if spec.kind == "attack":
+                result = _attack_trial(spec, clock, cache_dir)
+            elif spec.kind == "utility":
+                result = _utility_trial(spec, clock, cache_dir)
+            elif spec.kind == "bound":
+                result = _bound_trial(spec, clock, cache_dir)
+            else:
+                raise LeakbenchError(f"expected a trial kind in {KINDS}, got {spec.kind!r}")
+    except UnsupportedThreatModel as err:
+        result = TrialResult(key=spec.key, status="n/a", error=str(err))
+    except Exception as err:  # recorded with the trial, the sweep goes on
+        result = TrialResult(key=spec.key, status="failed", error=f"{type(err).__name__}: {err}",
+                             traceback=tb.format_exc())
+    finally:
+        torch.set_num_threads(threads)
+    result.timings = {**result.timings, **clock.total()}
+    result.worker = worker_id()
+    return result
+
+
+def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
+    from ..attacks import create
+    from ..metrics import compare
+    from ..threat import observe
+
+    device = torch.device(spec.device)
+    data = dataset_for(spec)
+    clock.lap("load")
+    model = model_for(spec, data, device, cache_dir)
+    clock.lap("model")
+    x, y = batch_for(spec, data)
+    x, y = x.to(device), y.to(device)
+    # the dataset is the population other clients draw from (secure aggregation needs one)
+    obs = observe(model, x, y, defense=spec.defense, seed=spec.seed, population=data, **spec.threat)
+    clock.lap("observe")
+    attack = create(spec.attack, preset=spec.preset, **spec.options)
+    reasons = attack.requirements(obs)
+    if reasons:
+        return TrialResult(key=spec.key, status="n/a", error="; ".join(reasons))
+    rec = attack(obs, seed=spec.seed, progress=clock.progress)
+    clock.lap("attack")
+    images = rec.images.detach().to("cpu", torch.float32)
+    labels = None if rec.labels is None else rec.labels.detach().cpu()
+    if labels is not None and labels.ndim == 2:
+        labels = labels.argmax(dim=1)
+    x, y = x.cpu(), y.cpu()
+    scores = compare(images if labels is None else dataclasses.replace(rec, images=images, labels=labels), x, y)
+    clock.lap("score")
+    per_sample = scores.pop("per_sample")
+    order = scores.pop("order")
+    metrics = {k: v for k, v in scores.items() if v is None or isinstance(v, (int, float))}
+    arrays = {}
+    if spec.save_images:
+        arrays = {"x": x.numpy(), "y": y.numpy(), "reconstruction": images.numpy(),
+                  "order": np.asarray(order, dtype=np.int64),
+                  "labels": (labels.numpy().astype(np.int64) if labels is not None
+                             else np.full(images.shape[0], -1, dtype=np.int64))}
+    return TrialResult(key=spec.key, status="done", metrics=metrics, per_sample=per_sample, arrays=arrays,
+                       timings={"attack_reported": float(rec.trace.get("seconds", 0.0))})
+
+
+def _utility_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
+    from .utility import utility
+
+    u = dict(spec.utility)
+    opts = dict(spec.model_options)
+    model_options = {k: v for k, v in (("act", opts.get("act")), ("init", opts.get("init", "default"))) if v}
+    model_options.update(dict(opts.get("options") or {}))
+    result = utility(spec.model, spec.dataset, defense=spec.defense, epochs=int(u["epochs"]),
+                     batch_size=int(u["batch_size"]), lr=float(u["lr"]), seed=int(u.get("seed", 0)),
+                     data_options=dict(spec.data_options) or None, model_options=model_options,
+                     test_fraction=float(u["test_fraction"]), loss=spec.threat.get("loss", "ce"),
+                     cache_dir=False if cache_dir is None else str(Path(cache_dir) / "utility"), device=spec.device)
+    clock.lap("train")
+    metrics = {k: _number(getattr(result, k, None))
+               for k in ("train_loss", "train_accuracy", "test_accuracy", "epsilon")}
+    return TrialResult(key=spec.key, status="done", metrics=metrics,
+                       timings={"train_reported": float(getattr(result, "seconds", 0.0) or 0.0)})
+
+
+def _bound_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
+    """Cramér–Rao lower bound on the RMSE for the trial's batch (Liu et al. 2024, Sec. 3)."""
+    from ..analysis.bounds import cramer_rao
+
+    arguments: dict[str, float] = {}
+    for part in spec.defense.split("+"):
+        name, _, args = part.strip().partition(":")
+        if name == "none":
+            continue
+        if name not in BOUND_ARGUMENTS:
+            raise UnsupportedThreatModel(f"the Cramér–Rao bound models {', '.join(BOUND_ARGUMENTS)}, not {name!r}")
+        arguments[BOUND_ARGUMENTS[name]] = float(args.split(",")[0])
+    if not arguments.get("sigma"):
+        raise UnsupportedThreatModel("the Cramér–Rao bound needs gradient noise (noise:σ) in the defense")
+    device = torch.device(spec.device)
+    data = dataset_for(spec)
+    model = model_for(spec, data, device, cache_dir)
+    x, y = batch_for(spec, data)
+    clock.lap("setup")
+    bound = cramer_rao(model, x.to(device), y.to(device), loss=spec.threat.get("loss", "ce"), **arguments,
+                       **dict(spec.bounds.get("options") or {}))
+    clock.lap("bound")
+    metrics = {k: _number(getattr(bound, k, None)) for k in ("exact_rmse", "trace_rmse", "exact", "trace", "rank",
+                                                              "grad_norm", "clip_scale")}
+    return TrialResult(key=spec.key, status="done", metrics=metrics)
+
+
+def _number(value: Any) -> Optional[float]:
+    return None if value is None else float(value)
+
+
+__all__ = ["TrialSpec", "TrialResult", "TrialTimeout", "run_trial", "batch_for", "model_for", "dataset_for",
+           "worker_id", "KINDS", "STATUSES"]

@@ -1,0 +1,72 @@
+"""Export a sweep's results as flat tables: CSV always, Parquet when pandas and pyarrow are installed."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from ..evaluation.plan import defense_family
+from ..evaluation.strongest import Strongest
+
+#: columns of the results table, in order (utility metrics for utility trials, the bound for bound trials).
+RESULT_COLUMNS = ("key", "kind", "dataset", "model", "attack", "defense", "defense_family", "defense_parameter",
+                  "batch_size", "seed", "batch", "status", "mse", "rmse", "psnr", "ssim", "label_acc",
+                  "train_loss", "train_accuracy", "test_accuracy", "epsilon", "lower_bound_rmse", "seconds", "attempts", "worker",
+                  "error", "npz", "png")
+
+
+def result_records(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One flat dict per trial (columns :data:`RESULT_COLUMNS`) from :meth:`Store.rows` output."""
+    out = []
+    for r in rows:
+        family, parameter = defense_family(r.get("defense") or "none")
+        metrics = r.get("metrics") or {}
+        record = {c: r.get(c) for c in RESULT_COLUMNS}
+        record.update(defense_family=family, defense_parameter=parameter,
+                      error=(r.get("error") or "").splitlines()[0] if r.get("error") else None)
+        for name in ("train_loss", "train_accuracy", "test_accuracy", "epsilon"):
+            record[name] = metrics.get(name) if r.get("kind") == "utility" else None
+        record["lower_bound_rmse"] = metrics.get("exact_rmse") if r.get("kind") == "bound" else None
+        out.append(record)
+    return out
+
+
+def strongest_records(best: Sequence[Strongest]) -> list[dict[str, Any]]:
+    """One flat dict per S_D setting."""
+    return [{"dataset": s.dataset, "model": s.model, "defense": s.defense, "defense_family": s.family,
+             "defense_parameter": s.parameter, "batch_size": s.batch_size, "strongest_attack": s.attack,
+             "rmse": s.rmse, "psnr": s.psnr, "ssim": s.ssim,
+             "attacks_run": sum(1 for a in s.scores if a.trials),
+             "attacks_not_applicable": sum(1 for a in s.scores if a.not_applicable)} for s in best]
+
+
+def write_csv(records: Sequence[Mapping[str, Any]], path: "str | Path",
+              columns: Optional[Sequence[str]] = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = list(columns or (records[0].keys() if records else RESULT_COLUMNS))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(records)
+    return path
+
+
+def parquet_available() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("pandas", "pyarrow"))
+
+
+def write_parquet(records: Sequence[Mapping[str, Any]], path: "str | Path") -> Optional[Path]:
+    """Write a Parquet file; ``None`` (nothing written) when pandas or pyarrow is missing."""
+    if not parquet_available():
+        return None
+    import pandas as pd
+
+    path = Path(path)
+    pd.DataFrame.from_records(list(records)).to_parquet(path, index=False)
+    return path
+
+
+__all__ = ["RESULT_COLUMNS", "result_records", "strongest_records", "write_csv", "write_parquet",
+           "parquet_available"]

@@ -1,0 +1,100 @@
+"""Trials: a pure function of their spec (same spec → same result), n/a and failures recorded, never raised."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from leakbench.evaluation import load_spec, plan, run_trial
+from leakbench.evaluation.trial import TrialSpec
+
+TINY = {
+    "datasets": [{"name": "digits"}],
+    "models": [{"spec": "cnn:3-4-2-1", "act": "tanh"}, {"spec": "mlp:20", "act": "relu"}],
+    "batch_sizes": [2],
+    "images": 2,
+    "attacks": [{"name": "inverting-gradients", "preset": "quick", "options": {"iterations": 8}},
+                {"name": "fc-inversion", "preset": "quick"}],
+    "defenses": ["noise:0.01"],
+}
+
+
+@pytest.fixture(scope="module")
+def trials():
+    return {(t.model, t.attack): t for t in plan(load_spec(TINY))}
+
+
+def test_same_spec_same_result(trials):
+    trial = trials[("cnn:3-4-2-1", "inverting-gradients")]
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    first = run_trial(trial)
+    second = run_trial(TrialSpec.from_dict(trial.to_dict()))  # a copy rebuilt from its stored form
+    assert first.status == second.status == "done", first.error
+    assert first.metrics == second.metrics
+    assert first.per_sample == second.per_sample
+    for name in ("x", "y", "reconstruction", "labels", "order"):
+        np.testing.assert_array_equal(first.arrays[name], second.arrays[name])
+    assert first.arrays["x"].shape == (2, 1, 8, 8)
+    assert set(first.per_sample["rmse"]) and len(first.per_sample["rmse"]) == 2
+    assert np.isclose(first.metrics["rmse"], np.sqrt(np.mean(first.per_sample["mse"])))
+    assert first.timings["total"] >= first.timings["attack"] > 0
+    torch.manual_seed(123)
+    assert torch.equal(torch.rand(3), before), "a trial must not disturb the caller's global RNG"
+
+
+def test_key_depends_on_what_changes_the_result(trials):
+    trial = trials[("cnn:3-4-2-1", "inverting-gradients")]
+    data = trial.to_dict()
+    relabelled = TrialSpec.from_dict({**data, "attack_key": "renamed", "threads": 2, "device": "cpu"})
+    assert relabelled.key == trial.key
+    for change in ({"seed": 1}, {"defense": "noise:0.02"}, {"options": {"iterations": 9}}, {"batch": 1}):
+        assert TrialSpec.from_dict({**data, **change}).key != trial.key
+
+
+def test_batches_cover_the_same_images_for_every_batch_size(trials):
+    from leakbench.evaluation.trial import batch_for, dataset_for
+
+    trial = trials[("cnn:3-4-2-1", "inverting-gradients")]
+    data = dataset_for(trial)
+    x2, _ = batch_for(trial, data)
+    ones = [batch_for(TrialSpec.from_dict({**trial.to_dict(), "batch_size": 1, "batch": b}), data)[0]
+            for b in range(2)]
+    assert torch.equal(torch.cat(ones), x2)
+
+
+def test_unsupported_attack_is_not_applicable_with_reason(trials):
+    result = run_trial(trials[("cnn:3-4-2-1", "fc-inversion")])
+    assert result.status == "n/a"
+    assert "fully connected" in result.error and result.traceback is None
+    assert run_trial(trials[("mlp:20", "fc-inversion")]).status == "done"
+
+
+def test_failure_is_recorded_not_raised(trials):
+    bad = TrialSpec.from_dict({**trials[("mlp:20", "fc-inversion")].to_dict(), "data_options": {"size": 0}})
+    result = run_trial(bad)
+    assert result.status == "failed"
+    assert result.error.startswith("ConfigError:") and "size" in result.error
+    assert "Traceback" in result.traceback
+
+
+def test_trial_budget_stops_a_long_attack(trials):
+    slow = TrialSpec.from_dict({**trials[("cnn:3-4-2-1", "inverting-gradients")].to_dict(),
+                                "options": {"iterations": 100000}, "trial_seconds": 0.5})
+    result = run_trial(slow)
+    assert result.status == "failed" and "TrialTimeout" in result.error and "trial_seconds=0.5" in result.error
+    assert result.timings["total"] < 30
+
+
+def test_trained_model_state_is_part_of_the_trial(tmp_path):
+    spec = {**TINY, "models": [{"spec": "mlp:20", "act": "relu", "training": {"epochs": 1, "batch_size": 64}}],
+            "attacks": [{"name": "fc-inversion", "preset": "quick"}], "defenses": ["none"], "batch_sizes": [1]}
+    trained = plan(load_spec(spec))[0]
+    untrained = TrialSpec.from_dict({**trained.to_dict(), "training": {**trained.training, "epochs": 0}})
+    assert trained.key != untrained.key and trained.model_key.endswith("@1ep")
+    a = run_trial(trained, cache_dir=tmp_path)
+    b = run_trial(untrained, cache_dir=tmp_path)
+    assert a.status == b.status == "done", (a.error, b.error)
+    assert len(list((tmp_path / "models").glob("*.pt"))) == 1  # the trained weights are cached once
+    again = run_trial(trained, cache_dir=tmp_path)  # from the cache: same result
+    assert again.metrics == a.metrics
