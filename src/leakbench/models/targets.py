@@ -1,0 +1,532 @@
+"""Trained target networks for the attacks on published weights, and their distance to a KKT point.
+
+:func:`train_target` trains the networks that Haim et al. (2022, "Reconstructing
+training data from trained neural networks", Sec. 5 and appendix C) and the
+provable-attacks paper (Smorodinsky, Vardi & Safran, "Provable privacy attacks on
+trained shallow neural networks", Sec. 5) attack:
+
+- a ReLU MLP d-W1-…-1 (``"mlp:1000-1000"``) or a two-layer net (``"twolayer:M"``);
+  *homogeneous* means only the first layer has a bias (Haim et al.'s code and the
+  provable-attacks paper: then Φ(cθ; x) = c^L Φ(θ; x));
+- the "small" initialisation: first layer N(0, 10⁻⁸), the rest Kaiming (Haim et al.
+  appendix C.3.1);
+- full-batch gradient descent on the logistic or exponential loss of ±1 labels
+  (cross-entropy for multiclass targets, Buzaglo et al. 2023), until the training
+  loss is below ``loss_tol`` or ``steps`` run out; float64 by default.
+  ``schedule="loss-scaled"`` uses the step η/L(θ_t) of Lyu & Li (2020, "Gradient
+  descent maximizes the margin of homogeneous neural networks", Sec. 6), which reaches a
+  tiny loss in far fewer steps than a constant step;
+- inputs optionally centred by the training mean (Haim et al.: "mean-subtracted").
+
+Theorem 2.1 (Lyu & Li; Ji & Telgarsky) says gradient flow on such a network converges
+in direction to a KKT point of  min ½‖θ‖²  s.t.  y_i Φ(θ; x_i) ≥ 1,  whose stationarity
+condition is (Haim et al. eq. (2); provable-attacks paper eq. (2))
+
+    θ = Σ_i λ_i y_i ∇_θ Φ(θ; x_i),    λ_i ≥ 0.
+
+:func:`kkt_residual` measures how far the weights are from it:
+min_{λ ≥ 0} ‖θ − Σ_i λ_i y_i ∇_θΦ(θ; x_i)‖ / ‖θ‖ with the best non-negative multipliers
+found by NNLS (``scipy.optimize.nnls``).  The ratio is invariant to rescaling θ for a
+homogeneous network (λ absorbs the scale), so the margin need not be normalised.  For
+multiclass targets each pair (i, j ≠ y_i) contributes ∇(Φ_{y_i} − Φ_j)(x_i) (the
+multiclass max-margin KKT conditions of Buzaglo et al. 2023).
+
+Per-sample gradients are never materialised for networks made of Linear layers: with
+h the layer input and δ the back-propagated output gradient, ⟨∇_W s_i, ∇_W s_k⟩ =
+(δ_i·δ_k)(h_i·h_k), so the Gram matrix costs one forward and one backward pass per
+output direction (other architectures fall back to ``torch.func.vmap`` per-sample
+gradients).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ConfigError, expect
+from ..losses import LOSSES, get_loss
+from .init import weighted_layers
+from .spec import build
+
+__all__ = ["TargetConfig", "TrainedTarget", "KKTResidual", "train_target", "kkt_residual", "margins",
+           "make_homogeneous"]
+
+BINARY_LOSSES = ("logistic", "exponential")
+SCHEDULES = ("constant", "loss-scaled")
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+@dataclass
+class TargetConfig:
+    """How a target network is built and trained (everything needed to rebuild it)."""
+
+    model: str = "mlp:1000-1000"
+    act: str = "relu"
+    homogeneous: bool = True
+    init: str = "small"
+    init_scale: float | None = 1e-4
+    loss: str = "logistic"
+    lr: float = 0.01
+    steps: int = 10_000
+    loss_tol: float = 1e-6
+    schedule: str = "constant"
+    max_lr: float = math.inf
+    center: bool = True
+    dtype: str = "float64"
+    seed: int = 0
+
+    def check(self) -> None:
+        expect(self.loss in LOSSES, f"expected loss one of {', '.join(LOSSES.names())}, got {self.loss!r} (field loss)")
+        expect(self.loss in (*BINARY_LOSSES, "ce"),
+               f"expected loss 'logistic' or 'exponential' (±1 labels) or 'ce' (multiclass), got {self.loss!r} "
+               "(field loss)")
+        expect(self.schedule in SCHEDULES, f"expected schedule one of {', '.join(SCHEDULES)}, got {self.schedule!r} "
+               "(field schedule)")
+        expect(self.dtype in DTYPES, f"expected dtype 'float64' or 'float32', got {self.dtype!r} (field dtype)")
+        for name in ("lr", "max_lr", "loss_tol"):
+            value = getattr(self, name)
+            expect(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= (name == "loss_tol") - 1
+                   and (value > 0 or name == "loss_tol"),
+                   f"expected a positive number{' (or 0: no early stop)' if name == 'loss_tol' else ''}, "
+                   f"got {value!r} (field {name})")
+        expect(isinstance(self.steps, int) and not isinstance(self.steps, bool) and self.steps >= 0,
+               f"expected steps ≥ 0 (an int), got {self.steps!r} (field steps)")
+        expect(isinstance(self.seed, int) and not isinstance(self.seed, bool),
+               f"expected an integer seed, got {self.seed!r} (field seed)")
+
+    @property
+    def binary(self) -> bool:
+        return self.loss in BINARY_LOSSES
+
+
+@dataclass
+class KKTResidual:
+    """Distance of trained weights to the stationarity condition of the max-margin problem.
+
+    ``residual`` = ‖θ − Σ λ_c ∇s_c‖ / ‖θ‖ with the NNLS multipliers ``multipliers``
+    (one per sample for binary targets, n×(K−1) for multiclass), ``margins`` the
+    per-sample margins y_i Φ(x_i) (or Φ_{y_i} − max_{j≠y_i} Φ_j), ``normalized_margins``
+    the margins divided by their minimum (1 on the margin).
+    """
+
+    residual: float
+    multipliers: torch.Tensor
+    margins: torch.Tensor
+    normalized_margins: torch.Tensor
+    theta_norm: float
+    method: str
+
+    @property
+    def on_margin(self) -> torch.Tensor:
+        """Samples whose margin is within 10 % of the smallest (the provable-attacks code's slack)."""
+        return self.normalized_margins <= 1.1
+
+
+@dataclass(eq=False)
+class TrainedTarget:
+    """A trained network with its training set, saved and loaded together.
+
+    ``x``: the training samples in data space (N×C×H×W or N×d); ``mean``: the
+    per-feature mean subtracted before the network (``None`` if not centred), so the
+    network's inputs are :attr:`inputs`; ``y``: float ±1 for binary targets, class
+    indices for multiclass; ``history``: (step, loss) pairs.
+    """
+
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    config: TargetConfig
+    mean: torch.Tensor | None = None
+    history: list[tuple[int, float]] = field(default_factory=list)
+    classes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def inputs(self) -> torch.Tensor:
+        """What the network was trained on: ``x − mean`` (``x`` when not centred)."""
+        return self.x if self.mean is None else self.x - self.mean
+
+    @property
+    def binary(self) -> bool:
+        return self.config.binary
+
+    @property
+    def final_loss(self) -> float:
+        return self.history[-1][1] if self.history else float("nan")
+
+    @property
+    def input_range(self) -> tuple[float, float]:
+        """The box the network's inputs live in: the data box [0, 1] shifted by the mean."""
+        if self.mean is None:
+            return (0.0, 1.0)
+        return (float(-self.mean.max()), float(1.0 - self.mean.min()))
+
+    @torch.no_grad()
+    def outputs(self, x: torch.Tensor | None = None) -> torch.Tensor:
+        """Network outputs on data-space samples ``x`` (default: the training set), centred as in training."""
+        x = self.x if x is None else x
+        x = x.to(self.x.device, self.x.dtype)
+        return self.model(x if self.mean is None else x - self.mean)
+
+    def margins(self) -> torch.Tensor:
+        """Per-sample margins of the training set (y·Φ, or Φ_y − max_{j≠y} Φ_j)."""
+        return margins(self.outputs(), self.y)
+
+    def kkt_residual(self) -> KKTResidual:
+        """Distance of the weights to a KKT point of the max-margin problem on the training set."""
+        return kkt_residual(self.model, self.inputs, self.y)
+
+    def save(self, path: str | Path) -> Path:
+        """Write model weights, training set, config and history with ``torch.save``."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({
+            "format": "leakbench-target-1",
+            "config": dataclasses.asdict(self.config),
+            "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "input_shape": tuple(self.x.shape[1:]),
+            "outputs": _out_width(self.model),
+            "x": self.x.detach().cpu(), "y": self.y.detach().cpu(),
+            "mean": None if self.mean is None else self.mean.detach().cpu(),
+            "history": list(self.history), "classes": list(self.classes), "seconds": self.seconds,
+        }, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, *, device: str | torch.device = "cpu") -> "TrainedTarget":
+        """Read a target written by :meth:`save` (weights, data, config; bit-identical)."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"expected a saved target file, got {str(path)!r} which does not exist (argument path)")
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+        if not isinstance(blob, dict) or blob.get("format") != "leakbench-target-1":
+            raise ConfigError(f"expected a file written by TrainedTarget.save, got {str(path)!r}")
+        config = TargetConfig(**blob["config"])
+        model = _make_model(config, tuple(blob["input_shape"]), blob["outputs"])
+        model.load_state_dict(blob["state_dict"])
+        model.to(device)
+        mean = blob["mean"]
+        return cls(model=model.eval(), x=blob["x"].to(device), y=blob["y"].to(device), config=config,
+                   mean=None if mean is None else mean.to(device), history=[tuple(h) for h in blob["history"]],
+                   classes=blob["classes"], seconds=blob["seconds"])
+
+
+# --------------------------------------------------------------------------- building and training
+
+
+def make_homogeneous(model: nn.Module) -> nn.Module:
+    """Drop the bias of every Linear/Conv layer but the first (in place): Φ(cθ; x) = c^L Φ(θ; x).
+
+    This is the homogeneous network of Haim et al.'s code and of the provable-attacks
+    paper (hidden bias in the first layer only, none in the output layer).
+    """
+    for layer in weighted_layers(model)[1:]:
+        if layer.bias is not None:
+            layer.register_parameter("bias", None)
+    return model
+
+
+def _out_width(model: nn.Module) -> int:
+    return int(weighted_layers(model)[-1].weight.shape[0])
+
+
+def _make_model(config: TargetConfig, input_shape: tuple[int, ...], outputs: int) -> nn.Module:
+    scale = config.init_scale if config.init in ("small", "uniform") else None
+    options: dict[str, Any] = {"init_scale": scale} if scale is not None else {}
+    model = build(config.model, input_shape, outputs, act=config.act, bias=True, init=config.init,
+                  seed=config.seed, dtype=DTYPES[config.dtype], **options)
+    if config.homogeneous:
+        make_homogeneous(model)
+    return model.eval()
+
+
+def _select(data: Any, labels: Any, per_class: int | None, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    from ..data import ImageDataset  # data is left of models: allowed
+
+    if isinstance(data, ImageDataset):
+        expect(labels is None, "labels come from the dataset; pass labels only with a tensor x (argument labels)")
+        x, y, classes = data.images, data.labels, list(data.classes)
+        if per_class is not None:
+            expect(isinstance(per_class, int) and per_class >= 1,
+                   f"expected per_class as a positive int, got {per_class!r} (argument per_class)")
+            rng = np.random.default_rng(seed)
+            lab = y.cpu().numpy()
+            picks = []
+            for c in range(len(classes)):
+                pool = np.flatnonzero(lab == c)
+                expect(pool.size >= per_class, f"expected at least {per_class} samples of class {classes[c]!r}, "
+                       f"got {pool.size} (argument per_class)")
+                picks.append(rng.choice(pool, size=per_class, replace=False))
+            idx = torch.from_numpy(np.sort(np.concatenate(picks)))
+            x, y = x[idx], y[idx]
+        return x, y, classes
+    expect(isinstance(data, torch.Tensor) and data.dim() >= 2,
+           f"expected an ImageDataset or a tensor x of shape N×d or N×C×H×W, got {type(data).__name__} (argument data)")
+    expect(isinstance(labels, torch.Tensor) and labels.dim() == 1 and labels.shape[0] == data.shape[0],
+           f"expected labels as a 1-D tensor with one entry per sample ({data.shape[0]}), got "
+           f"{tuple(labels.shape) if isinstance(labels, torch.Tensor) else type(labels).__name__} (argument labels)")
+    expect(per_class is None, "per_class selects from an ImageDataset; slice the tensors yourself (argument per_class)")
+    return data, labels, []
+
+
+def _targets(y: torch.Tensor, config: TargetConfig) -> tuple[torch.Tensor, int]:
+    """±1 float labels and width 1 for binary losses; class indices and K outputs for ce."""
+    if config.binary:
+        if y.dtype.is_floating_point:
+            values = set(torch.unique(y).tolist())
+            expect(values <= {-1.0, 1.0}, f"expected ±1 labels for loss {config.loss!r}, got values {sorted(values)}")
+            return y, 1
+        values = set(torch.unique(y).tolist())
+        expect(values <= {0, 1}, f"expected a binary task (classes 0/1) for loss {config.loss!r}, got classes "
+               f"{sorted(values)[:10]}; load a binary variant (binary='odd-even' or 'vehicles-animals') or use loss='ce'")
+        return y.to(torch.float64) * 2 - 1, 1
+    expect(not y.dtype.is_floating_point, "expected integer class indices for loss 'ce' (argument labels)")
+    k = int(y.max()) + 1
+    expect(k >= 2, f"expected at least 2 classes for loss 'ce', got {k}")
+    return y.long(), k
+
+
+def train_target(
+    data: Any,
+    labels: torch.Tensor | None = None,
+    *,
+    per_class: int | None = None,
+    data_seed: int = 0,
+    device: str | torch.device = "cpu",
+    progress: Any = None,
+    **options: Any,
+) -> TrainedTarget:
+    """Train a target network the way the attacks on trained weights assume.
+
+    ``data``: an :class:`~leakbench.data.ImageDataset` (``per_class`` picks that many
+    samples of each class, seeded by ``data_seed``) or a tensor ``x`` with ``labels``
+    (0/1 or ±1 for binary losses, class indices for ``ce``).  ``options`` are the fields
+    of :class:`TargetConfig` (``model="mlp:1000-1000"``, ``loss="logistic"``, ``lr``,
+    ``steps``, ``loss_tol``, ``schedule``, ``homogeneous``, ``init``, ``init_scale``,
+    ``center``, ``dtype``, ``seed``).  ``progress(done, total, loss)`` is called every
+    few hundred steps.
+    """
+    known = {f.name for f in dataclasses.fields(TargetConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]!r} for train_target; known options: {', '.join(sorted(known))}")
+    config = TargetConfig(**options)
+    config.check()
+    x, y, classes = _select(data, labels, per_class, data_seed)
+    dtype = DTYPES[config.dtype]
+    x = x.to(device=device, dtype=dtype)
+    y, width = _targets(y.to(device), config)
+    y = y.to(dtype) if config.binary else y
+    mean = x.mean(dim=0, keepdim=True) if config.center else None
+    inputs = x if mean is None else x - mean
+    model = _make_model(config, tuple(x.shape[1:]), width).to(device)
+    history = _gradient_descent(model, inputs, y, config, progress)
+    return TrainedTarget(model=model.eval(), x=x, y=y, config=config, mean=mean, history=history[0],
+                         classes=classes, seconds=history[1])
+
+
+def _log(value: float) -> float:
+    return math.inf if value == math.inf else math.log(value)
+
+
+def _log_loss(loss: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """log L(θ) computed without underflow (log-sum-exp), for the loss-scaled step ∇log L = ∇L / L."""
+    if loss == "ce":
+        return torch.log(torch.nn.functional.cross_entropy(out, y))
+    z = -y.reshape(-1) * out.reshape(-1)  # −q_i
+    if loss == "exponential":
+        per = z
+    else:  # log softplus(z): z for z ≪ 0 (softplus(z) ≈ e^z), else the direct value
+        per = torch.where(z < -30, z, torch.log(torch.nn.functional.softplus(z.clamp_min(-30))))
+    return torch.logsumexp(per, 0) - math.log(per.numel())
+
+
+def _gradient_descent(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TargetConfig,
+                      progress: Any) -> tuple[list[tuple[int, float]], float]:
+    """Full-batch GD: θ ← θ − η∇L (constant) or θ ← θ − min(η/L, η_max)·∇L = θ − min(η, η_max·L)·∇log L."""
+    loss_fn = get_loss(config.loss)
+    params = [p for p in model.parameters() if p.requires_grad]
+    history: list[tuple[int, float]] = []
+    every = max(1, min(1000, config.steps // 100 or 1))
+    log_tol = math.log(config.loss_tol) if config.loss_tol > 0 else -math.inf
+    start = time.perf_counter()
+    step = 0
+    while True:
+        out = model(x)
+        if config.schedule == "constant":
+            objective = loss_fn(out, y)
+            log_value = math.log(max(float(objective.detach()), 1e-320))
+        else:
+            objective = _log_loss(config.loss, out, y)
+            log_value = float(objective.detach())
+        value = math.exp(min(log_value, 700.0))
+        done = log_value < log_tol or step >= config.steps
+        if step % every == 0 or done:
+            history.append((step, value))
+            if progress is not None:
+                progress(step, config.steps, value)
+        if not math.isfinite(log_value):
+            raise ConfigError(f"training diverged at step {step} (loss {value}); lower lr (field lr)")
+        if done:
+            break
+        grads = torch.autograd.grad(objective, params)
+        lr = config.lr if config.schedule == "constant" else math.exp(min(math.log(config.lr),
+                                                                           _log(config.max_lr) + log_value))
+        with torch.no_grad():
+            torch._foreach_add_(params, grads, alpha=-lr)
+        step += 1
+    return history, time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------- margins and KKT residual
+
+
+def margins(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y·Φ(x) for a scalar output and ±1 labels; Φ_y − max_{j≠y} Φ_j for K outputs and class indices."""
+    if outputs.dim() == 1 or outputs.shape[-1] == 1:
+        return outputs.reshape(-1) * y.reshape(-1).to(outputs.dtype)
+    own = outputs.gather(1, y.long().reshape(-1, 1)).squeeze(1)
+    others = outputs.scatter(1, y.long().reshape(-1, 1), float("-inf"))
+    return own - others.max(dim=1).values
+
+
+def _directions(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Output weightings v (G, n, K): the scalars s_{g,i} = v_{g,i}·Φ(x_i) whose gradients enter the KKT sum."""
+    n, k = outputs.shape
+    if k == 1:
+        return y.reshape(1, n, 1).to(outputs.dtype)
+    eye = torch.eye(k, dtype=outputs.dtype, device=outputs.device)
+    own = eye[y.long()]  # (n, K)
+    others = torch.stack([torch.arange(k, device=y.device)[torch.arange(k, device=y.device) != c] for c in range(k)])
+    j = others[y.long()]  # (n, K−1): the wrong classes of each sample
+    return torch.stack([own - eye[j[:, g]] for g in range(k - 1)])  # (K−1, n, K)
+
+
+def _linear_only(model: nn.Module) -> list[nn.Linear] | None:
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    covered = {id(p) for m in linears for p in m.parameters(recurse=False)}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    has_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    if not linears or has_norm or any(id(p) not in covered for p in trainable):
+        return None
+    return linears
+
+
+def _gram_linear(model: nn.Module, linears: list[nn.Linear], x: torch.Tensor, v: torch.Tensor):
+    """Gram matrix and ⟨∇s_c, θ⟩ of the scalars s_{g,i} = v_{g,i}·Φ(x_i), via layer inputs and output gradients."""
+    inputs: dict[int, torch.Tensor] = {}
+    outs: dict[int, torch.Tensor] = {}
+    calls: dict[int, int] = {}
+
+    def hook(module, args, output):
+        calls[id(module)] = calls.get(id(module), 0) + 1
+        inputs[id(module)] = args[0].detach().reshape(args[0].shape[0], -1)
+        outs[id(module)] = output
+
+    handles = [m.register_forward_hook(hook) for m in linears]
+    try:
+        with torch.enable_grad():
+            out = model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    if any(calls.get(id(m), 0) != 1 for m in linears) or any(outs[id(m)].dim() != 2 for m in linears):
+        return None
+    out = out.reshape(out.shape[0], -1)
+    groups = v.shape[0]
+    deltas = []  # per group: list over layers of (n, out)
+    for g in range(groups):
+        s = (out * v[g]).sum()
+        deltas.append(torch.autograd.grad(s, [outs[id(m)] for m in linears], retain_graph=g < groups - 1))
+    n = x.shape[0]
+    c = groups * n
+    gram = torch.zeros(c, c, dtype=x.dtype, device=x.device)
+    proj = torch.zeros(c, dtype=x.dtype, device=x.device)
+    for li, m in enumerate(linears):
+        h = inputs[id(m)]
+        hh = h @ h.T + (1.0 if m.bias is not None else 0.0)
+        d = torch.cat([deltas[g][li] for g in range(groups)])  # (c, out)
+        gram += (d @ d.T) * hh.repeat(groups, groups)
+        wh = h @ m.weight.detach().T  # (n, out): W h_i
+        if m.bias is not None:
+            wh = wh + m.bias.detach()
+        proj += (d * wh.repeat(groups, 1)).sum(1)
+    return gram, proj
+
+
+def _gram_generic(model: nn.Module, x: torch.Tensor, v: torch.Tensor, *, max_entries: float = 2e8):
+    """Gram matrix and ⟨∇s_c, θ⟩ from per-sample gradients (torch.func.vmap), for any architecture."""
+    from torch.func import functional_call, grad, vmap
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    total = sum(p.numel() for p in params.values())
+    groups, n = v.shape[:2]
+    if groups * n * total > max_entries:
+        raise ConfigError(f"the KKT residual of this architecture needs {groups * n} per-sample gradients of "
+                          f"{total} parameters (over {max_entries:.0e} numbers); use fewer samples or an MLP")
+
+    def scalar(p, xi, vi):
+        return (functional_call(model, p, (xi.unsqueeze(0),)).reshape(-1) * vi).sum()
+
+    per_sample = vmap(grad(scalar), in_dims=(None, 0, 0))
+    rows = []
+    for g in range(groups):
+        gr = per_sample(params, x, v[g])
+        rows.append(torch.cat([gr[name].reshape(n, -1) for name in names], dim=1))
+    big = torch.cat(rows)
+    theta = torch.cat([params[name].reshape(-1) for name in names])
+    return big @ big.T, big @ theta
+
+
+def kkt_residual(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> KKTResidual:
+    """min_{λ≥0} ‖θ − Σ_c λ_c ∇_θ s_c(θ)‖ / ‖θ‖ by NNLS, with s = y_i Φ(x_i) (or Φ_{y_i} − Φ_j, multiclass).
+
+    ``x`` are the network's inputs (centred if it was trained centred), ``y`` ±1 labels
+    for a scalar output or class indices for K outputs.  Solved on the Gram matrix
+    K = G Gᵀ of the per-sample gradients G: with K = V S Vᵀ, NNLS on
+    (S^{1/2} Vᵀ, S^{−1/2} Vᵀ Gθ) minimises the same quadratic as on (Gᵀ, θ).
+    """
+    from scipy.optimize import nnls
+
+    expect(isinstance(x, torch.Tensor) and x.dim() >= 2 and isinstance(y, torch.Tensor) and y.shape[0] == x.shape[0],
+           "expected inputs x (N×…) and one label per sample (arguments x, y)")
+    model = model.eval()
+    with torch.no_grad():
+        out = model(x)
+    out = out.reshape(out.shape[0], -1)
+    if out.shape[1] == 1:
+        expect(y.dtype.is_floating_point and set(torch.unique(y).tolist()) <= {-1.0, 1.0},
+               "expected ±1 float labels for a network with one output (argument y)")
+    v = _directions(out, y)
+    linears = _linear_only(model)
+    pair = _gram_linear(model, linears, x, v) if linears is not None else None
+    method = "linear-layers"
+    if pair is None:
+        pair, method = _gram_generic(model, x, v), "vmap"
+    gram, proj = (t.detach().to(torch.float64).cpu() for t in pair)
+    theta_sq = float(sum(p.detach().double().pow(2).sum() for p in model.parameters() if p.requires_grad))
+    evals, evecs = torch.linalg.eigh(gram)
+    keep = evals > evals.max().clamp_min(0) * 1e-13
+    root = evals[keep].sqrt()
+    a = (root[:, None] * evecs[:, keep].T).numpy()
+    b = ((evecs[:, keep].T @ proj) / root).numpy()
+    lam, _ = nnls(a, b, maxiter=50 * max(a.shape[1], 10))
+    lam_t = torch.from_numpy(lam)
+    res_sq = theta_sq - 2 * float(lam_t @ proj) + float(lam_t @ gram @ lam_t)
+    residual = math.sqrt(max(res_sq, 0.0) / theta_sq) if theta_sq > 0 else float("nan")
+    marg = margins(out, y).detach().double().cpu()
+    groups, n = v.shape[:2]
+    multipliers = lam_t.reshape(groups, n).T.squeeze(1) if groups > 1 else lam_t
+    low = float(marg.min())
+    normalized = marg / low if low > 0 else torch.full_like(marg, float("nan"))
+    return KKTResidual(residual=residual, multipliers=multipliers, margins=marg, normalized_margins=normalized,
+                       theta_norm=math.sqrt(theta_sq), method=method)

@@ -1,0 +1,109 @@
+"""KKT reconstruction (Haim et al. 2022) and the model-inversion baseline on small trained networks."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import leakbench as lb
+from leakbench.attacks.trained.kkt import SoftBackwardReLU, sample_hyperparameters, KKTOptions, PAPER_RANGES
+from leakbench.errors import ConfigError, UnsupportedThreatModel
+from leakbench.models.targets import train_target
+from leakbench.threat import observe_weights
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def target():
+    data = lb.load("sphere", n=10, d=10, rule="random", seed=3)
+    return train_target(data, model="twolayer:200", loss="logistic", lr=0.5, steps=3000, loss_tol=1e-7,
+                        center=False, init="small")
+
+
+def _best_cos(points, candidates):
+    return (F.normalize(points, dim=1) @ F.normalize(candidates, dim=1).T).max(1).values
+
+
+def test_soft_backward_relu_forward_is_relu_backward_is_sigmoid():
+    z = torch.linspace(-2, 2, 9, dtype=torch.float64, requires_grad=True)
+    act = SoftBackwardReLU(alpha=7.0)
+    out = act(z)
+    assert torch.equal(out, torch.relu(z))
+    (g,) = torch.autograd.grad(out.sum(), z, create_graph=True)
+    assert torch.allclose(g, torch.sigmoid(7.0 * z))
+    (gg,) = torch.autograd.grad(g.sum(), z)  # twice differentiable, as the attack needs
+    s = torch.sigmoid(7.0 * z)
+    assert torch.allclose(gg, 7.0 * s * (1 - s))
+
+
+def test_random_search_draws_from_the_paper_ranges():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    draws = [sample_hyperparameters(rng, KKTOptions()) for _ in range(200)]
+    for key, (lo, hi) in PAPER_RANGES.items():
+        values = [d[key] for d in draws]
+        assert lo <= min(values) and max(values) <= hi
+    fixed = sample_hyperparameters(rng, KKTOptions(alpha=42.0))
+    assert fixed["alpha"] == 42.0 and fixed["lambda_lr"] == fixed["lr"]
+
+
+def test_kkt_fits_stationarity_and_finds_training_points_not_fresh_ones(target):
+    obs = observe_weights(target, data_range=(-5, 5))
+    rec = lb.attack("kkt", obs, candidates=20, iterations=1000, lr=2e-3, lambda_lr=1e-4, init_scale=0.1,
+                    alpha=100.0, lambda_min=0.01, seed=0)
+    assert rec.images.shape == (20, 10) and rec.labels.tolist() == [0] * 10 + [1] * 10
+    run = rec.trace["runs"][0]
+    first, last = run["curve"][0][2], run["relative_stationarity"]
+    assert last < 0.25 < first  # ‖θ − Σλ∇Φ‖/‖θ‖ from ≈ 1 to below a quarter
+    fresh = lb.load("sphere", n=200, d=10, rule="random", seed=9).images.double()
+    train_cos = _best_cos(target.x, rec.images)
+    fresh_cos = _best_cos(fresh, rec.images)
+    assert float(train_cos.mean()) > float(fresh_cos.mean()) + 0.1
+
+
+@pytest.mark.slow
+def test_kkt_recovers_most_training_points(target):
+    # the issue's must-show: most of ≤ 20 low-dimensional training points recovered (cosine ≥ 0.9)
+    obs = observe_weights(target, data_range=(-5, 5))
+    rec = lb.attack("kkt", obs, candidates=20, iterations=3000, runs=8, lr=2e-3, lambda_lr=1e-4, seed=0)
+    assert float((_best_cos(target.x, rec.images) >= 0.9).float().mean()) > 0.5
+
+
+def test_requirements_reject_gradients_and_gradient_attacks_reject_weights(target):
+    grad = lb.observe(target.model, target.inputs, target.y, loss="logistic")
+    with pytest.raises(UnsupportedThreatModel, match="trained weights"):
+        lb.attack("kkt", grad, preset="quick")
+    with pytest.raises(UnsupportedThreatModel, match="'gradient' observation"):
+        lb.attack("model-inversion", grad)
+    with pytest.raises(UnsupportedThreatModel, match="not trained weights"):
+        lb.attack("inverting-gradients", observe_weights(target), tv=0.0)
+    with pytest.raises(ConfigError, match="option candidates"):
+        lb.attack("kkt", observe_weights(target), candidates=0)
+
+
+def test_multiclass_variant_runs_and_reduces_stationarity():
+    data = lb.load("gaussian-mixture", n=9, d=6, classes=3, seed=0)
+    t = train_target(data, model="mlp:40", loss="ce", lr=0.5, steps=400, center=False, init="small")
+    rec = lb.attack("kkt", observe_weights(t, data_range=(-6, 6)), candidates=9, iterations=300, lr=1e-3,
+                    lambda_lr=1e-4, init_scale=0.1, alpha=50.0, lambda_min=0.01)
+    assert rec.labels.tolist() == [0, 1, 2] * 3
+    curve = rec.trace["runs"][0]["curve"]
+    assert curve[-1][2] < curve[0][2]
+
+
+def test_model_inversion_moves_outputs_apart(target):
+    obs = observe_weights(target, data_range=(-5, 5))
+    rec = lb.attack("model-inversion", obs, candidates=8, iterations=200, lr=0.01)
+    out = target.model(rec.images).reshape(-1).detach()
+    assert torch.equal(out, torch.sort(out).values)  # ordered by output, as Haim et al. show them
+    assert float(out[:4].max()) < 0 < float(out[4:].min())
+    free = lb.attack("model-inversion", obs, candidates=8, iterations=200, lr=0.01, box=False)
+    assert float(rec.images.abs().max()) < float(free.images.abs().max())  # the box prior pulls inputs back
