@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .defenses import parse as parse_defense
+from .defenses import share
 from .errors import ConfigError, expect
 from .losses import get_loss
 
@@ -126,6 +127,7 @@ def observe(
     labels_known: bool = False,
     bn_stats: bool = False,
     defense: "str | object | None" = None,
+    population: object | None = None,
     seed: int = 0,
 ) -> Observation:
     """Compute what the server sees when a client trains ``model`` on ``(x, y)``.
@@ -134,12 +136,17 @@ def observe(
     shares ``θ_k − θ_0`` after k full-batch SGD steps of size ``local_lr``.
     ``train=True`` runs the client's forward in training mode (batch-norm uses
     batch statistics; ``bn_stats=True`` then grants them to the attacker).
-    ``defense`` is a spec such as ``"clip:4+noise:0.01"`` (seeded by ``seed``).
+    ``defense`` is a spec such as ``"clip:4+noise:0.01"`` (seeded by ``seed``),
+    applied where it belongs in the client's round (:func:`leakbench.defenses.share`):
+    ``local:k,lr`` makes the observation an update, ``secagg:L`` needs ``population``
+    (an ImageDataset the other clients' batches are drawn from) and observes the
+    aggregate of all L batches (``batch_size`` L·B, the target batch first).
+    What the server knows about the defense is in ``extras["defense"]``.
     The user's ``model`` is never modified.
     """
     _check_batch(model, x, y)
     loss_fn = get_loss(loss)
-    expect(isinstance(local_steps, int) and local_steps >= 0,
+    expect(isinstance(local_steps, int) and not isinstance(local_steps, bool) and local_steps >= 0,
            f"expected local_steps ≥ 0 (0 shares the gradient), got {local_steps!r}")
     expect(local_steps == 0 or local_lr > 0, f"expected local_lr > 0, got {local_lr!r}")
     expect(not bn_stats or train, "bn_stats=True needs train=True (batch statistics exist only in training mode)")
@@ -149,57 +156,54 @@ def observe(
     client.train(train)
     named = [(n, p) for n, p in client.named_parameters() if p.requires_grad]
     expect(len(named) > 0, "the model has no trainable parameters")
-    names = [n for n, _ in named]
-    params = [p for _, p in named]
-    start = [p.detach().clone() for p in params]
-
-    stats, handles = _record_bn(client) if bn_stats else ([], [])
-    try:
-        if local_steps == 0:
-            grads = torch.autograd.grad(loss_fn(client(x), y), params)
-            shared = [g.detach() for g in grads]
-        else:
-            with torch.no_grad():
-                current = [p.clone() for p in params]
-            for step in range(local_steps):
-                grads = torch.autograd.grad(loss_fn(client(x), y), params)
-                with torch.no_grad():
-                    for p, g in zip(params, grads):
-                        p.sub_(local_lr * g)
-                if step == 0:
-                    for h in handles:
-                        h.remove()
-                    handles = []
-            shared = [(p.detach() - c) for p, c in zip(params, current)]
-    finally:
-        for h in handles:
-            h.remove()
+    start = {n: p.detach().clone() for n, p in named}
 
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    shared = defense_obj.apply_gradients(shared, generator=gen)
+    result = share(defense_obj, client, start, x, y, loss_fn, generator=gen, local_steps=local_steps,
+                   local_lr=local_lr, population=population)
 
     attacker = copy.deepcopy(model).to(x.device)
     attacker.train(train)
     with torch.no_grad():
-        for p, s in zip((p for p in attacker.parameters() if p.requires_grad), start):
+        for p, s in zip((p for p in attacker.parameters() if p.requires_grad), start.values()):
             p.copy_(s)
-    out_dim = _out_dim(attacker, x)
+    stats = _batch_norm_stats(model, result.x) if bn_stats else []
+    extras: dict = {}
+    if result.info:
+        extras["defense"] = result.info
+    if result.clients > 1:
+        extras["clients"] = result.clients
+        extras["client_batch_size"] = int(x.shape[0])
     return Observation(
-        kind="gradient" if local_steps == 0 else "update",
+        kind=result.kind,
         model=attacker,
-        shared=shared,
-        param_names=names,
+        shared=result.tensors,
+        param_names=list(start),
         loss=loss,
-        batch_size=int(x.shape[0]),
+        batch_size=int(result.x.shape[0]),
         input_shape=tuple(x.shape[1:]),
-        num_classes=out_dim,
-        labels=y.detach().clone() if labels_known else None,
+        num_classes=_out_dim(attacker, x),
+        labels=result.y.detach().clone() if labels_known else None,
         bn_stats=stats or None,
-        local_steps=max(local_steps, 1),
-        local_lr=float(local_lr) if local_steps else 0.0,
+        local_steps=result.local_steps,
+        local_lr=result.local_lr,
         train_mode=train,
         defense=defense_obj.spec,
+        extras=extras,
     )
+
+
+def _batch_norm_stats(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Mean and (biased) variance of the input of every batch-norm layer for the batch ``x`` at θ_0."""
+    probe = copy.deepcopy(model).to(x.device).train(True)
+    stats, handles = _record_bn(probe)
+    try:
+        with torch.no_grad():
+            probe(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
 
 
 def _out_dim(model: nn.Module, x: torch.Tensor) -> int:
@@ -212,3 +216,68 @@ def _out_dim(model: nn.Module, x: torch.Tensor) -> int:
 
 
 __all__ = ["KINDS", "Observation", "observe", "ConfigError"]
+
+
+def observe_weights(
+    model: "nn.Module | object",
+    *,
+    input_shape: "tuple[int, ...] | None" = None,
+    num_classes: int | None = None,
+    data_range: "tuple[float, float] | None" = None,
+    data_mean: "torch.Tensor | None" = None,
+    margin: float | None = None,
+) -> Observation:
+    """What someone who downloads a trained model sees: its weights, no gradient (``kind="weights"``).
+
+    ``model`` is a trained ``nn.Module`` or a :class:`~leakbench.models.targets.TrainedTarget`
+    (whose input shape, output width, input box and centring mean are then taken from it).
+    ``data_range`` is the box of the network's inputs (for centred data, the [0, 1] box
+    shifted by the mean); ``data_mean`` grants the training mean the inputs were centred
+    by (Haim et al. 2022 add it back to show reconstructions); ``margin`` grants the
+    margin value (the univariate attack of the provable-attacks paper assumes it known).
+    ``shared`` holds the parameters themselves; the model is copied, never modified.
+    """
+    target = None
+    if not isinstance(model, nn.Module) and isinstance(getattr(model, "model", None), nn.Module):
+        target, model = model, model.model
+    expect(isinstance(model, nn.Module),
+           f"expected a trained torch.nn.Module or TrainedTarget, got {type(model).__name__} (argument model)")
+    if target is not None:
+        input_shape = input_shape or tuple(target.x.shape[1:])
+        data_range = data_range or target.input_range
+        data_mean = data_mean if data_mean is not None else target.mean
+    input_shape = input_shape or getattr(model, "input_shape", None)
+    expect(input_shape is not None and all(isinstance(s, int) and s > 0 for s in input_shape),
+           f"expected input_shape as positive sizes (C, H, W) or (d,), got {input_shape!r} (argument input_shape)")
+    input_shape = tuple(input_shape)
+    data_range = tuple(data_range) if data_range is not None else (0.0, 1.0)
+    expect(len(data_range) == 2 and float(data_range[0]) < float(data_range[1]),
+           f"expected data_range (low, high) with low < high, got {data_range!r} (argument data_range)")
+    expect(margin is None or float(margin) > 0, f"expected a positive margin, got {margin!r} (argument margin)")
+    attacker = copy.deepcopy(model).eval()
+    named = [(n, p) for n, p in attacker.named_parameters() if p.requires_grad]
+    expect(len(named) > 0, "the model has no trainable parameters")
+    first = named[0][1]
+    if num_classes is None:
+        with torch.no_grad():
+            num_classes = int(attacker(torch.zeros((1, *input_shape), dtype=first.dtype, device=first.device)).shape[-1])
+    extras: dict = {}
+    if data_mean is not None:
+        extras["data_mean"] = data_mean.detach().clone().reshape(1, *input_shape)
+    if margin is not None:
+        extras["margin"] = float(margin)
+    return Observation(
+        kind="weights",
+        model=attacker,
+        shared=[p.detach().clone() for _, p in named],
+        param_names=[n for n, _ in named],
+        loss="none",
+        batch_size=0,
+        input_shape=input_shape,
+        num_classes=int(num_classes),
+        data_range=(float(data_range[0]), float(data_range[1])),
+        extras=extras,
+    )
+
+
+__all__ += ["observe_weights"]

@@ -92,6 +92,7 @@ def execute(spec: RunSpec, *, progress: bool) -> RunResult:
     x, y = data.batch(spec.batch_size, seed=spec.seed, indices=spec.indices)
     x, y = x.to(device), y.to(device)
     obs = observe(model, x, y, loss=spec.loss, local_steps=spec.local_steps, labels_known=spec.labels_known,
+                  population=data,
                   defense=spec.defense, seed=spec.seed)
     start = time.perf_counter()
     rec = run_attack_api(spec.attack, obs, preset=spec.preset, seed=spec.seed, progress=progress, **spec.options)

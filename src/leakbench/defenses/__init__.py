@@ -1,10 +1,24 @@
-"""Defenses applied where they belong in the client's pipeline.
+"""Defenses applied where they belong in the client's pipeline (Liu et al. 2024, Sec. 3 and 5).
 
-A defense is named by a short spec (``"prune:0.9"``, ``"clip:4+noise:0.01"``) that
-the API, the CLI and sweep specs share; :func:`parse` turns it into a
-:class:`Defense`.  The foundation ships the contract and the identity defense
-``none``; the gradient- and client-side defenses register here as they land.
+A defense is named by a short spec (``"prune:0.9"``, ``"clip:4+noise:0.01"``) that the API,
+the CLI and sweep specs share; :func:`parse` turns it into a :class:`Defense`.
+
+- on the shared gradient (:mod:`.gradient`): ``prune:p[,global|layer]``, ``clip:C``,
+  ``noise:σ``, ``graddrop:p``, ``quantize:bits[,stochastic]``;
+- in the client's computation (:mod:`.client`): ``dpsgd:C,σ[,q,steps,δ,accountant]``,
+  ``local:k,lr``, ``secagg:L[,mean|sum]`` (needs ``population=``), ``dropout:p``;
+- :func:`share` (:mod:`.pipeline`) runs a client round with a defense — what
+  :func:`leakbench.observe` and the utility training both call;
+- :func:`epsilon` (:mod:`.accounting`): DP-SGD's ε from Opacus's accountant.
 """
-from .base import DEFENSES, Composition, Defense, Identity, parse
+from .accounting import ACCOUNTANTS, epsilon
+from .base import DEFENSES, STAGES, ClientPlan, Composition, Defense, Identity, parse, parts_of, register
+from .client import DPSGD, Dropout, LocalSteps, SecureAggregation
+from .gradient import Clip, GradDrop, Noise, Prune, Quantize
+from .pipeline import Shared, share
 
-__all__ = ["DEFENSES", "Composition", "Defense", "Identity", "parse"]
+__all__ = [
+    "DEFENSES", "STAGES", "ACCOUNTANTS", "ClientPlan", "Composition", "Defense", "Identity", "Shared",
+    "parse", "parts_of", "register", "share", "epsilon",
+    "Prune", "Clip", "Noise", "GradDrop", "Quantize", "DPSGD", "LocalSteps", "SecureAggregation", "Dropout",
+]

@@ -1,0 +1,279 @@
+"""What a defense costs the model: train with the defense in every step, same budget as without.
+
+Liu et al. (2024), Sec. 5.2 and Table 5 measure a defense's utility loss by the final
+training loss of the task trained with the defense; we report that loss (on the whole
+training set, after the last epoch), the training and test accuracy and, for DP-SGD,
+ε for the defense's δ from Opacus's accountant at sample rate batch/N after all steps.
+
+Every step is one federated round: the batch's shared tensors come from
+:func:`leakbench.defenses.share` — the same code path :func:`leakbench.observe` uses —
+and the server applies them (θ ← θ − lr·g for a gradient, θ ← θ + Δ for an update).
+``secagg`` draws the other clients' batches from the training set.
+
+:func:`utility` caches its results as JSON keyed by a hash of the whole configuration
+(``$LEAKBENCH_CACHE/utility`` or ``~/.cache/leakbench/utility``), so sweeps never train twice.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..data import ImageDataset, load
+from ..defenses import DPSGD, Defense, parse, parts_of, share
+from ..errors import ConfigError
+from ..losses import get_loss
+from ..models import build
+
+CACHE_VERSION = 1
+
+
+@dataclass
+class TrainResult:
+    """A training run with a defense: the trained model, losses per epoch, the final state, DP-SGD's ε."""
+
+    model: nn.Module
+    defense: str
+    epochs: int
+    steps: int
+    batch_size: int
+    lr: float
+    losses: list[float]
+    train_loss: float
+    train_accuracy: float
+    epsilon: float | None
+    seconds: float
+
+
+@dataclass
+class UtilityResult:
+    """The utility of a model trained with ``defense`` (``epsilon`` is None unless DP-SGD is used)."""
+
+    defense: str
+    train_loss: float
+    train_accuracy: float
+    test_accuracy: float
+    epsilon: float | None
+    seconds: float
+    config: dict[str, Any]
+    test_loss: float = math.nan
+    losses: list[float] = field(default_factory=list)
+    cached: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "UtilityResult":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def loss_and_accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, loss: str = "ce",
+             chunk: int = 1024) -> tuple[float, float]:
+    """(mean loss, accuracy) of ``model`` in evaluation mode on ``images``/``labels``."""
+    loss_fn = get_loss(loss)
+    was = model.training
+    model.eval()
+    total, correct = 0.0, 0
+    n = int(images.shape[0])
+    with torch.no_grad():
+        for i in range(0, n, chunk):
+            out = model(images[i:i + chunk])
+            yb = labels[i:i + chunk]
+            total += float(loss_fn(out, yb)) * out.shape[0]
+            pred = (out.reshape(-1) > 0).long() if out.shape[-1] == 1 else out.argmax(-1)
+            correct += int((pred == yb).sum())
+    model.train(was)
+    return total / max(n, 1), correct / max(n, 1)
+
+
+def _dpsgd_part(defense: Defense) -> DPSGD | None:
+    return next((p for p in parts_of(defense) if isinstance(p, DPSGD)), None)
+
+
+def _check_budget(epochs: int, batch_size: int, lr: float) -> None:
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ConfigError(f"expected epochs ≥ 1 (an int), got {epochs!r} (field epochs)")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"expected batch_size ≥ 1 (an int), got {batch_size!r} (field batch_size)")
+    if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
+        raise ConfigError(f"expected lr > 0, got {lr!r} (field lr)")
+
+
+def train_model(model: nn.Module, data: ImageDataset, *, defense: "str | Defense | None" = "none", epochs: int = 5,
+                batch_size: int = 16, lr: float = 0.1, seed: int = 0, device: "str | torch.device" = "cpu",
+                loss: str = "ce", population: ImageDataset | None = None) -> TrainResult:
+    """Train ``model`` in place by mini-batch SGD where every step's shared tensors go through ``defense``.
+
+    Each epoch visits the training set in a seeded random order in batches of ``batch_size``
+    (the last one may be smaller).  ``population`` (default: ``data``) supplies the other
+    clients' batches for ``secagg``.  DP-SGD's ε is computed at sample rate batch_size/N.
+    """
+    _check_budget(epochs, batch_size, lr)
+    if not isinstance(data, ImageDataset):
+        raise ConfigError(f"expected the training data as an ImageDataset, got {type(data).__name__} (argument data)")
+    defense_obj = parse(defense)
+    loss_fn = get_loss(loss)
+    model.to(device)
+    images, labels = data.images.to(device), data.labels.to(device)
+    n = int(images.shape[0])
+    if batch_size > n:
+        raise ConfigError(f"expected batch_size ≤ {n} (the training set), got {batch_size} (field batch_size)")
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise ConfigError("the model has no trainable parameters")
+    order_gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    defense_gen = torch.Generator(device="cpu").manual_seed(int(seed) + 7919)
+    pool = population if population is not None else data
+    start = time.perf_counter()
+    losses: list[float] = []
+    steps = 0
+    for _ in range(epochs):
+        model.train()
+        order = torch.randperm(n, generator=order_gen).to(device)
+        for i in range(0, n, batch_size):
+            idx = order[i:i + batch_size]
+            params = {name: p.detach() for name, p in named}
+            result = share(defense_obj, model, params, images[idx], labels[idx], loss_fn, generator=defense_gen,
+                           population=pool)
+            with torch.no_grad():
+                sign = -lr if result.kind == "gradient" else 1.0
+                for (_, p), s in zip(named, result.tensors):
+                    p.add_(s, alpha=sign)
+            steps += 1
+        losses.append(loss_and_accuracy(model, images, labels, loss=loss)[0])
+    seconds = time.perf_counter() - start
+    train_loss, train_accuracy = loss_and_accuracy(model, images, labels, loss=loss)
+    dp = _dpsgd_part(defense_obj)
+    eps = dp.epsilon(sample_rate=min(1.0, batch_size / n), steps=steps) if dp is not None else None
+    return TrainResult(model=model, defense=defense_obj.spec, epochs=epochs, steps=steps, batch_size=batch_size,
+                       lr=float(lr), losses=losses, train_loss=train_loss, train_accuracy=train_accuracy, epsilon=eps,
+                       seconds=seconds)
+
+
+# --------------------------------------------------------------------------- utility with a cache
+
+
+def split(data: ImageDataset, test_fraction: float, *, seed: int) -> tuple[ImageDataset, ImageDataset]:
+    """A seeded random (train, test) split holding out ``test_fraction`` of every class."""
+    if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
+        raise ConfigError(f"expected test_fraction in (0, 1), got {test_fraction!r} (field test_fraction)")
+    gen = torch.Generator().manual_seed(int(seed))
+    train_idx, test_idx = [], []
+    for c in range(data.num_classes):
+        members = torch.nonzero(data.labels.cpu() == c).reshape(-1)
+        members = members[torch.randperm(members.numel(), generator=gen)]
+        k = int(round(test_fraction * members.numel()))
+        test_idx.append(members[:k])
+        train_idx.append(members[k:])
+    train = torch.sort(torch.cat(train_idx)).values
+    test = torch.sort(torch.cat(test_idx)).values
+    if train.numel() == 0 or test.numel() == 0:
+        raise ConfigError(f"test_fraction {test_fraction} leaves an empty train or test set for {len(data)} samples")
+    return data.subset(train), data.subset(test)
+
+
+def _fingerprint(data: ImageDataset) -> str:
+    h = hashlib.sha256()
+    h.update(str(tuple(data.images.shape)).encode())
+    h.update(data.images.detach().cpu().contiguous().numpy().tobytes())
+    h.update(data.labels.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def cache_root(cache_dir: "str | os.PathLike | bool | None") -> Path | None:
+    """The cache directory: ``cache_dir``, else ``$LEAKBENCH_CACHE/utility``, else ``~/.cache/leakbench/utility``."""
+    if cache_dir is False:
+        return None
+    if cache_dir is None or cache_dir is True:
+        base = os.environ.get("LEAKBENCH_CACHE")
+        return Path(base) / "utility" if base else Path.home() / ".cache" / "leakbench" / "utility"
+    return Path(cache_dir)
+
+
+def config_key(config: dict[str, Any]) -> str:
+    """The cache key of a configuration: a hash of its canonical JSON."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _resolve_data(dataset, data_options, test_fraction, seed) -> tuple[ImageDataset, ImageDataset, Any]:
+    options = dict(data_options or {})
+    if isinstance(dataset, str):
+        full = load(dataset, **options)
+        train, test = split(full, test_fraction, seed=seed)
+        return train, test, {"name": dataset, "options": options}
+    if options:
+        raise ConfigError("data_options apply to a dataset name; got an ImageDataset (argument data_options)")
+    if isinstance(dataset, ImageDataset):
+        train, test = split(dataset, test_fraction, seed=seed)
+        return train, test, {"name": dataset.name, "fingerprint": _fingerprint(dataset)}
+    if isinstance(dataset, (tuple, list)) and len(dataset) == 2 and all(isinstance(d, ImageDataset) for d in dataset):
+        train, test = dataset
+        return train, test, {"train": _fingerprint(train), "test": _fingerprint(test)}
+    raise ConfigError("expected dataset as a name (e.g. 'digits'), an ImageDataset or a (train, test) pair, "
+                      f"got {type(dataset).__name__} (argument dataset)")
+
+
+def utility(model_spec: str, dataset: "str | ImageDataset | tuple[ImageDataset, ImageDataset]",
+            defense: "str | Defense | None" = "none", *, epochs: int = 5, batch_size: int = 16, lr: float = 0.1,
+            seed: int = 0, data_options: dict | None = None, model_options: dict | None = None,
+            test_fraction: float = 0.25, loss: str = "ce", cache_dir: "str | os.PathLike | bool | None" = None,
+            device: "str | torch.device" = "cpu") -> UtilityResult:
+    """Train ``model_spec`` on ``dataset`` with ``defense`` in every step and measure what it costs.
+
+    The model is built with ``seed`` (and ``model_options`` such as ``act``); the data is
+    split into train/test by class with ``test_fraction`` held out (a (train, test) pair is
+    used as given).  Results are cached by configuration (``cache_dir=False`` disables).
+    """
+    if not isinstance(model_spec, str):
+        raise ConfigError(f"expected a model spec string like 'mlp:32' (for modules use train_model), got "
+                          f"{type(model_spec).__name__} (argument model_spec)")
+    _check_budget(epochs, batch_size, lr)
+    defense_obj = parse(defense)
+    train, test, data_key = _resolve_data(dataset, data_options, test_fraction, seed)
+    config = {
+        "version": CACHE_VERSION, "model": model_spec, "model_options": dict(model_options or {}), "data": data_key,
+        "test_fraction": float(test_fraction) if not isinstance(dataset, (tuple, list)) else None,
+        "defense": defense_obj.spec, "epochs": epochs, "batch_size": batch_size, "lr": float(lr),
+        "seed": int(seed), "loss": loss,
+    }
+    root = cache_root(cache_dir)
+    path = root / f"{config_key(config)}.json" if root is not None else None
+    if path is not None and path.exists():
+        try:
+            result = UtilityResult.from_dict(json.loads(path.read_text()))
+            if result.config == json.loads(json.dumps(config, default=str)):
+                result.cached = True
+                return result
+        except (json.JSONDecodeError, TypeError):
+            pass  # a broken cache entry is recomputed and overwritten
+    model = build(model_spec, input_shape=train.shape, classes=train.num_classes, seed=seed, device=device,
+                  **dict(model_options or {}))
+    run = train_model(model, train, defense=defense_obj, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
+                      device=device, loss=loss)
+    test_loss, test_accuracy = loss_and_accuracy(model, test.images.to(device), test.labels.to(device), loss=loss)
+    result = UtilityResult(defense=defense_obj.spec, train_loss=run.train_loss, train_accuracy=run.train_accuracy,
+                           test_accuracy=test_accuracy, epsilon=run.epsilon, seconds=run.seconds,
+                           config=json.loads(json.dumps(config, default=str)), test_loss=test_loss, losses=run.losses)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(result.to_dict(), f, indent=1)
+        os.replace(tmp, path)
+    return result
+
+
+__all__ = ["TrainResult", "UtilityResult", "train_model", "utility", "loss_and_accuracy", "split", "cache_root",
+           "config_key"]
