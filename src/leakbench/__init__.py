@@ -10,18 +10,23 @@
 """
 from __future__ import annotations
 
+from . import analysis
 from .attacks import ATTACKS, Reconstruction, attack
 from .data import DATASETS, ImageDataset, load
 from .defenses import DEFENSES
 from .errors import ConfigError, DataNotFound, LeakbenchError, UnsupportedThreatModel
+from .evaluation import evaluate
+from .evaluation.utility import utility
 from .metrics import compare
 from .models import MODELS, build
-from .threat import Observation, observe
+from .models.targets import train_target
+from .threat import Observation, observe, observe_weights
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "load", "build", "observe", "attack", "compare",
+    "load", "build", "observe", "observe_weights", "attack", "compare", "evaluate", "utility", "train_target",
+    "analysis",
     "ImageDataset", "Observation", "Reconstruction",
     "DATASETS", "MODELS", "ATTACKS", "DEFENSES",
     "LeakbenchError", "ConfigError", "UnsupportedThreatModel", "DataNotFound",

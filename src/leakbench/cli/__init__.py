@@ -10,7 +10,8 @@ one red line ``error: <message>`` on stderr and the command exits with code 2
 decorates functions with ``@app.command`` (or adds a sub-Typer to ``app``) and is
 imported below.
 """
-from . import attack, demo, listing  # noqa: F401  (command registration)
+from . import attack, demo, evaluate, listing  # noqa: F401  (command registration)
+from . import analyze  # noqa: F401,E402  (command registration: leakbench analyze)
 from .attack import RunResult, RunSpec, execute
 from .common import EXIT_USAGE, app, fail, parse_assignments, reports_errors
 from .listing import REGISTRIES, attack_presets

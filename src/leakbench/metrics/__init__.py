@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from ..registry import Registry
 from .compare import compare
+from .features import feature_error, span_basis
 from .image import cosine, mse, ncc, psnr, rmse, ssim
 from .matching import match, pairwise_mse
+from .membership import MembershipScores, accuracy_at, membership_scores, roc_auc, tpr_at_fpr
 from .perceptual import lpips_available, lpips_distance
+from .voting import VotingResult, ncc_matrix, scale_unit, vote
 
 METRICS: Registry = Registry("metric")
 METRICS.register("mse", mse)
@@ -40,4 +43,8 @@ __all__ = [
     "ncc",
     "lpips_available",
     "lpips_distance",
+    "feature_error",
+    "span_basis",
+    "MembershipScores", "accuracy_at", "membership_scores", "roc_auc", "tpr_at_fpr",
+    "VotingResult", "ncc_matrix", "scale_unit", "vote",
 ]

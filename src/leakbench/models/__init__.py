@@ -13,7 +13,10 @@ leaky-relu, tanh, sigmoid, identity; initialisations (:data:`INITS`, plus
 from __future__ import annotations
 
 from .init import INITS, SMALL_INIT_STD, initialize, weighted_layers
+from .generator import UNetGenerator
 from .layers import ACTIVATIONS, DEFAULT_NEGATIVE_SLOPE, activation, activation_name
+from .malicious import ImprintBlock, RandomFeatureHead, imprint, random_head
+from .targets import KKTResidual, TargetConfig, TrainedTarget, kkt_residual, train_target
 from .spec import MODELS, Family, LayerInfo, build, canonical_spec, count_parameters, describe, parse_spec
 from .zoo import CNN, MLP, BasicBlock, ConvLayerSpec, ConvNet, LeNet, ResNet18, TwoLayer, conv_output_size
 
@@ -43,4 +46,10 @@ __all__ = [
     "initialize",
     "parse_spec",
     "weighted_layers",
+    "ImprintBlock",
+    "RandomFeatureHead",
+    "UNetGenerator",
+    "imprint",
+    "random_head",
+    "KKTResidual", "TargetConfig", "TrainedTarget", "kkt_residual", "train_target",
 ]

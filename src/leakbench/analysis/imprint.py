@@ -1,0 +1,57 @@
+"""Expected recovery of the imprint block (Fowl et al., "Robbing the Fed", ICLR 2022, Sec. 3).
+
+With K bins and a batch of B samples, each sample falls into bin k independently with
+probability p_k (1/K for equal-mass bins).  A sample is recovered exactly when no other
+sample shares its bin, so the expected number recovered is
+
+    E[#recovered] = Σ_k B·p_k·(1 − p_k)^(B−1)        (= B·(1 − 1/K)^(B−1) for equal masses),
+
+the bin-occupancy count Fowl et al. use to pick K for a batch size.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..errors import ConfigError
+
+__all__ = ["imprint_expected", "imprint_bins_for"]
+
+
+def _masses(bins: int, masses: Sequence[float] | torch.Tensor | None) -> torch.Tensor:
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+        raise ConfigError(f"expected bins ≥ 1 (an integer), got {bins!r} (argument bins)")
+    if masses is None:
+        return torch.full((bins,), 1.0 / bins, dtype=torch.float64)
+    p = torch.as_tensor(masses, dtype=torch.float64).reshape(-1)
+    if p.numel() != bins or bool((p < 0).any()) or abs(float(p.sum()) - 1.0) > 1e-6:
+        raise ConfigError(f"expected {bins} non-negative bin masses summing to 1, got {p.tolist()} (argument masses)")
+    return p
+
+
+def imprint_expected(bins: int, batch: int, *, masses: Sequence[float] | torch.Tensor | None = None) -> float:
+    """Expected number of the ``batch`` samples alone in one of ``bins`` bins (exactly recovered)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
+        raise ConfigError(f"expected batch ≥ 0 (an integer), got {batch!r} (argument batch)")
+    p = _masses(bins, masses)
+    if batch == 0:
+        return 0.0
+    return float((batch * p * (1.0 - p) ** (batch - 1)).sum())
+
+
+def imprint_bins_for(batch: int, *, fraction: float = 0.5) -> int:
+    """The fewest equal-mass bins whose expected recovery is at least ``fraction`` of ``batch``."""
+    if not 0 < fraction < 1:
+        raise ConfigError(f"expected 0 < fraction < 1, got {fraction!r} (argument fraction)")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"expected batch ≥ 1 (an integer), got {batch!r} (argument batch)")
+    if batch == 1:
+        return 1
+    # B(1 − 1/K)^(B−1) ≥ fB  ⇔  K ≥ 1 / (1 − f^(1/(B−1))); check the integer neighbourhood.
+    k = max(1, int(1.0 / (1.0 - fraction ** (1.0 / (batch - 1)))))
+    while imprint_expected(k, batch) < fraction * batch:
+        k += 1
+    while k > 1 and imprint_expected(k - 1, batch) >= fraction * batch:
+        k -= 1
+    return k

@@ -1,0 +1,236 @@
+"""Model modifications a malicious (or curious) server ships to its clients.
+
+Each function takes a model and returns the modified copy the server sends
+(the caller's model is never changed); every random draw comes from ``seed``::
+
+    model = imprint(model, bins=64, seed=0)
+    obs = lb.observe(model, x, y)          # the attack finds the block in obs.model
+
+- :func:`imprint` — the imprint block of Fowl et al. ("Robbing the Fed", ICLR 2022,
+  Sec. 3): placed *before* the model, a linear layer of K bins that all share one
+  query direction q, biases at the equal-mass quantiles of the query's distribution
+  (bin k fires for ⟨q, x⟩ > c_k), a ReLU, then a linear layer back to data size whose
+  columns are all equal, so every active bin of a sample receives the same upstream
+  gradient.  A sample alone between c_k and c_{k+1} is then exactly
+  (∇W_k − ∇W_{k+1}) / (∇b_k − ∇b_{k+1}).
+- :func:`random_head` — the partly random penultimate layer of Liu et al. (2024,
+  App. F, "Technical details on feature reconstruction"): the head A σ(W z) is split into
+  a trained part (here the model's own head, kept exactly) and v neurons with random
+  Gaussian W₂ whose output rows are constants, A₂[i, :] = i / v, as the tensor method
+  of Wang et al. (2023) requires.  The features z are the head's input.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from collections import OrderedDict
+from statistics import NormalDist
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .layers import activation
+
+__all__ = ["ImprintBlock", "RandomFeatureHead", "imprint", "random_head", "QUERIES", "find_module"]
+
+#: Query directions of the imprint block: a seeded Gaussian direction, or the mean brightness.
+QUERIES = ("randn", "mean")
+
+
+class ImprintBlock(nn.Module):
+    """x ↦ x + V·ReLU(W x + b) with W's K rows all equal to the query q and V's columns all equal.
+
+    ``thresholds[k]`` = c_k (bin k fires when ⟨q, x⟩ > c_k; c_0 lies below every input in the
+    data box, so bin 0 always fires); ``b = −c``.  ``gain`` scales V so the model behind the
+    block sees nearly the raw input.
+    """
+
+    def __init__(self, input_shape: Sequence[int], query: torch.Tensor, thresholds: torch.Tensor,
+                 *, gain: float = 1e-3) -> None:
+        super().__init__()
+        self.input_shape = tuple(int(s) for s in input_shape)
+        d = math.prod(self.input_shape)
+        bins = int(thresholds.numel())
+        self.bins = bins
+        self.linear0 = nn.Linear(d, bins)
+        self.linear1 = nn.Linear(bins, d)
+        self.register_buffer("query", query.detach().clone().reshape(d))
+        self.register_buffer("thresholds", thresholds.detach().clone().reshape(bins))
+        with torch.no_grad():
+            self.linear0.weight.copy_(self.query.expand(bins, d))
+            self.linear0.bias.copy_(-self.thresholds)
+            self.linear1.weight.fill_(gain / bins)
+            self.linear1.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(x.shape[0], -1)
+        out = flat + self.linear1(torch.relu(self.linear0(flat)))
+        return out.reshape(x.shape)
+
+
+class RandomFeatureHead(nn.Module):
+    """head(z) + A₂ σ(W₂ z): the model's head kept exactly plus v random-feature neurons.
+
+    ``random`` (W₂, v×d, no bias) is drawn N(0, std²); ``out`` (A₂, K×v, no bias) has rows
+    A₂[i, :] = scale·i / v, i = 1..K (Liu et al. 2024, App. F).  ``features(z)`` are the
+    block's inputs z; the tensor attack reads the gradient of ``out.weight``.
+    """
+
+    def __init__(self, head: nn.Linear, width: int, *, act: str = "relu", std: float = 1.0,
+                 scale: float = 1.0, generator: torch.Generator) -> None:
+        super().__init__()
+        d, k = head.in_features, head.out_features
+        self.head = head
+        self.random = nn.Linear(d, width, bias=False)
+        self.act = activation(act)
+        self.out = nn.Linear(width, k, bias=False)
+        self.width = width
+        dev, dt = head.weight.device, head.weight.dtype
+        with torch.no_grad():
+            w = torch.randn((width, d), generator=generator, dtype=torch.float64) * std
+            self.random.weight.copy_(w.to(dev, dt))
+            # Liu et al. App. F: "each row i of A_2 is initialized to a constant value of i/v" (i = 1..K).
+            rows = torch.arange(1, k + 1, dtype=torch.float64) * (scale / width)
+            self.out.weight.copy_(rows[:, None].expand(k, width).to(dev, dt))
+        self.random.to(dev, dt)
+        self.out.to(dev, dt)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.head(z) + self.out(self.act(self.random(z)))
+
+
+def find_module(model: nn.Module, kind: type) -> nn.Module | None:
+    """The first submodule of ``model`` (itself included) of type ``kind``, or None."""
+    return next((m for m in model.modules() if isinstance(m, kind)), None)
+
+
+def _input_shape(model: nn.Module, input_shape: Sequence[int] | None) -> tuple[int, ...]:
+    shape = input_shape if input_shape is not None else getattr(model, "input_shape", None)
+    if shape is None:
+        raise ConfigError("expected input_shape for a model without an input_shape attribute "
+                          "(argument input_shape, e.g. (3, 32, 32))")
+    shape = tuple(shape)
+    if not shape or any(not isinstance(s, int) or s < 1 for s in shape):
+        raise ConfigError(f"expected input_shape as positive sizes, got {shape!r} (argument input_shape)")
+    return shape
+
+
+def _copy_attributes(source: nn.Module, target: nn.Module, input_shape: tuple[int, ...]) -> None:
+    target.input_shape = input_shape
+    for name in ("classes", "act"):
+        if hasattr(source, name):
+            setattr(target, name, getattr(source, name))
+
+
+def _param_device(model: nn.Module) -> tuple[torch.device, torch.dtype]:
+    p = next(iter(model.parameters()), None)
+    return (p.device, p.dtype) if p is not None else (torch.device("cpu"), torch.float32)
+
+
+def imprint(model: nn.Module, *, bins: int, query: str = "randn", seed: int = 0,
+            calibration: torch.Tensor | None = None, mean: float | None = None, std: float | None = None,
+            data_range: tuple[float, float] = (0.0, 1.0), gain: float = 1e-3,
+            input_shape: Sequence[int] | None = None) -> nn.Sequential:
+    """The model the server ships: ``Sequential(imprint=ImprintBlock, model=copy of model)``.
+
+    ``bins`` K ≥ 2.  ``query``: "randn" (a unit Gaussian direction from ``seed``) or "mean"
+    (average brightness).  The bin edges are the equal-mass quantiles c_k, k = 1..K−1, of
+    the query score s = ⟨q, x⟩ as the server models it: the empirical quantiles of
+    ``calibration`` (public samples, N×input_shape), else N(``mean``, ``std``²), else the
+    Gaussian approximation of pixels i.i.d. uniform on ``data_range``.
+    """
+    shape = _input_shape(model, input_shape)
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
+        raise ConfigError(f"expected bins ≥ 2 (an integer), got {bins!r} (argument bins)")
+    if query not in QUERIES:
+        raise ConfigError(f"expected query in {QUERIES}, got {query!r} (argument query)")
+    lo, hi = (float(v) for v in data_range)
+    if not hi > lo:
+        raise ConfigError(f"expected data_range (lo, hi) with hi > lo, got {data_range!r} (argument data_range)")
+    if not gain > 0:
+        raise ConfigError(f"expected gain > 0, got {gain!r} (argument gain)")
+    d = math.prod(shape)
+    gen = torch.Generator().manual_seed(int(seed))
+    if query == "randn":
+        q = torch.randn(d, generator=gen, dtype=torch.float64)
+    else:
+        q = torch.ones(d, dtype=torch.float64)
+    q = q / q.norm()
+    levels = torch.arange(1, bins, dtype=torch.float64) / bins
+    if calibration is not None:
+        if not isinstance(calibration, torch.Tensor) or tuple(calibration.shape[1:]) != shape \
+                or calibration.shape[0] < bins:
+            got = tuple(calibration.shape) if isinstance(calibration, torch.Tensor) else type(calibration).__name__
+            raise ConfigError(f"expected calibration samples of shape (N ≥ {bins}, {', '.join(map(str, shape))}), "
+                              f"got {got} (argument calibration)")
+        scores = calibration.detach().reshape(calibration.shape[0], -1).double().cpu() @ q
+        inner = torch.quantile(scores, levels)
+    else:
+        if (mean is None) != (std is None):
+            raise ConfigError("expected both mean and std of the query score, or neither (arguments mean, std)")
+        if mean is None:
+            mean, std = (lo + hi) / 2 * float(q.sum()), (hi - lo) / math.sqrt(12.0)
+        if not std > 0:
+            raise ConfigError(f"expected std > 0, got {std!r} (argument std)")
+        dist = NormalDist(float(mean), float(std))
+        inner = torch.tensor([dist.inv_cdf(float(p)) for p in levels], dtype=torch.float64)
+    # c_0 below every input in the box: bin 0 fires for every sample (Fowl et al.'s "−∞" edge).
+    floor = -(q.abs().sum() * max(abs(lo), abs(hi))) - 1.0
+    thresholds = torch.cat([floor.reshape(1), inner])
+    device, dtype = _param_device(model)
+    block = ImprintBlock(shape, q, thresholds, gain=gain).to(device=device, dtype=dtype)
+    shipped = nn.Sequential(OrderedDict(imprint=block, model=copy.deepcopy(model)))
+    _copy_attributes(model, shipped, shape)
+    return shipped
+
+
+def _head(model: nn.Module, shape: tuple[int, ...]) -> tuple[str, nn.Linear]:
+    """Name and module of the final nn.Linear whose output is the model's output."""
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ConfigError("random_head needs a model whose last layer is an nn.Linear, found no nn.Linear")
+    name, head = linears[-1]
+    captured: list[torch.Tensor] = []
+    handle = head.register_forward_hook(lambda m, i, o: captured.append(o))
+    device, dtype = _param_device(model)
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            probe = torch.rand((2, *shape), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+            out = model(probe.to(device, dtype))
+    finally:
+        handle.remove()
+        model.train(was)
+    if not captured or captured[-1].shape != out.shape or not torch.equal(captured[-1], out):
+        raise ConfigError(f"random_head needs a model whose output is its last nn.Linear ({name!r}); "
+                          "this model transforms that layer's output further")
+    return name, head
+
+
+def random_head(model: nn.Module, *, width: int = 4096, seed: int = 0, act: str = "relu", std: float = 1.0,
+                scale: float = 1.0, input_shape: Sequence[int] | None = None) -> nn.Module:
+    """A copy of ``model`` whose final linear layer becomes a :class:`RandomFeatureHead` of ``width`` random neurons.
+
+    Liu et al. (2024, App. F) use 14 336 random neurons on 512 features; the tensor step's
+    error scales as B·sqrt(d / width) (Theorem 3.1), so choose ``width`` ≫ d·B².
+    """
+    shape = _input_shape(model, input_shape)
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ConfigError(f"expected width ≥ 1 random neurons, got {width!r} (argument width)")
+    if not std > 0 or not scale > 0:
+        raise ConfigError(f"expected std > 0 and scale > 0, got std={std!r}, scale={scale!r}")
+    shipped = copy.deepcopy(model)
+    name, head = _head(shipped, shape)
+    block = RandomFeatureHead(head, width, act=act, std=std, scale=scale,
+                              generator=torch.Generator().manual_seed(int(seed)))
+    if name == "":
+        shipped = block
+    else:
+        parent_name, _, leaf = name.rpartition(".")
+        parent = shipped.get_submodule(parent_name) if parent_name else shipped
+        setattr(parent, leaf, block)
+    _copy_attributes(model, shipped, shape)
+    return shipped

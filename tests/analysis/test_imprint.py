@@ -1,0 +1,48 @@
+"""imprint_expected: the bin-occupancy formula of Robbing the Fed."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leakbench.analysis.imprint import imprint_bins_for, imprint_expected
+from leakbench.errors import ConfigError
+
+
+def _simulate(masses: torch.Tensor, batch: int, trials: int, seed: int) -> float:
+    gen = torch.Generator().manual_seed(seed)
+    draws = torch.multinomial(masses.expand(trials, -1), batch, replacement=True, generator=gen)  # trials×B
+    counts = torch.zeros(trials, masses.numel()).scatter_add_(1, draws, torch.ones(trials, batch))
+    return float((counts == 1).sum(1).double().mean())
+
+
+@pytest.mark.parametrize("bins,batch", [(8, 4), (32, 8), (64, 32), (10, 1)])
+def test_equal_mass_formula_matches_simulation(bins, batch):
+    simulated = _simulate(torch.full((bins,), 1.0 / bins), batch, 20000, seed=bins)
+    assert imprint_expected(bins, batch) == pytest.approx(batch * (1 - 1 / bins) ** (batch - 1))
+    assert simulated == pytest.approx(imprint_expected(bins, batch), rel=0.02)
+
+
+def test_unequal_masses_match_simulation():
+    masses = torch.tensor([0.5, 0.2, 0.2, 0.1])
+    assert _simulate(masses, 3, 40000, seed=1) == pytest.approx(imprint_expected(4, 3, masses=masses), rel=0.02)
+
+
+def test_limits():
+    assert imprint_expected(1, 1) == 1.0
+    assert imprint_expected(1, 2) == 0.0
+    assert imprint_expected(5, 0) == 0.0
+    assert imprint_expected(10_000, 4) == pytest.approx(4, rel=1e-3)
+
+
+def test_bins_for_reaches_fraction():
+    for batch in (2, 8, 32):
+        k = imprint_bins_for(batch, fraction=0.8)
+        assert imprint_expected(k, batch) >= 0.8 * batch
+        assert k == 1 or imprint_expected(k - 1, batch) < 0.8 * batch
+
+
+@pytest.mark.parametrize("kwargs,field", [(dict(bins=0, batch=2), "bins"), (dict(bins=4, batch=-1), "batch"),
+                                          (dict(bins=2, batch=2, masses=[0.9, 0.2]), "masses")])
+def test_bad_input(kwargs, field):
+    with pytest.raises(ConfigError, match=field):
+        imprint_expected(**kwargs)

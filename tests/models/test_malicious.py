@@ -1,0 +1,97 @@
+"""Server-side model modifications: the imprint block and Liu et al.'s partly random head."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import leakbench as lb
+from leakbench.models.malicious import ImprintBlock, RandomFeatureHead, find_module, imprint, random_head
+
+
+def _model(shape=(3, 8, 8), spec="mlp:16", seed=0):
+    return lb.build(spec, input_shape=shape, classes=5, seed=seed)
+
+
+def test_imprint_ships_a_copy_with_the_block_in_front():
+    model = _model()
+    before = [p.clone() for p in model.parameters()]
+    shipped = imprint(model, bins=10, seed=0)
+    assert isinstance(shipped[0], ImprintBlock) and shipped.input_shape == (3, 8, 8)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the user's model is untouched
+    x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(shipped(x), model(x), atol=1e-2)  # small gain: the model sees nearly x
+
+
+def test_imprint_bins_share_one_unit_query_and_sorted_edges():
+    block = imprint(_model(), bins=12, seed=4)[0]
+    w = block.linear0.weight
+    assert torch.allclose(w, w[:1].expand_as(w))
+    assert torch.allclose(block.query.norm(), torch.tensor(1.0))
+    assert bool((block.thresholds[1:] > block.thresholds[:-1]).all())
+    v = block.linear1.weight
+    assert torch.allclose(v, v[:, :1].expand_as(v))  # equal columns: every active bin gets the same gradient
+
+
+def test_imprint_calibrated_bins_have_equal_mass():
+    gen = torch.Generator().manual_seed(1)
+    public = torch.rand(4000, 3, 8, 8, generator=gen)
+    block = imprint(_model(), bins=8, seed=2, calibration=public)[0]
+    def mass(x):
+        scores = x.reshape(x.shape[0], -1).double() @ block.query.double()
+        bins = (scores[:, None] > block.thresholds.double()[None]).sum(1) - 1
+        return torch.bincount(bins, minlength=8).double() / x.shape[0]
+
+    eighth = torch.full((8,), 1 / 8, dtype=torch.float64)
+    assert torch.allclose(mass(public), eighth, atol=2 / 4000)  # empirical quantiles of the calibration set
+    # fresh samples: the quantile estimates' error (std ≈ 0.007 per bin for 4 000 samples) dominates
+    assert torch.allclose(mass(torch.rand(20000, 3, 8, 8, generator=gen)), eighth, atol=0.025)
+
+
+def test_imprint_is_seeded():
+    a = imprint(_model(), bins=6, seed=3)[0]
+    b = imprint(_model(), bins=6, seed=3)[0]
+    c = imprint(_model(), bins=6, seed=4)[0]
+    assert torch.equal(a.query, b.query) and not torch.equal(a.query, c.query)
+
+
+@pytest.mark.parametrize("kwargs,field", [(dict(bins=1), "bins"), (dict(bins=4, query="x"), "query"),
+                                          (dict(bins=4, mean=0.0), "mean"),
+                                          (dict(bins=4, calibration=torch.zeros(2, 3)), "calibration")])
+def test_imprint_bad_input(kwargs, field):
+    with pytest.raises(lb.ConfigError, match=field):
+        imprint(_model(), **kwargs)
+
+
+def test_random_head_keeps_the_trained_head_exactly():
+    model = _model((3, 16, 16), "cnn:3-4-2-1")
+    shipped = random_head(model, width=64, seed=0)
+    head = find_module(shipped, RandomFeatureHead)
+    assert head is not None and head.random.weight.shape == (64, 4 * 8 * 8)
+    x = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    z = x
+    for layer in list(model.children())[:-1]:
+        z = layer(z)
+    extra = head.out(head.act(head.random(z)))
+    assert torch.allclose(shipped(x), model(x) + extra, atol=1e-5)
+    rows = head.out.weight
+    assert torch.allclose(rows, torch.arange(1, 6).float()[:, None].expand(5, 64) / 64)  # A₂[i, :] = i / v
+
+
+def test_random_head_weights_are_gaussian_and_seeded():
+    a = find_module(random_head(_model(), width=500, seed=1), RandomFeatureHead).random.weight
+    b = find_module(random_head(_model(), width=500, seed=1), RandomFeatureHead).random.weight
+    assert torch.equal(a, b)
+    v = a.reshape(-1).double()
+    assert abs(float(v.mean())) < 0.05 and abs(float(v.std()) - 1) < 0.05
+    assert abs(float(((v - v.mean()) / v.std()).pow(4).mean()) - 3) < 0.3
+
+
+def test_random_head_needs_a_final_linear_layer():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 4), nn.Softmax(dim=-1))
+    with pytest.raises(lb.ConfigError, match="last nn.Linear"):
+        random_head(model, width=8, input_shape=(12,))
+    with pytest.raises(lb.ConfigError, match="width"):
+        random_head(_model(), width=0)
+    with pytest.raises(lb.ConfigError, match="input_shape"):
+        random_head(nn.Sequential(nn.Linear(3, 2)), width=4)
