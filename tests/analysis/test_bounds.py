@@ -14,12 +14,7 @@ from leakbench.analysis.bounds import BoundResult, cramer_rao, two_layer_scaling
 from leakbench.errors import ConfigError
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _linear(d=3, k=5, seed=0, bias=True):

@@ -14,12 +14,7 @@ from leakbench.errors import ConfigError
 from leakbench.evaluation.utility import TrainResult, UtilityResult, split, train_model, utility
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

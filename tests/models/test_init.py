@@ -12,13 +12,7 @@ from leakbench.errors import ConfigError
 from leakbench.models import INITS, build, initialize, weighted_layers
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are tiny: one intra-op thread is faster and immune to a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

@@ -22,13 +22,7 @@ from leakbench.models import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are tiny: one intra-op thread is faster and immune to a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"

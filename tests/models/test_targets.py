@@ -10,12 +10,7 @@ from leakbench.models.targets import (TargetConfig, TrainedTarget, _directions, 
                                       _linear_only, _make_model, kkt_residual, margins, train_target)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,7 @@ from leakbench.models.targets import train_target
 from leakbench.threat import observe_weights
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _net(w, b, v) -> TwoLayer:
