@@ -42,9 +42,9 @@ def test_feature_inversion_for_a_cnn():
     cannot separate them all; what must hold: the recovered embeddings span the true ones, the
     best-separated one is found, and feature inversion returns images in the box."""
     ds = lb.load("photos", size=16)
+    torch.manual_seed(0)  # before the layers are built: their weights must not depend on the test order
     model = nn.Sequential(OrderedDict(conv=nn.Conv2d(3, 8, 3, stride=2, padding=1), act=nn.ReLU(), flat=nn.Flatten(),
                                       fc=nn.Linear(8 * 8 * 8, 64), act2=nn.ReLU(), out=nn.Linear(64, ds.num_classes)))
-    torch.manual_seed(0)
     model.input_shape = ds.shape
     x, y = ds.batch(4, seed=0)
     obs = lb.observe(model, x, y)

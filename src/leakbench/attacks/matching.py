@@ -93,7 +93,8 @@ def initial_images(shape: Sequence[int], kind: str, data_range: tuple[float, flo
     return x.to(device=device, dtype=dtype)
 
 
-def _scheduler(opt: torch.optim.Optimizer, kind: str, iterations: int):
+def step_schedule(opt: torch.optim.Optimizer, kind: str, iterations: int):
+    """The learning-rate schedule ``kind`` (multistep ×0.1 at 3/8, 5/8, 7/8; cosine; none → None)."""
     if kind == "multistep":
         marks = sorted({max(1, int(iterations * f)) for f in (3 / 8, 5 / 8, 7 / 8)})
         return torch.optim.lr_scheduler.MultiStepLR(opt, milestones=marks, gamma=0.1)
@@ -240,7 +241,7 @@ class GradientMatcher:
                 opt = torch.optim.Adam(variables, lr=s.lr)
             else:
                 opt = torch.optim.SGD(variables, lr=s.lr, momentum=0.9)
-            sched = _scheduler(opt, s.schedule, s.iterations)
+            sched = step_schedule(opt, s.schedule, s.iterations)
             last_match = math.inf
             for step in range(s.iterations):
                 if s.optimizer == "lbfgs":
@@ -294,7 +295,7 @@ class GradientMatcher:
         starts = [self._start(gen, shape, init if r == 0 else None) for r in range(s.restarts)]
         xs = torch.stack(starts).requires_grad_(True)
         opt = torch.optim.Adam([xs], lr=s.lr) if s.optimizer == "adam" else torch.optim.SGD([xs], lr=s.lr, momentum=0.9)
-        sched = _scheduler(opt, s.schedule, s.iterations)
+        sched = step_schedule(opt, s.schedule, s.iterations)
         curve: list[list[float]] = []
         matches = None
         for step in range(s.iterations):
@@ -321,4 +322,5 @@ class GradientMatcher:
         return MatchResult(images=xs[best_r].detach().clone(), labels=labels, trace=trace)
 
 
-__all__ = ["MatchingSettings", "GradientMatcher", "MatchResult", "initial_images", "OPTIMIZERS", "SCHEDULES", "INITS"]
+__all__ = ["MatchingSettings", "GradientMatcher", "MatchResult", "initial_images", "step_schedule", "OPTIMIZERS",
+           "SCHEDULES", "INITS"]

@@ -38,7 +38,7 @@ from ...models.generator import UNetGenerator
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
-from ..matching import GradientMatcher, MatchingSettings, _scheduler
+from ..matching import GradientMatcher, MatchingSettings, step_schedule
 from .tensor_features import block_requirements, find_block, shared_gradient, tensor_features
 
 FEATURE_FORMS = ("auto", "cosine", "projection")
@@ -123,7 +123,7 @@ class Liu2024Matcher(GradientMatcher):
             noise = gen.noise(obs.batch_size, seed=seed * 1000 + r, device=obs.device, dtype=obs.dtype)
             params = list(gen.parameters())
             opt = torch.optim.Adam(params, lr=s.lr)
-            sched = _scheduler(opt, s.schedule, s.iterations)
+            sched = step_schedule(opt, s.schedule, s.iterations)
             curve = []
             for step in range(s.iterations):
                 x = lo + (hi - lo) * gen(noise)
