@@ -121,6 +121,8 @@ def test_bad_option_strings(options, match):
     ({"tv": -0.1}, "tv, bn ≥ 0"),
     ({"distance": "l1"}, "expected distance in"),
     ({"optimizer": "rmsprop"}, "expected optimizer in"),
+    ({"step_unit": "pixels"}, "expected step_unit in"),
+    ({"init_std": 0.0}, "init_std > 0"),
     ({"optimizer": "lbfgs", "batched_restarts": True, "restarts": 2}, "batched_restarts works with adam or sgd"),
 ])
 def test_option_values_are_validated_before_running(options, match):
@@ -236,3 +238,25 @@ def test_batched_restarts_select_like_sequential(obs):
     assert losses == pytest.approx(seq.trace["restart_losses"], rel=1e-4, abs=1e-6)
     assert losses.index(min(losses)) == seq.trace["restart_losses"].index(min(seq.trace["restart_losses"]))
     assert torch.allclose(bat.images, seq.images, atol=1e-4)
+
+
+@pytest.mark.parametrize("unit, expected", [("data", 0.1), ("normalised", 0.1 / 4)])
+def test_step_unit_scales_the_first_signed_step(obs, unit, expected):
+    """Signed Adam's first step moves every pixel by exactly lr (Adam on ±1 has a unit first step);
+    in normalised units lr is multiplied by σ = a quarter of the data box ([0, 1] here)."""
+    seen = []
+    lb.attack(IG, obs, iterations=1, tv=0.0, box=False, lr=0.1, step_unit=unit, schedule="none",
+              callback=lambda step, images: seen.append(images.clone()))
+    start = lb.attacks.matching.initial_images(seen[0].shape, "gaussian", obs.data_range,
+                                               generator=torch.Generator().manual_seed(0), device="cpu",
+                                               dtype=seen[0].dtype)
+    moved = (seen[0] - start).abs()
+    assert torch.allclose(moved[moved > 0], torch.full_like(moved[moved > 0], expected), rtol=1e-4)
+    assert float((moved > 0).float().mean()) > 0.5
+
+
+def test_init_std_is_in_normalised_units():
+    gen = torch.Generator().manual_seed(0)
+    x = lb.attacks.matching.initial_images((4000,), "gaussian", (0.0, 8.0), generator=gen, device="cpu",
+                                           dtype=torch.float64, std=0.5)
+    assert abs(float(x.mean()) - 4.0) < 0.05 and abs(float(x.std()) - 0.5 * 8.0 / 4) < 0.05

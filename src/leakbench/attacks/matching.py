@@ -32,6 +32,7 @@ from ..threat import Observation
 from .objectives import DISTANCES, GradientDistance, bn_statistics, layer_weights, total_variation
 
 OPTIMIZERS = ("adam", "lbfgs", "sgd")
+STEP_UNITS = ("data", "normalised")
 SCHEDULES = ("multistep", "cosine", "none")
 INITS = ("gaussian", "uniform", "grey", "randn")
 
@@ -47,11 +48,13 @@ class MatchingSettings:
     bn: float = 0.0
     optimizer: str = "adam"
     lr: float = 0.1
+    step_unit: str = "data"
     signed: bool = True
     schedule: str = "multistep"
     restarts: int = 1
     batched_restarts: bool = False
     init: str = "gaussian"
+    init_std: float = 1.0
     box: bool = True
     soft_labels: bool = False
     lbfgs_max_iter: int = 20
@@ -62,9 +65,11 @@ class MatchingSettings:
         expect(self.restarts >= 1, f"expected restarts ≥ 1, got {self.restarts}")
         expect(self.lr > 0, f"expected lr > 0, got {self.lr}")
         expect(self.tv >= 0 and self.bn >= 0, f"expected tv, bn ≥ 0, got tv={self.tv}, bn={self.bn}")
+        expect(self.init_std > 0, f"expected init_std > 0, got {self.init_std} (option init_std)")
         expect(self.trace_every >= 1, f"expected trace_every ≥ 1, got {self.trace_every}")
         for name, value, allowed in (("distance", self.distance, DISTANCES), ("optimizer", self.optimizer, OPTIMIZERS),
-                                     ("schedule", self.schedule, SCHEDULES), ("init", self.init, INITS)):
+                                     ("schedule", self.schedule, SCHEDULES), ("init", self.init, INITS),
+                                     ("step_unit", self.step_unit, STEP_UNITS)):
             expect(value in allowed, f"expected {name} in {allowed}, got {value!r} (option {name})")
         expect(not (self.batched_restarts and self.optimizer == "lbfgs"),
                "batched_restarts works with adam or sgd, not lbfgs (option batched_restarts)")
@@ -78,14 +83,15 @@ class MatchResult:
 
 
 def initial_images(shape: Sequence[int], kind: str, data_range: tuple[float, float], *,
-                   generator: torch.Generator, device, dtype) -> torch.Tensor:
-    """Starting images: ``gaussian`` (box centre ± a quarter of its width, the scale of normalised
-    data), ``uniform`` in the box, ``grey`` (box centre), ``randn`` (N(0, 1), as DLG)."""
+                   generator: torch.Generator, device, dtype, std: float = 1.0) -> torch.Tensor:
+    """Starting images: ``gaussian`` (box centre + ``std``·N(0, 1) in normalised units, i.e. times a
+    quarter of the box width — N(0, 1) of normalised data, as Geiping et al. start), ``uniform`` in
+    the box, ``grey`` (box centre), ``randn`` (N(0, 1) in the data's units, as DLG)."""
     lo, hi = data_range
     if kind == "randn":
         x = torch.randn(tuple(shape), generator=generator)
     elif kind == "gaussian":
-        x = (lo + hi) / 2 + (hi - lo) / 4 * torch.randn(tuple(shape), generator=generator)
+        x = (lo + hi) / 2 + std * (hi - lo) / 4 * torch.randn(tuple(shape), generator=generator)
     elif kind == "uniform":
         x = lo + (hi - lo) * torch.rand(tuple(shape), generator=generator)
     else:
@@ -137,6 +143,16 @@ class GradientMatcher:
         (inp,) = inputs
         dims = [0] + list(range(2, inp.dim()))
         self._bn_seen.append((inp.mean(dims), inp.var(dims, unbiased=False)))
+
+    @property
+    def lr(self) -> float:
+        """The step size in the data's units: ``lr`` itself, or with ``step_unit="normalised"`` ``lr`` times
+        a quarter of the data box — the standard deviation of normalised data that Geiping et al. optimise
+        in (their lr 0.1 moves a CIFAR pixel by 0.1·σ ≈ 0.025, not 0.1), the scale ``init="gaussian"`` uses."""
+        if self.s.step_unit == "normalised":
+            lo, hi = self.obs.data_range
+            return self.s.lr * (hi - lo) / 4
+        return self.s.lr
 
     # -- the simulated client -------------------------------------------------------------
     def forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -217,7 +233,7 @@ class GradientMatcher:
         if init is not None:
             return init.detach().clone().to(self.obs.device, self.obs.dtype)
         return initial_images(shape, self.s.init, self.obs.data_range, generator=gen,
-                              device=self.obs.device, dtype=self.obs.dtype)
+                              device=self.obs.device, dtype=self.obs.dtype, std=self.s.init_std)
 
     def _run_sequential(self, labels, gen, shape, init, callback, progress) -> MatchResult:
         s, obs = self.s, self.obs
@@ -235,12 +251,12 @@ class GradientMatcher:
                 variables.append(label_logits)
             curve: list[float] = []
             if s.optimizer == "lbfgs":
-                opt = torch.optim.LBFGS(variables, lr=s.lr, max_iter=s.lbfgs_max_iter,
+                opt = torch.optim.LBFGS(variables, lr=self.lr, max_iter=s.lbfgs_max_iter,
                                         line_search_fn="strong_wolfe")
             elif s.optimizer == "adam":
-                opt = torch.optim.Adam(variables, lr=s.lr)
+                opt = torch.optim.Adam(variables, lr=self.lr)
             else:
-                opt = torch.optim.SGD(variables, lr=s.lr, momentum=0.9)
+                opt = torch.optim.SGD(variables, lr=self.lr, momentum=0.9)
             sched = step_schedule(opt, s.schedule, s.iterations)
             last_match = math.inf
             for step in range(s.iterations):
@@ -294,7 +310,8 @@ class GradientMatcher:
         s = self.s
         starts = [self._start(gen, shape, init if r == 0 else None) for r in range(s.restarts)]
         xs = torch.stack(starts).requires_grad_(True)
-        opt = torch.optim.Adam([xs], lr=s.lr) if s.optimizer == "adam" else torch.optim.SGD([xs], lr=s.lr, momentum=0.9)
+        opt = (torch.optim.Adam([xs], lr=self.lr) if s.optimizer == "adam"
+               else torch.optim.SGD([xs], lr=self.lr, momentum=0.9))
         sched = step_schedule(opt, s.schedule, s.iterations)
         curve: list[list[float]] = []
         matches = None
@@ -323,4 +340,5 @@ class GradientMatcher:
 
 
 __all__ = ["MatchingSettings", "GradientMatcher", "MatchResult", "initial_images", "step_schedule", "OPTIMIZERS",
-           "SCHEDULES", "INITS"]
+           "SCHEDULES", "INITS",
+           "STEP_UNITS"]

@@ -125,7 +125,7 @@ class Corrector:
             if step % 100 == 0 or step == iters - 1:
                 curve.append(float(match.detach()))
                 if self.progress is not None:
-                    self.progress(self.done + step + 1, self.total, float(match))
+                    self.progress(self.done + step + 1, self.total, curve[-1])
         self.done += iters
         self.history.append({"block": info.name, "iterations": iters, "match": curve})
         return x.detach().reshape(-1)
