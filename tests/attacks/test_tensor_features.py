@@ -47,6 +47,24 @@ def test_recovers_unit_norm_inputs_of_a_two_layer_net(d, batch, m, act, classes)
     assert float(cos.min()) >= 0.95, cos
 
 
+@pytest.mark.parametrize("d,batch,m,classes,seed", [(20, 3, 50_000, 1, 0), (30, 4, 200_000, 1, 1),
+                                                     (30, 3, 100_000, 10, 2)])
+def test_relu_features_come_with_their_signs_from_the_first_moment(d, batch, m, classes, seed):
+    """Gaussian inputs have either sign; the first Hermite moment tells each feature from its mirror."""
+    x, obs = _two_layer_obs(d, batch, m, classes=classes, seed=seed)
+    rec = lb.attack("tensor-features", obs, seed=seed)
+    assert rec.trace["feature_signs"] == "first moment"
+    cos = rec.trace["features"].double() @ x.double().T
+    rows, cols = linear_sum_assignment(-cos.abs().numpy())
+    assert float(cos[rows, cols].min()) > 0.9, cos[rows, cols]          # signed cosines: every sign right
+
+
+def test_tanh_features_fall_back_to_a_positive_sum():
+    _, obs = _two_layer_obs(30, 3, 50_000, act="tanh")
+    rec = lb.attack("tensor-features", obs, preset="quick")
+    assert rec.trace["feature_signs"] == "positive sum" and float(rec.trace["features"].sum(1).min()) > 0
+
+
 def _error(d, b, m, seed):
     x, obs = _two_layer_obs(d, b, m, seed=seed)
     return _matched(lb.attack("tensor-features", obs, preset="quick", seed=seed).trace["features"], x)[1]

@@ -95,3 +95,45 @@ def test_random_head_needs_a_final_linear_layer():
         random_head(_model(), width=0)
     with pytest.raises(lb.ConfigError, match="input_shape"):
         random_head(nn.Sequential(nn.Linear(3, 2)), width=4)
+
+
+def test_random_head_centre_is_the_mean_calibration_feature_and_keeps_the_trained_head():
+    model = _model((3, 16, 16), "cnn:3-4-2-1")
+    gen = torch.Generator().manual_seed(3)
+    public = torch.rand(24, 3, 16, 16, generator=gen)
+    shipped = random_head(model, width=64, seed=0, center="calibration", calibration=public, train=False)
+    head = find_module(shipped, RandomFeatureHead)
+    z = public
+    for layer in list(model.children())[:-1]:
+        z = layer(z)
+    assert torch.allclose(head.center, z.mean(0), atol=1e-5)
+    x = torch.rand(3, 3, 16, 16, generator=gen)
+    zx = x
+    for layer in list(model.children())[:-1]:
+        zx = layer(zx)
+    extra = head.out(head.act(head.random(zx - head.center)))
+    assert torch.allclose(shipped(x), model(x) + extra, atol=1e-5)
+    # the features the tensor method sees (the input of ``random``) are centred: their mean is ~0 on the public data
+    seen = []
+    handle = head.random.register_forward_pre_hook(lambda _m, i: seen.append(i[0].detach()))
+    with torch.no_grad():
+        shipped.eval()(public)
+    handle.remove()
+    assert float(seen[0].mean(0).abs().max()) < 1e-5
+
+
+def test_random_head_noise_centre_is_seeded_and_paper_form_has_none():
+    a = find_module(random_head(_model(), width=32, seed=2, center="noise"), RandomFeatureHead).center
+    b = find_module(random_head(_model(), width=32, seed=2, center="noise"), RandomFeatureHead).center
+    assert a is not None and torch.equal(a, b) and float(a.abs().sum()) > 0
+    assert find_module(random_head(_model(), width=32, seed=2), RandomFeatureHead).center is None
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(center="mean"), "center"),
+                                           (dict(center="calibration"), "calibration"),
+                                           (dict(center="calibration", calibration=torch.zeros(4, 3)), "calibration"),
+                                           (dict(center="noise", data_range=(1.0, 0.0)), "data_range"),
+                                           (dict(center="noise", center_batch=1), "center_batch")])
+def test_random_head_bad_centre(kwargs, field):
+    with pytest.raises(lb.ConfigError, match=field):
+        random_head(_model(), width=8, **kwargs)

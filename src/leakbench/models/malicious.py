@@ -17,7 +17,8 @@ Each function takes a model and returns the modified copy the server sends
   App. F, "Technical details on feature reconstruction"): the head A σ(W z) is split into
   a trained part (here the model's own head, kept exactly) and v neurons with random
   Gaussian W₂ whose output rows are constants, A₂[i, :] = i / v, as the tensor method
-  of Wang et al. (2023) requires.  The features z are the head's input.
+  of Wang et al. (2023) requires.  The features z are the head's input; ``center=`` (a
+  documented departure, off by default) feeds the random neurons z − μ for a fixed μ.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from torch import nn
 from ..errors import ConfigError
 from .layers import activation
 
-__all__ = ["ImprintBlock", "RandomFeatureHead", "imprint", "random_head", "QUERIES", "find_module"]
+__all__ = ["ImprintBlock", "RandomFeatureHead", "imprint", "random_head", "QUERIES", "CENTERS", "find_module"]
 
 #: Query directions of the imprint block: a seeded Gaussian direction, or the mean brightness.
 QUERIES = ("randn", "mean")
@@ -71,15 +72,17 @@ class ImprintBlock(nn.Module):
 
 
 class RandomFeatureHead(nn.Module):
-    """head(z) + A₂ σ(W₂ z): the model's head kept exactly plus v random-feature neurons.
+    """head(z) + A₂ σ(W₂ (z − μ)): the model's head kept exactly plus v random-feature neurons.
 
     ``random`` (W₂, v×d, no bias) is drawn N(0, std²); ``out`` (A₂, K×v, no bias) has rows
-    A₂[i, :] = scale·i / v, i = 1..K (Liu et al. 2024, App. F).  ``features(z)`` are the
-    block's inputs z; the tensor attack reads the gradient of ``out.weight``.
+    A₂[i, :] = scale·i / v, i = 1..K (Liu et al. 2024, App. F).  ``center`` (buffer μ, d, or None)
+    is a fixed shift the server subtracts before the random layer — a departure from App. F (see
+    :func:`random_head`); the features of the tensor method are the input of ``random``,
+    z − μ (z without a centre), and the tensor attack reads the gradient of ``out.weight``.
     """
 
     def __init__(self, head: nn.Linear, width: int, *, act: str = "relu", std: float = 1.0,
-                 scale: float = 1.0, generator: torch.Generator) -> None:
+                 scale: float = 1.0, generator: torch.Generator, center: torch.Tensor | None = None) -> None:
         super().__init__()
         d, k = head.in_features, head.out_features
         self.head = head
@@ -96,9 +99,11 @@ class RandomFeatureHead(nn.Module):
             self.out.weight.copy_(rows[:, None].expand(k, width).to(dev, dt))
         self.random.to(dev, dt)
         self.out.to(dev, dt)
+        self.register_buffer("center", None if center is None else center.detach().reshape(d).to(dev, dt).clone())
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return self.head(z) + self.out(self.act(self.random(z)))
+        u = z if self.center is None else z - self.center
+        return self.head(z) + self.out(self.act(self.random(u)))
 
 
 def find_module(model: nn.Module, kind: type) -> nn.Module | None:
@@ -210,22 +215,77 @@ def _head(model: nn.Module, shape: tuple[int, ...]) -> tuple[str, nn.Linear]:
     return name, head
 
 
+CENTERS = (None, "noise", "calibration")
+
+
+def _mean_head_input(model: nn.Module, head: nn.Module, inputs: torch.Tensor, *, train: bool,
+                     chunk: int) -> torch.Tensor:
+    """Mean over ``inputs`` of the input of ``head`` in ``model`` (a throw-away copy, in the client's mode)."""
+    probe = copy.deepcopy(model)
+    probe.train(train)
+    names = {id(m): n for n, m in model.named_modules()}
+    target = probe.get_submodule(names[id(head)]) if names[id(head)] else probe
+    seen: list[torch.Tensor] = []
+    handle = target.register_forward_pre_hook(lambda _m, i: seen.append(i[0].detach().reshape(i[0].shape[0], -1)))
+    device, dtype = _param_device(model)
+    try:
+        with torch.no_grad():
+            for s in range(0, inputs.shape[0], chunk):
+                probe(inputs[s:s + chunk].to(device, dtype))
+    finally:
+        handle.remove()
+    return torch.cat(seen).double().mean(0)
+
+
 def random_head(model: nn.Module, *, width: int = 4096, seed: int = 0, act: str = "relu", std: float = 1.0,
-                scale: float = 1.0, input_shape: Sequence[int] | None = None) -> nn.Module:
+                scale: float = 1.0, center: str | None = None, calibration: torch.Tensor | None = None,
+                data_range: tuple[float, float] = (0.0, 1.0), train: bool = True, center_batch: int = 8,
+                input_shape: Sequence[int] | None = None) -> nn.Module:
     """A copy of ``model`` whose final linear layer becomes a :class:`RandomFeatureHead` of ``width`` random neurons.
 
     Liu et al. (2024, App. F) use 14 336 random neurons on 512 features; the tensor step's
     error scales as B·sqrt(d / width) (Theorem 3.1), so choose ``width`` ≫ d·B².
+
+    ``center`` — a departure from App. F, off by default (``None``, the paper's block σ(W₂ z)):
+    the block becomes σ(W₂ (z − μ)) with μ a fixed vector the server computes before shipping,
+    the mean penultimate feature of ``calibration`` samples (``"calibration"``, N × input_shape,
+    public data as for :func:`imprint`) or of ``32·center_batch`` seeded inputs uniform on
+    ``data_range`` (``"noise"``, data-free), computed in batches of ``center_batch`` in training
+    (``train``) or evaluation mode as the client will run the model.  Why: App. F uses a trained
+    ResNet-18, whose features differ; the post-ReLU, pooled features of small or untrained CNNs
+    share a large common component (pairwise cosines 0.8–0.999), which makes the rank-B
+    decomposition ill-conditioned and the 1 − cos² feature term nearly blind to which image is
+    which.  Removing a common μ keeps the trained head exact and the tensor method unchanged (its
+    features are then z − μ, the input of ``random``).
     """
     shape = _input_shape(model, input_shape)
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise ConfigError(f"expected width ≥ 1 random neurons, got {width!r} (argument width)")
     if not std > 0 or not scale > 0:
         raise ConfigError(f"expected std > 0 and scale > 0, got std={std!r}, scale={scale!r}")
+    if center not in CENTERS:
+        raise ConfigError(f"expected center in {CENTERS}, got {center!r} (argument center)")
+    if isinstance(center_batch, bool) or not isinstance(center_batch, int) or center_batch < 2:
+        raise ConfigError(f"expected center_batch ≥ 2 (an integer), got {center_batch!r} (argument center_batch)")
     shipped = copy.deepcopy(model)
     name, head = _head(shipped, shape)
+    mu = None
+    if center == "calibration":
+        if not isinstance(calibration, torch.Tensor) or tuple(calibration.shape[1:]) != shape \
+                or calibration.shape[0] < 2:
+            got = tuple(calibration.shape) if isinstance(calibration, torch.Tensor) else type(calibration).__name__
+            raise ConfigError(f"expected calibration samples of shape (N ≥ 2, {', '.join(map(str, shape))}) "
+                              f"for center='calibration', got {got} (argument calibration)")
+        mu = _mean_head_input(shipped, head, calibration.detach(), train=train, chunk=center_batch)
+    elif center == "noise":
+        lo, hi = (float(v) for v in data_range)
+        if not hi > lo:
+            raise ConfigError(f"expected data_range (lo, hi) with hi > lo, got {data_range!r} (argument data_range)")
+        gen = torch.Generator().manual_seed(int(seed) + 1)
+        noise = lo + (hi - lo) * torch.rand((32 * center_batch, *shape), generator=gen, dtype=torch.float64)
+        mu = _mean_head_input(shipped, head, noise, train=train, chunk=center_batch)
     block = RandomFeatureHead(head, width, act=act, std=std, scale=scale,
-                              generator=torch.Generator().manual_seed(int(seed)))
+                              generator=torch.Generator().manual_seed(int(seed)), center=mu)
     if name == "":
         shipped = block
     else:

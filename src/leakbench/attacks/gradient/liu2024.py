@@ -13,10 +13,20 @@ a fixed noise ξ:
   statistics: ``observe(..., train=True, bn_stats=True)``);
 * R_feature — features ẑ_i of the penultimate block recovered first by the tensor method
   (:mod:`.tensor_features`, the server's partly random head of App. F,
-  :func:`leakbench.models.malicious.random_head`), matched by 1 − cos²(f(x_i), ẑ_π(i)) (sign-free),
-  or, for large batches, by ‖P⊥_span(ẑ) f(x_i)/‖f(x_i)‖‖² ("projection form", used for B ≥ 16 with
-  ``feature_form="auto"``).  The slot-to-feature assignment π is re-solved at every step; App. F
-  matches greedily by cosine, we solve the same assignment exactly (Hungarian method on cos²).
+  :func:`leakbench.models.malicious.random_head`), matched by 1 − cos²(f(x_i), ẑ_π(i)) (sign-free,
+  ``feature_form="cosine"``, Sec. 4.2), or, for large batches, by ‖P⊥_span(ẑ) f(x_i)/‖f(x_i)‖‖²
+  ("projection form", used for B ≥ 16 with ``feature_form="auto"``).  The slot-to-feature
+  assignment π is re-solved at every step; App. F matches greedily by cosine, we solve the same
+  assignment exactly (Hungarian method on the term's own score).  Departure (``"signed"``, what ``"auto"`` picks
+  below B = 16 when the tensor step identified the signs from the first Hermite moment, ReLU
+  blocks): 1 − cos(f(x_i), ẑ_π(i)).  The squared cosine exists only because the sign is unknown
+  (App. F); once it is known, the signed cosine also excludes the mirrored feature μ − c·ẑ, which
+  matters when the server centres the block's input (``random_head(center=...)``).
+* ``block_weight`` — the random block's W₂ and A₂ have ‖θ‖₀ = width·(d + K) entries; with the
+  paper's ℓ0 weights (``"l0"``, the default) they carry ~97 % of L_grad on a small CNN with a
+  40 000-neuron head (in App. F's ResNet-18, under half).  ``"mean"`` gives them the mean weight of
+  the other tensors, ``"exclude"`` leaves them to the tensor step (departures, measured: no
+  consistent effect at 16 px).
 * Adam, learning rate decayed ×0.1 at 3/8, 5/8 and 7/8 of the run; App. F: α_TV = 0.01,
   α_BN = 0.001, α_f = 0.1, 10 000 iterations at lr 1e-5 on a trained ResNet-18.  Our default
   budget (``default``: 2 000 iterations, lr 1e-2 for the generator) suits small nets on a CPU.
@@ -39,9 +49,37 @@ from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
 from ..matching import GradientMatcher, MatchingSettings, step_schedule
-from .tensor_features import block_requirements, find_block, shared_gradient, tensor_features
+from ..objectives import layer_weights
+from .tensor_features import (
+    block_requirements,
+    find_block,
+    shared_gradient,
+    tensor_features,
+)
 
-FEATURE_FORMS = ("auto", "cosine", "projection")
+FEATURE_FORMS = ("auto", "cosine", "signed", "projection")
+BLOCK_WEIGHTS = ("l0", "mean", "exclude")
+
+
+def tensor_weights(obs: Observation, kind: str, block_kind: str) -> list[float] | str:
+    """Per-tensor weights of L_grad: ``kind`` ("l0": w_i = ‖θ_i‖₀, App. F; "equal") for every tensor,
+    except the random block's (W₂, A₂ of :class:`~leakbench.models.malicious.RandomFeatureHead`) with
+    ``block_kind`` "mean" (the mean weight of the other tensors) or "exclude" (0)."""
+    block = find_block(obs.model)
+    if block_kind == "l0" or block is None:
+        return kind
+    params = obs.params()
+    tensors = [params[n] for n in obs.param_names]
+    base = layer_weights(kind, tensors)
+    named = dict(obs.model.named_parameters())
+    ids = {id(block.first), id(block.second)}
+    inside = [id(named[n]) in ids if n in named else False for n in obs.param_names]
+    others = [w for w, b in zip(base, inside) if not b]
+    expect(any(w > 0 for w in others),
+           f"block_weight={block_kind!r} needs parameters outside the random block with non-zero weight; this model "
+           "has none (use block_weight='l0')")
+    fill = 0.0 if block_kind == "exclude" else sum(others) / len(others)
+    return [fill if b else w for w, b in zip(base, inside)]
 
 
 @dataclass
@@ -56,6 +94,7 @@ class Liu2024Options:
     feature_form: str = "auto"
     projection_from: int = 16     # "auto": projection form from this batch size on
     weights: str = "l0"           # per-tensor cosine weights: "l0" (App. F) or "equal"
+    block_weight: str = "l0"      # weight of the random block's tensors in L_grad: "l0", "mean", "exclude"
     generator: bool = True
     width: int = 32
     depth: int = 3
@@ -73,6 +112,8 @@ class Liu2024Options:
         expect(self.feature_form in FEATURE_FORMS,
                f"expected feature_form in {FEATURE_FORMS}, got {self.feature_form!r} (option feature_form)")
         expect(self.weights in ("l0", "equal"), f"expected weights 'l0' or 'equal', got {self.weights!r} (option weights)")
+        expect(self.block_weight in BLOCK_WEIGHTS,
+               f"expected block_weight in {BLOCK_WEIGHTS}, got {self.block_weight!r} (option block_weight)")
         expect(self.width >= 1 and self.depth >= 1 and self.noise_channels >= 1,
                "expected width, depth, noise_channels ≥ 1")
 
@@ -84,9 +125,10 @@ def feature_loss(feats: torch.Tensor, recovered: torch.Tensor, *, form: str) -> 
         basis, _ = torch.linalg.qr(recovered.T)                     # d×B orthonormal
         resid = unit - (unit @ basis) @ basis.T
         return resid.pow(2).sum(1).mean()
-    cos2 = (unit @ recovered.T).pow(2)                               # slots × features
-    rows, cols = linear_sum_assignment(-cos2.detach().cpu().numpy())
-    return (1 - cos2[torch.as_tensor(rows), torch.as_tensor(cols)]).mean()
+    cos = unit @ recovered.T                                         # slots × features
+    score = cos if form == "signed" else cos.pow(2)
+    rows, cols = linear_sum_assignment(-score.detach().cpu().numpy())
+    return (1 - score[torch.as_tensor(rows), torch.as_tensor(cols)]).mean()
 
 
 class Liu2024Matcher(GradientMatcher):
@@ -192,14 +234,20 @@ class Liu2024(Attack):
                                      seed=seed, trials=o.tensor_trials, refine=o.tensor_refine)
             features = result.features
             trace.update(features=features, feature_orders=result.orders,
-                         decomposition_residual=result.residual)
+                         decomposition_residual=result.residual, feature_signs="first moment" if result.signed
+                         else "positive sum")
         form = o.feature_form
         if form == "auto":
-            form = "projection" if obs.batch_size >= o.projection_from else "cosine"
+            # the paper's squared cosine is sign-free; when the tensor step identified the signs (first
+            # Hermite moment, ReLU blocks) the signed cosine also rules out the mirrored feature μ − c·ẑ
+            # that centred features (random_head(center=...)) would otherwise allow
+            signed = features is not None and result.signed
+            form = "projection" if obs.batch_size >= o.projection_from else ("signed" if signed else "cosine")
         bn = o.bn if obs.bn_stats is not None else 0.0
         if o.bn > 0 and obs.bn_stats is None:
             trace["bn_prior"] = "off: the observation grants no batch-norm statistics"
-        settings = MatchingSettings(iterations=o.iterations, distance="cosine-layer", weights=o.weights, tv=o.tv,
+        settings = MatchingSettings(iterations=o.iterations, distance="cosine-layer",
+                                    weights=tensor_weights(obs, o.weights, o.block_weight), tv=o.tv,
                                     bn=bn, optimizer="adam", lr=o.lr, signed=not o.generator, schedule="multistep",
                                     restarts=o.restarts, init="gaussian", box=True, trace_every=o.trace_every)
         matcher = Liu2024Matcher(obs, settings, features=features, feature_weight=o.feature, form=form)

@@ -21,8 +21,13 @@ T̂(V, V, V)(·, ·, e_r) all have the form U diag(·) Uᵀ with U = [Vᵀz_1, �
 by Jennrich's simultaneous diagonalisation of two random combinations of the slices
 (the best of several seeded draws by least-squares fit), then refined by L-BFGS on the fit
 of every slice — a robust rank-B decomposition in place of Kuleshov et al.'s Algorithm 1.
-(3) ẑ_i = V u_i / ‖V u_i‖: unit norm; the sign is fixed so that Σ ẑ_i > 0 (the true sign for
-non-negative features such as ReLU outputs).  The error grows as B·sqrt(d/m) (Theorem 3.1).
+(3) ẑ_i = V u_i / ‖V u_i‖: unit norm.  The sign (App. F: the method "may have a sign opposite
+to the actual features") is identified, where possible, from the first-order moment (1/m) Σ_j g(w_j) w_j
+≈ μ₁ Σ_i r_i z_i (Stein at order 1; μ₁ = E[σ'] ≠ 0 for ReLU): its coordinates β_i on the u_i carry
+r_i s_i, the matrix slices' diagonals carry r_i, so sign(Σ_s β_{s,i} D_{s,i}·μ₁μ₂) = s_i — an
+addition of ours (``sign_from_moment``; needs k₂ = 2).  Otherwise (tanh, sigmoid) the sign is fixed
+so that Σ ẑ_i > 0, the true sign for non-negative features such as ReLU outputs.  The error grows
+as B·sqrt(d/m) (Theorem 3.1).
 
 Blocks: a :class:`~leakbench.models.TwoLayer` model without hidden bias and with Gaussian
 first-layer weights (``init="gaussian"``) — the features are the inputs, and the attack
@@ -278,23 +283,26 @@ def _refine(slices: torch.Tensor, u0: torch.Tensor, steps: int) -> tuple[torch.T
 
 @dataclass
 class TensorFeatureResult:
-    """Unit-norm features (B×d, sign fixed by a positive sum), the span V (d×B) and diagnostics."""
+    """Unit-norm features (B×d, sign from the first moment if ``signed``, else by a positive sum), the span V
+    (d×B) and diagnostics."""
 
     features: torch.Tensor
     span: torch.Tensor
     orders: tuple[int, int]
     residual: float
     eigenvalues: torch.Tensor
+    signed: bool = False          # the sign came from the first Hermite moment (else: a positive sum)
 
 
 def tensor_features(first: torch.Tensor, grad_second: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor],
                     batch: int, *, seed: int = 0, trials: int = 16, refine: int = 100,
-                    directions: int = 3, starts: int = 3) -> TensorFeatureResult:
+                    directions: int = 3, starts: int = 3, sign_from_moment: bool = True) -> TensorFeatureResult:
     """Recover the B unit-norm inputs z_i of f(z) = A σ(W z) from W (m×d) and ∇A (K×m).
 
     Pure function (float64 inside); ``trials`` Jennrich draws, ``refine`` L-BFGS iterations from
     each of the ``starts`` best draws,
-    ``directions`` random unit vectors a for a fourth-order contraction (k₃ = 4).
+    ``directions`` random unit vectors a for a fourth-order contraction (k₃ = 4);
+    ``sign_from_moment``: signs from the first Hermite moment where identifiable (module docstring).
     """
     orders = hermite_orders(act)
     if orders is None:
@@ -364,13 +372,45 @@ def tensor_features(first: torch.Tensor, grad_second: torch.Tensor, act: Callabl
         refined = [_refine(stack, u0, refine) for _, u0 in _jennrich(stack, gen, trials)[:starts]]
         coords, resid = min(refined, key=lambda item: item[1])
 
-    # (3) back to feature space, unit norm, sign by a positive sum
+    # (3) back to feature space, unit norm; the sign from the first Hermite moment when it is
+    # identifiable, else by a positive sum
     feats = (span @ coords).T
     feats = feats / feats.norm(dim=1, keepdim=True).clamp_min(1e-300)
-    sign = torch.where(feats.sum(1) < 0, -1.0, 1.0).to(feats.dtype)
+    sign = None
+    if sign_from_moment:
+        sign = _moment_signs(act, k2, gs, w, span, coords, stack[:len(mats)])
+    signed = sign is not None
+    if sign is None:
+        sign = torch.where(feats.sum(1) < 0, -1.0, 1.0).to(feats.dtype)
     feats = feats * sign[:, None]
     return TensorFeatureResult(features=feats.to(first.dtype), span=span.to(first.dtype), orders=orders,
-                               residual=float(resid), eigenvalues=evals.flip(0)[: batch + 1].cpu())
+                               residual=float(resid), eigenvalues=evals.flip(0)[: batch + 1].cpu(), signed=signed)
+
+
+def _moment_signs(act, k2: int, gs: torch.Tensor, w: torch.Tensor, span: torch.Tensor, coords: torch.Tensor,
+                  matrix_slices: torch.Tensor, *, tol: float = 1e-3) -> torch.Tensor | None:
+    """Signs s_i of the features (z_i = s_i ‖z_i‖ ẑ_i) from the first-order moment, or None.
+
+    Stein's lemma at order 1: (1/m) Σ_j g(w_j) w_j ≈ μ₁ Σ_i r_i z_i with μ₁ = E[σ'] (non-zero for
+    ReLU), while the matrix slices' diagonals are D_i ∝ μ₂ r_i (a positive factor times r_i, blind
+    to s_i).  Writing the projected first moment as Σ_i β_i u_i gives β_i ∝ μ₁ r_i s_i, so
+    Σ_s β_{s,i} D_{s,i} ∝ μ₁ μ₂ s_i Σ_s r_{s,i}² has the sign of μ₁ μ₂ s_i.  Needs k₂ = 2 (for k₂ = 3,
+    e.g. tanh, the matrix coefficient carries s_i too and the product is sign-blind).
+    """
+    if k2 != 2:
+        return None
+    mu = hermite_coefficients(act, 2)
+    scale = max(abs(v) for v in mu[1:]) or 1.0
+    if abs(mu[1]) <= tol * scale or abs(mu[2]) <= tol * scale:
+        return None
+    m = w.shape[0]
+    diag, _ = _fit(matrix_slices, coords)                      # (keep, B)
+    first = (gs @ w / m) @ span                                 # (keep, B): projected first moments
+    beta = torch.linalg.lstsq(coords, first.T).solution.T       # first_s ≈ Σ_i β_{s,i} u_i
+    votes = (beta * diag).sum(0) * math.copysign(1.0, mu[1] * mu[2])
+    if bool((votes == 0).any()):
+        return None
+    return torch.where(votes < 0, -1.0, 1.0).to(coords.dtype)
 
 
 # ----------------------------------------------------------------------------- feature inversion
@@ -484,7 +524,8 @@ class TensorFeatures(Attack):
         result = tensor_features(block.first, shared_gradient(obs, block.second), block.act, obs.batch_size,
                                  seed=seed, trials=o.trials, refine=o.refine, directions=o.directions)
         trace = {"features": result.features, "feature_orders": result.orders,
-                 "decomposition_residual": result.residual, "span_eigenvalues": result.eigenvalues.tolist()}
+                 "decomposition_residual": result.residual, "span_eigenvalues": result.eigenvalues.tolist(),
+                 "feature_signs": "first moment" if result.signed else "positive sum"}
         if block.on_input:
             images = result.features.reshape(obs.batch_size, *obs.input_shape)
         else:
