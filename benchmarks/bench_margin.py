@@ -12,6 +12,13 @@ y·f(x) ≥ γ.  Also reported: the AUC of the margin membership attack (scores 
 ``--quick``: width 1 000, 1 000 test points, 6 dimensions, 600 steps.  Full: width
 10 000, 5 000 test points, 11 dimensions from 1 to 1 000, 1 500 steps of full-batch GD.
 Writes ``benchmarks/out/margin.png``.
+
+Measured (2026-11-23, one thread on a 2-core CPU shared with other jobs): ``--quick`` 28 s;
+full 658 s (d = 1 000 alone trains in 229 s).  Full: train acc 1 from d = 5 on (0.55 at
+d = 1, 0.8 at d = 2); training points on the margin 0.3, 0.05, 0.1, 0.25, 0.35, 0.65,
+0.7, 0.95, 1, 0.9, 0.95 and test points reaching it 0.50, 0.50, 0.38, 0.14, 0.13, 0.019,
+0.0014, 0, 0, 0, 0 for d = 1, 2, 5, 10, 20, 50, 100, 200, 300, 500, 1 000; AUC 0.52 →
+0.91 (d = 10) → 0.9995 (d = 100) → 1 (d ≥ 200).
 """
 from __future__ import annotations
 

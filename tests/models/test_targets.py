@@ -105,6 +105,40 @@ def test_residual_small_after_training_and_large_at_random_init(sphere, twolayer
     assert trained.method == "linear-layers"
 
 
+def test_adaptive_schedule_reaches_the_margin_far_out_and_checks_options(sphere):
+    t = train_target(sphere, model="twolayer:200", loss="logistic", lr=0.5, steps=600, loss_tol=0,
+                     schedule="adaptive", center=False, init="small")
+    logs = [h[1] for h in t.history]
+    assert t.history[-1][0] == 600 and min(logs) == logs[-1]  # accepted steps only: the loss never goes up
+    r = t.kkt_residual()
+    # measured: 11/12 samples within 10 % of the smallest margin (3 000 constant steps of lr 0.5: 5/12)
+    assert int(r.on_margin.sum()) >= 10 and float(t.margins().min()) > 100
+    with pytest.raises(ConfigError, match="field schedule"):
+        train_target(sphere, schedule="normalized", steps=1)
+
+
+def test_kink_relaxed_residual_is_a_valid_smaller_bound(sphere):
+    # a network whose first layer feeds no ReLU has no kink to relax: a clear error, not a silent no-op
+    lin = train_target(sphere, model="mlp", loss="exponential", lr=0.1, steps=500, loss_tol=0,
+                       schedule="loss-scaled", center=False, init="small")
+    with pytest.raises(ConfigError, match="ReLU"):
+        kkt_residual(lin.model, lin.inputs, lin.y, kink_tol=1e-3)
+    data = lb.load("sphere", n=10, d=10, rule="random", seed=3)  # low dimension: many kinks
+    t = train_target(data, model="twolayer:200", loss="logistic", lr=0.5, steps=1000, loss_tol=0,
+                     schedule="adaptive", center=False, init="small")
+    plain = t.kkt_residual()  # measured 0.35 (and 0.40 after 3 000 constant steps): stalled by the kinks
+    relaxed = kkt_residual(t.model, t.inputs, t.y, kink_tol=1e-3)
+    assert relaxed.kinks > 0 and relaxed.method == "linear-layers+kinks"
+    assert bool((relaxed.multipliers >= 0).all())
+    # the Clarke subgradient at the kinks closes most of the gap the plain gradient leaves (measured 0.08)
+    assert relaxed.residual < 0.5 * plain.residual and relaxed.residual < 0.15
+    random = kkt_residual(_make_model(TargetConfig(model="twolayer:200", init="default"), (10,), 1),
+                          t.inputs, t.y, kink_tol=1e-3)
+    assert random.residual > 0.9  # still large far from a KKT point
+    with pytest.raises(ConfigError, match="kink_tol"):
+        kkt_residual(t.model, t.inputs, t.y, kink_tol=-1.0)
+
+
 def test_gram_matrix_matches_per_sample_gradients(twolayer):
     model, x = twolayer.model, twolayer.inputs
     v = _directions(model(x).detach(), twolayer.y)

@@ -15,7 +15,14 @@ trained shallow neural networks", Sec. 5) attack:
   loss is below ``loss_tol`` or ``steps`` run out; float64 by default.
   ``schedule="loss-scaled"`` uses the step η/L(θ_t) of Lyu & Li (2020, "Gradient
   descent maximizes the margin of homogeneous neural networks", Sec. 6), which reaches a
-  tiny loss in far fewer steps than a constant step;
+  tiny loss in far fewer steps than a constant step; ``schedule="adaptive"`` is the
+  same step η_t/L(θ_t) with η_t adapted as in Lyu & Li's experiments (Sec. 6 and their
+  appendix: the rate grows while the loss decreases, and a step that does not decrease
+  it is undone and retried with a smaller rate; our factors ×1.1 up, ÷2 down).  Both are
+  time changes of the same gradient flow on log L (dθ/dt = −∇L/L), so they follow the
+  paper's trajectory while reaching the far-out, direction-converged regime that
+  constant-step GD needs 10⁶ epochs for (Haim et al. appendix C.3.2); ``"constant"``
+  (Haim et al.'s full-batch GD) stays the default;
 - inputs optionally centred by the training mean (Haim et al.: "mean-subtracted").
 
 Theorem 2.1 (Lyu & Li; Ji & Telgarsky) says gradient flow on such a network converges
@@ -24,6 +31,7 @@ condition is (Haim et al. eq. (2); provable-attacks paper eq. (2))
 
     θ = Σ_i λ_i y_i ∇_θ Φ(θ; x_i),    λ_i ≥ 0.
 
+(for ReLU networks with ∇_θΦ a Clarke subgradient: ReLU′(0) ∈ [0, 1], see ``kink_tol``).
 :func:`kkt_residual` measures how far the weights are from it:
 min_{λ ≥ 0} ‖θ − Σ_i λ_i y_i ∇_θΦ(θ; x_i)‖ / ‖θ‖ with the best non-negative multipliers
 found by NNLS (``scipy.optimize.nnls``).  The ratio is invariant to rescaling θ for a
@@ -60,7 +68,7 @@ __all__ = ["TargetConfig", "TrainedTarget", "KKTResidual", "train_target", "kkt_
            "make_homogeneous"]
 
 BINARY_LOSSES = ("logistic", "exponential")
-SCHEDULES = ("constant", "loss-scaled")
+SCHEDULES = ("constant", "loss-scaled", "adaptive")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -114,7 +122,9 @@ class KKTResidual:
     ``residual`` = ‖θ − Σ λ_c ∇s_c‖ / ‖θ‖ with the NNLS multipliers ``multipliers``
     (one per sample for binary targets, n×(K−1) for multiclass), ``margins`` the
     per-sample margins y_i Φ(x_i) (or Φ_{y_i} − max_{j≠y_i} Φ_j), ``normalized_margins``
-    the margins divided by their minimum (1 on the margin).
+    the margins divided by their minimum (1 on the margin).  ``kink_tol`` > 0: the
+    first-layer ReLU derivative of the ``kinks`` (sample, neuron) pairs within that
+    tolerance of the kink was free in [0, 1] (see :func:`kkt_residual`).
     """
 
     residual: float
@@ -123,6 +133,8 @@ class KKTResidual:
     normalized_margins: torch.Tensor
     theta_norm: float
     method: str
+    kink_tol: float = 0.0
+    kinks: int = 0
 
     @property
     def on_margin(self) -> torch.Tensor:
@@ -180,9 +192,9 @@ class TrainedTarget:
         """Per-sample margins of the training set (y·Φ, or Φ_y − max_{j≠y} Φ_j)."""
         return margins(self.outputs(), self.y)
 
-    def kkt_residual(self) -> KKTResidual:
-        """Distance of the weights to a KKT point of the max-margin problem on the training set."""
-        return kkt_residual(self.model, self.inputs, self.y)
+    def kkt_residual(self, *, kink_tol: float = 0.0) -> KKTResidual:
+        """Distance of the weights to a KKT point of the max-margin problem on the training set (see kkt_residual)."""
+        return kkt_residual(self.model, self.inputs, self.y, kink_tol=kink_tol)
 
     def save(self, path: str | Path) -> Path:
         """Write model weights, training set, config and history with ``torch.save``."""
@@ -352,6 +364,8 @@ def _log_loss(loss: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def _gradient_descent(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TargetConfig,
                       progress: Any) -> tuple[list[tuple[int, float]], float]:
     """Full-batch GD: θ ← θ − η∇L (constant) or θ ← θ − min(η/L, η_max)·∇L = θ − min(η, η_max·L)·∇log L."""
+    if config.schedule == "adaptive":
+        return _adaptive_descent(model, x, y, config, progress)
     loss_fn = get_loss(config.loss)
     params = [p for p in model.parameters() if p.requires_grad]
     history: list[tuple[int, float]] = []
@@ -367,21 +381,65 @@ def _gradient_descent(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config
         else:
             objective = _log_loss(config.loss, out, y)
             log_value = float(objective.detach())
-        value = math.exp(min(log_value, 700.0))
-        done = log_value < log_tol or step >= config.steps
-        if step % every == 0 or done:
-            history.append((step, value))
-            if progress is not None:
-                progress(step, config.steps, value)
-        if not math.isfinite(log_value):
-            raise ConfigError(f"training diverged at step {step} (loss {value}); lower lr (field lr)")
-        if done:
+        if _record(history, step, log_value, log_tol, config.steps, every, progress):
             break
         grads = torch.autograd.grad(objective, params)
         lr = config.lr if config.schedule == "constant" else math.exp(min(math.log(config.lr),
                                                                            _log(config.max_lr) + log_value))
         with torch.no_grad():
             torch._foreach_add_(params, grads, alpha=-lr)
+        step += 1
+    return history, time.perf_counter() - start
+
+
+
+def _record(history: list[tuple[int, float]], step: int, log_value: float, log_tol: float, steps: int, every: int,
+            progress: Any) -> bool:
+    """Log the loss every ``every`` steps (and at the end); raise on divergence; True when training is done."""
+    value = math.exp(min(log_value, 700.0))
+    done = log_value < log_tol or step >= steps
+    if step % every == 0 or done:
+        history.append((step, value))
+        if progress is not None:
+            progress(step, steps, value)
+    if not math.isfinite(log_value):
+        raise ConfigError(f"training diverged at step {step} (loss {value}); lower lr (field lr)")
+    return done
+
+def _adaptive_descent(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TargetConfig,
+                      progress: Any) -> tuple[list[tuple[int, float]], float]:
+    """θ ← θ − min(η_t, η_max·L)·∇log L with η_t ×1.1 after an accepted step, ÷2 (and the step undone) otherwise.
+
+    Every gradient evaluation counts as a step (accepted or not), so ``steps`` bounds the cost.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    history: list[tuple[int, float]] = []
+    every = max(1, min(1000, config.steps // 100 or 1))
+    log_tol = math.log(config.loss_tol) if config.loss_tol > 0 else -math.inf
+    start = time.perf_counter()
+    eta = float(config.lr)
+    objective = _log_loss(config.loss, model(x), y)
+    log_value = float(objective.detach())
+    step = 0
+    while True:
+        if _record(history, step, log_value, log_tol, config.steps, every, progress):
+            break
+        grads = torch.autograd.grad(objective, params)
+        saved = [p.detach().clone() for p in params]
+        lr = math.exp(min(math.log(eta), _log(config.max_lr) + log_value))
+        with torch.no_grad():
+            torch._foreach_add_(params, grads, alpha=-lr)
+        trial = _log_loss(config.loss, model(x), y)
+        trial_value = float(trial.detach())
+        if math.isfinite(trial_value) and trial_value < log_value:
+            objective, log_value, eta = trial, trial_value, eta * 1.1
+        else:  # undo the step and retry with half the rate
+            with torch.no_grad():
+                torch._foreach_copy_(params, saved)
+            eta /= 2
+            objective = _log_loss(config.loss, model(x), y)
+            if eta < 1e-300:
+                raise ConfigError(f"training stalled at step {step}: no step decreases the loss (field lr)")
         step += 1
     return history, time.perf_counter() - start
 
@@ -420,18 +478,29 @@ def _linear_only(model: nn.Module) -> list[nn.Linear] | None:
     return linears
 
 
-def _gram_linear(model: nn.Module, linears: list[nn.Linear], x: torch.Tensor, v: torch.Tensor):
-    """Gram matrix and ⟨∇s_c, θ⟩ of the scalars s_{g,i} = v_{g,i}·Φ(x_i), via layer inputs and output gradients."""
+def _layer_terms(model: nn.Module, linears: list[nn.Linear], x: torch.Tensor, v: torch.Tensor, act_grad: bool = False):
+    """Per Linear layer: (input h (n, in), output gradients δ (c, out) of the scalars s_c, W h + b (n, out)).
+
+    With ``act_grad`` also the gradients u (c, out) of the scalars w.r.t. the output of the activation
+    that follows the first layer (the ReLU derivative not yet applied), or ``None`` as the last item
+    when that activation is not a ReLU module fed by the first layer.
+    """
     inputs: dict[int, torch.Tensor] = {}
     outs: dict[int, torch.Tensor] = {}
     calls: dict[int, int] = {}
+    acts: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def hook(module, args, output):
         calls[id(module)] = calls.get(id(module), 0) + 1
         inputs[id(module)] = args[0].detach().reshape(args[0].shape[0], -1)
         outs[id(module)] = output
 
+    def act_hook(module, args, output):
+        acts.append((args[0], output))
+
+    relus = [m for m in model.modules() if isinstance(m, nn.ReLU)] if act_grad else []
     handles = [m.register_forward_hook(hook) for m in linears]
+    handles += [m.register_forward_hook(act_hook) for m in relus[:1]]
     try:
         with torch.enable_grad():
             out = model(x)
@@ -440,24 +509,47 @@ def _gram_linear(model: nn.Module, linears: list[nn.Linear], x: torch.Tensor, v:
             h.remove()
     if any(calls.get(id(m), 0) != 1 for m in linears) or any(outs[id(m)].dim() != 2 for m in linears):
         return None
+    first_act = None
+    if act_grad and len(acts) == 1 and acts[0][0] is outs[id(linears[0])]:
+        first_act = acts[0][1]
     out = out.reshape(out.shape[0], -1)
     groups = v.shape[0]
+    wanted = [outs[id(m)] for m in linears] + ([first_act] if first_act is not None else [])
     deltas = []  # per group: list over layers of (n, out)
     for g in range(groups):
         s = (out * v[g]).sum()
-        deltas.append(torch.autograd.grad(s, [outs[id(m)] for m in linears], retain_graph=g < groups - 1))
-    n = x.shape[0]
-    c = groups * n
-    gram = torch.zeros(c, c, dtype=x.dtype, device=x.device)
-    proj = torch.zeros(c, dtype=x.dtype, device=x.device)
+        deltas.append(torch.autograd.grad(s, wanted, retain_graph=g < groups - 1))
+    terms = []
     for li, m in enumerate(linears):
         h = inputs[id(m)]
-        hh = h @ h.T + (1.0 if m.bias is not None else 0.0)
-        d = torch.cat([deltas[g][li] for g in range(groups)])  # (c, out)
-        gram += (d @ d.T) * hh.repeat(groups, groups)
+        d = torch.cat([deltas[g][li] for g in range(groups)]).detach()  # (c, out)
         wh = h @ m.weight.detach().T  # (n, out): W h_i
         if m.bias is not None:
             wh = wh + m.bias.detach()
+        terms.append((h, d, wh))
+    if act_grad:
+        u = torch.cat([deltas[g][-1] for g in range(groups)]).detach() if first_act is not None else None
+        return terms, u
+    return terms
+
+
+def _gram_linear(model: nn.Module, linears: list[nn.Linear], x: torch.Tensor, v: torch.Tensor):
+    """Gram matrix and ⟨∇s_c, θ⟩ of the scalars s_{g,i} = v_{g,i}·Φ(x_i), via layer inputs and output gradients."""
+    terms = _layer_terms(model, linears, x, v)
+    if terms is None:
+        return None
+    return _assemble(linears, terms, v.shape[0])
+
+
+def _assemble(linears: list[nn.Linear], terms, groups: int):
+    n = terms[0][0].shape[0]
+    c = groups * n
+    dtype, device = terms[0][0].dtype, terms[0][0].device
+    gram = torch.zeros(c, c, dtype=dtype, device=device)
+    proj = torch.zeros(c, dtype=dtype, device=device)
+    for m, (h, d, wh) in zip(linears, terms):
+        hh = h @ h.T + (1.0 if m.bias is not None else 0.0)
+        gram += (d @ d.T) * hh.repeat(groups, groups)
         proj += (d * wh.repeat(groups, 1)).sum(1)
     return gram, proj
 
@@ -487,16 +579,34 @@ def _gram_generic(model: nn.Module, x: torch.Tensor, v: torch.Tensor, *, max_ent
     return big @ big.T, big @ theta
 
 
-def kkt_residual(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> KKTResidual:
+def kkt_residual(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kink_tol: float = 0.0,
+                 max_kinks: int = 6000) -> KKTResidual:
     """min_{λ≥0} ‖θ − Σ_c λ_c ∇_θ s_c(θ)‖ / ‖θ‖ by NNLS, with s = y_i Φ(x_i) (or Φ_{y_i} − Φ_j, multiclass).
 
     ``x`` are the network's inputs (centred if it was trained centred), ``y`` ±1 labels
     for a scalar output or class indices for K outputs.  Solved on the Gram matrix
     K = G Gᵀ of the per-sample gradients G: with K = V S Vᵀ, NNLS on
     (S^{1/2} Vᵀ, S^{−1/2} Vᵀ Gθ) minimises the same quadratic as on (Gᵀ, θ).
+
+    ``kink_tol`` > 0 (default 0: the plain gradient, ReLU′(0) = 0): the KKT conditions
+    of a non-smooth homogeneous network (Lyu & Li 2020, Def. of KKT points with the
+    Clarke subdifferential) allow ReLU′ anywhere in [0, 1] at a kink, and gradient
+    descent converges *in direction* to a point where some pre-activations w_j·x_i + b_j
+    are exactly 0, while at any finite time they are only small: the plain gradient then
+    picks 0 or 1 and the residual stalls (measured 0.3–0.4 on trained two-layer nets,
+    whatever the training length).  Pairs (sample i, first-layer neuron j) with
+    |w_j·x_i + b_j| ≤ kink_tol·‖(w_j, b_j)‖‖(x_i, 1)‖ (an angle within ≈ kink_tol rad of
+    the kink) get a free derivative s_ij ∈ [0, 1]; with μ_ij = λ_i s_ij the problem stays
+    convex (λ ≥ 0, 0 ≤ μ_ij ≤ λ_i) and is solved by accelerated projected gradient
+    from the NNLS point (so the relaxed residual is never above the plain one).  Only
+    the first hidden layer is relaxed (its derivative enters the gradient linearly);
+    deeper kinks keep ReLU′(0) = 0.  Needs an MLP of Linear layers whose first layer
+    feeds a ReLU module, and at most ``max_kinks`` relaxed pairs.
     """
     from scipy.optimize import nnls
 
+    expect(isinstance(kink_tol, (int, float)) and not isinstance(kink_tol, bool) and kink_tol >= 0,
+           f"expected kink_tol ≥ 0, got {kink_tol!r} (argument kink_tol)")
     expect(isinstance(x, torch.Tensor) and x.dim() >= 2 and isinstance(y, torch.Tensor) and y.shape[0] == x.shape[0],
            "expected inputs x (N×…) and one label per sample (arguments x, y)")
     model = model.eval()
@@ -523,10 +633,105 @@ def kkt_residual(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> KKTResid
     lam_t = torch.from_numpy(lam)
     res_sq = theta_sq - 2 * float(lam_t @ proj) + float(lam_t @ gram @ lam_t)
     residual = math.sqrt(max(res_sq, 0.0) / theta_sq) if theta_sq > 0 else float("nan")
+    kinks = 0
+    if kink_tol > 0:
+        if linears is None:
+            raise ConfigError("kink_tol needs a network made of Linear layers (an MLP) (argument kink_tol)")
+        lam_t, res_sq, kinks = _kink_relaxed(model, linears, x, v, theta_sq, lam_t, res_sq, float(kink_tol),
+                                             max_kinks)
+        residual = math.sqrt(max(res_sq, 0.0) / theta_sq) if theta_sq > 0 else float("nan")
+        method += "+kinks"
     marg = margins(out, y).detach().double().cpu()
     groups, n = v.shape[:2]
     multipliers = lam_t.reshape(groups, n).T.squeeze(1) if groups > 1 else lam_t
     low = float(marg.min())
     normalized = marg / low if low > 0 else torch.full_like(marg, float("nan"))
     return KKTResidual(residual=residual, multipliers=multipliers, margins=marg, normalized_margins=normalized,
-                       theta_norm=math.sqrt(theta_sq), method=method)
+                       theta_norm=math.sqrt(theta_sq), method=method, kink_tol=float(kink_tol), kinks=kinks)
+
+
+def _kink_relaxed(model: nn.Module, linears: list[nn.Linear], x: torch.Tensor, v: torch.Tensor, theta_sq: float,
+                  lam0: torch.Tensor, res0: float, tol: float, max_kinks: int, iterations: int = 5000):
+    """min over λ ≥ 0, 0 ≤ μ_k ≤ λ_{c(k)} of ‖θ − Σ_c λ_c G⁻_c − Σ_k μ_k E_k‖² (FISTA), from the NNLS point.
+
+    G⁻_c: the gradient of s_c with the derivative of its near-kink first-layer pairs set to 0;
+    E_k, k = (c, j): the first-layer row-j gradient u_cj·(x_i, 1) that a derivative of 1 adds.
+    """
+    got = _layer_terms(model, linears, x, v, act_grad=True)
+    if got is None or got[1] is None:
+        raise ConfigError("kink_tol needs an MLP whose first Linear layer feeds a ReLU module (argument kink_tol)")
+    terms, u = got
+    first = linears[0]
+    h1, d1, z1 = terms[0]
+    groups, n = v.shape[0], h1.shape[0]
+    bias = 1.0 if first.bias is not None else 0.0
+    w_sq = first.weight.detach().pow(2).sum(1) + (first.bias.detach().pow(2) if first.bias is not None else 0.0)
+    x_norm = (h1.pow(2).sum(1) + bias).sqrt()
+    near = (z1.abs() <= tol * x_norm[:, None] * w_sq.sqrt()[None, :]).repeat(groups, 1)  # (C, W)
+    near &= u != 0
+    idx = near.nonzero()
+    kinks = int(idx.shape[0])
+    if kinks == 0:
+        return lam0, res0, 0
+    if kinks > max_kinks:
+        raise ConfigError(f"kink_tol={tol} relaxes {kinks} (sample, neuron) pairs, more than max_kinks={max_kinks}; "
+                          "use a smaller kink_tol (argument kink_tol)")
+    cs, js = idx[:, 0], idx[:, 1]
+    rows = cs % n
+    d1m = d1.masked_fill(near, 0.0)
+    gram0, proj0 = _assemble(linears, [(h1, d1m, z1), *terms[1:]], groups)
+    hh = h1 @ h1.T + bias
+    uk = u[cs, js]
+    ee = (js[:, None] == js[None, :]).to(hh.dtype) * (uk[:, None] * uk[None, :]) * hh[rows][:, rows]
+    ge = d1m[:, js] * uk[None, :] * hh.repeat(groups, 1)[:, rows]
+    q = torch.cat([torch.cat([gram0, ge], 1), torch.cat([ge.T, ee], 1)]).double().cpu()
+    p = torch.cat([proj0, uk * z1[rows, js]]).double().cpu()
+    cs = cs.cpu()
+    count = groups * n
+
+    # the relaxed pairs of each column c, padded: slot[k] is the position of pair k in its row
+    order = torch.argsort(cs, stable=True)
+    per = torch.bincount(cs, minlength=count)
+    width = int(per.max())
+    slot = torch.empty_like(cs)
+    slot[order] = torch.arange(kinks) - torch.repeat_interleave(torch.cumsum(per, 0) - per, per)
+    filled = torch.zeros(count, width, dtype=torch.bool)
+    filled[cs, slot] = True
+    steps_t = torch.arange(width + 1, dtype=torch.float64)
+
+    def project(w: torch.Tensor) -> torch.Tensor:
+        # Projection on {0 ≤ μ_k ≤ λ_c}: λ_c = max_t (a_c + sum of the t largest b_k of c)/(1 + t), clipped at 0
+        # (each t gives a lower bound of the root of λ = a_c + Σ_k (b_k − λ)_+, the right t gives the root).
+        a, b = w[:count], w[count:]
+        pad = torch.full((count, width), -math.inf, dtype=torch.float64)
+        pad[cs, slot] = b
+        top = torch.sort(pad, dim=1, descending=True).values
+        sums = torch.cumsum(torch.where(torch.isfinite(top), top, 0.0), 1)
+        cand = (a[:, None] + torch.cat([torch.zeros(count, 1, dtype=torch.float64), sums], 1)) / (1 + steps_t)
+        cand[:, 1:] = cand[:, 1:].masked_fill(~torch.isfinite(top), -math.inf)
+        lam = cand.max(1).values.clamp_min(0)
+        return torch.cat([lam, torch.minimum(b.clamp_min(0), lam[cs])])
+
+    def value(w: torch.Tensor) -> float:
+        return theta_sq - 2 * float(w @ p) + float(w @ (q @ w))
+
+    s0 = (z1[rows, js] > 0).to(torch.float64).cpu()  # the plain derivative: the NNLS point is feasible
+    w = torch.cat([lam0.double(), lam0.double()[cs] * s0])
+    best, best_w = value(w), w
+    step = 1.0 / (2 * float(torch.linalg.eigvalsh(q).max()))
+    prev, z, t = w, w, 1.0
+    last = best
+    for it in range(iterations):
+        w = project(z - step * 2 * (q @ z - p))
+        t_next = (1 + math.sqrt(1 + 4 * t * t)) / 2
+        z = w + ((t - 1) / t_next) * (w - prev)
+        prev, t = w, t_next
+        if it % 50 == 0 or it == iterations - 1:
+            f = value(w)
+            if f < best:
+                best, best_w = f, w
+        if it % 1000 == 999:  # stop when 1 000 iterations gain less than 10⁻⁶ of ‖θ‖²
+            if last - best < 1e-6 * theta_sq:
+                break
+            last = best
+    return best_w[:count], min(best, res0), kinks

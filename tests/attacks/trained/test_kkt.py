@@ -22,6 +22,15 @@ def target():
                         center=False, init="small")
 
 
+@pytest.fixture(scope="module")
+def far_target():
+    # the same data trained far out in direction: the loss-scaled step with an adapted rate (Lyu & Li 2020),
+    # a time change of the same gradient flow; all 10 samples end on the margin (the constant step: 6)
+    data = lb.load("sphere", n=10, d=10, rule="random", seed=3)
+    return train_target(data, model="twolayer:200", loss="logistic", lr=0.5, steps=1000, loss_tol=0,
+                        schedule="adaptive", center=False, init="small")
+
+
 def _best_cos(points, candidates):
     return (F.normalize(points, dim=1) @ F.normalize(candidates, dim=1).T).max(1).values
 
@@ -65,14 +74,31 @@ def test_kkt_fits_stationarity_and_finds_training_points_not_fresh_ones(target):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="measured: 8 pooled runs × 3000 iterations recover 5/10 training points at cosine ≥ 0.9 "
-                          "(best cosines 0.75–0.97); 'most' needs more runs than the CPU budget (issue 7 open)",
+@pytest.mark.xfail(reason="measured with the adaptive (far-trained) target, 8 runs × 3000 iterations, ~2–3 min: "
+                          "6/10 training points at cosine ≥ 0.9 on data seed 3, but 0/10 on seed 1 and 4/10 on "
+                          "seed 4 (and 3–6/10 on seed 3 when the learning rates change); spurious candidate sets "
+                          "fit the soft-gate stationarity better (≈0.03–0.08) than the training set does (≈0.19 "
+                          "on seed 3), so 'most' is not robust on this CPU budget (issue 7 open)",
                    strict=False)
-def test_kkt_recovers_most_training_points(target):
+def test_kkt_recovers_most_training_points(far_target):
     # the issue's must-show: most of ≤ 20 low-dimensional training points recovered (cosine ≥ 0.9)
-    obs = observe_weights(target, data_range=(-5, 5))
-    rec = lb.attack("kkt", obs, candidates=20, iterations=3000, runs=8, lr=2e-3, lambda_lr=1e-4, seed=0)
-    assert float((_best_cos(target.x, rec.images) >= 0.9).float().mean()) > 0.5
+    obs = observe_weights(far_target, data_range=(-5, 5))
+    rec = lb.attack("kkt", obs, candidates=20, iterations=3000, runs=8, lr=2e-3, lambda_lr=1e-4, rescale=5.0, seed=0)
+    assert int((_best_cos(far_target.x, rec.images) >= 0.9).sum()) >= 6
+
+
+def test_rescale_keeps_the_kkt_direction_and_is_checked(far_target):
+    # θ ← cθ changes neither the candidates' fit nor the inputs the attack returns, only the scale it works at
+    obs = observe_weights(far_target, data_range=(-5, 5))
+    rec = lb.attack("kkt", obs, candidates=20, iterations=300, lr=2e-3, lambda_lr=1e-4, init_scale=0.1,
+                    alpha=100.0, lambda_min=0.01, rescale=5.0, seed=0, trace_every=100)
+    curve = rec.trace["runs"][0]["curve"]
+    assert rec.trace["runs"][0]["finished"] and curve[-1][2] < 0.5 < curve[0][2]
+    raw = lb.attack("kkt", obs, candidates=20, iterations=300, lr=2e-3, lambda_lr=1e-4, init_scale=0.1,
+                    alpha=100.0, lambda_min=0.01, seed=0, trace_every=100)
+    assert not raw.trace["runs"][0]["finished"]  # unscaled weights far out in norm: the same steps diverge
+    with pytest.raises(ConfigError, match="option rescale"):
+        lb.attack("kkt", obs, rescale=0.0)
 
 
 def test_requirements_reject_gradients_and_gradient_attacks_reject_weights(target):

@@ -28,9 +28,14 @@ Where the public code differs from the paper we follow the paper: the code scale
 sum by 1/m (a rescaling of λ), squares the λ_min hinge and weights it by 5; here L_λ is
 the paper's plain hinge.  The optimiser (SGD, momentum 0.9, x̂ ~ σ_x N(0, I),
 λ ~ U(0, 1)) and the squared-hinge box prior, which the appendix does not specify, are
-the public code's.  The box is the observation's ``data_range`` (the network's inputs:
-for mean-subtracted data, [0, 1] shifted by the mean); when the observation grants the
-training mean, returned images are moved back to data space by adding it.
+the public code's.  ``rescale`` (off by default, ours) multiplies the weights by one
+constant so that ‖θ‖ = rescale before the attack: for a homogeneous network of degree L
+the KKT direction is unchanged (Φ(cθ) = c^L Φ(θ), λ absorbs c^{2−L}), and it keeps the
+paper's λ and learning-rate ranges meaningful for weights trained far out in norm
+(e.g. with ``train_target(schedule="adaptive")``; for a non-homogeneous network it
+changes the function).  The box is the observation's ``data_range`` (the network's
+inputs: for mean-subtracted data, [0, 1] shifted by the mean); when the observation
+grants the training mean, returned images are moved back to data space by adding it.
 """
 from __future__ import annotations
 
@@ -113,6 +118,7 @@ class KKTOptions:
     lambda_lr: float | None = None
     momentum: float = 0.9
     box: bool = True
+    rescale: float | None = None
     trace_every: int = 500
 
 
@@ -163,6 +169,8 @@ class KKTReconstruction(Attack):
         for name in ("candidates", "iterations", "runs", "trace_every"):
             value = getattr(o, name)
             expect(isinstance(value, int) and value >= 1, f"expected a positive int, got {value!r} (option {name})")
+        expect(o.rescale is None or (isinstance(o.rescale, (int, float)) and o.rescale > 0),
+               f"expected a positive norm or None (weights as given), got {o.rescale!r} (option rescale)")
         for name in ("lr", "init_scale", "alpha", "lambda_min", "lambda_lr"):
             value = getattr(o, name)
             expect(value is None or value > 0, f"expected a positive number or None (drawn), got {value!r} "
@@ -186,6 +194,11 @@ class KKTReconstruction(Attack):
         net = copy.deepcopy(obs.model).to(device=device, dtype=torch.float64).eval()
         _soften(net, 1.0)
         params = [p for p in net.parameters() if p.requires_grad]
+        if o.rescale is not None:  # θ ← cθ: same KKT direction for a homogeneous net (λ absorbs c^{2−L})
+            with torch.no_grad():
+                norm = math.sqrt(float(sum(p.pow(2).sum() for p in params)))
+                for p in params:
+                    p.mul_(o.rescale / norm)
         theta = [p.detach().clone() for p in params]
         theta_sq = float(sum(t.pow(2).sum() for t in theta))
         lo, hi = obs.data_range
