@@ -64,7 +64,7 @@ from ..losses import LOSSES, get_loss
 from .init import weighted_layers
 from .spec import build
 
-__all__ = ["TargetConfig", "TrainedTarget", "KKTResidual", "train_target", "kkt_residual", "margins",
+__all__ = ["TargetConfig", "TrainedTarget", "KKTResidual", "train_target", "kkt_residual", "margins", "scale_to_norm",
            "make_homogeneous"]
 
 BINARY_LOSSES = ("logistic", "exponential")
@@ -243,6 +243,21 @@ def make_homogeneous(model: nn.Module) -> nn.Module:
     for layer in weighted_layers(model)[1:]:
         if layer.bias is not None:
             layer.register_parameter("bias", None)
+    return model
+
+
+def scale_to_norm(model: nn.Module, norm: float) -> nn.Module:
+    """Multiply every trainable parameter by one constant so that ‖θ‖ = ``norm`` (in place).
+
+    For a homogeneous network of degree L, Φ(cθ) = c^L Φ(θ): the KKT direction and every
+    input-gradient direction are unchanged, while outputs and step sizes come back to the
+    scale the attacks' hyperparameter ranges assume (weights trained far out in norm).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    with torch.no_grad():
+        current = math.sqrt(float(sum(p.pow(2).sum() for p in params)))
+        for p in params:
+            p.mul_(norm / current)
     return model
 
 

@@ -7,6 +7,9 @@ classes balanced), with the same box prior as the KKT attack.  Haim et al. searc
 lr log-uniform in [1e-6, 1] and σ_x in [1e-7, 1]; the defaults here are one fixed draw,
 and the result is ordered by the network's output, as in their figures 12–13.  It
 recovers class averages, not training samples — the point of the comparison.
+``rescale`` (off by default, ours, as for ``kkt``) first scales the weights to norm
+``rescale``: for a homogeneous network the input-gradient directions are unchanged, while
+the output no longer dwarfs the box prior on weights trained far out in norm.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import torch
 from torch import nn
 
 from ...errors import expect
+from ...models.targets import scale_to_norm
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 
@@ -33,6 +37,7 @@ class InversionOptions:
     init_scale: float = 0.1
     momentum: float = 0.9
     box: bool = True
+    rescale: float | None = None
     trace_every: int = 250
 
 
@@ -53,6 +58,8 @@ class ModelInversion(Attack):
             value = getattr(o, name)
             expect(value > 0, f"expected a positive number, got {value!r} (option {name})")
         expect(0 <= o.momentum < 1, f"expected momentum in [0, 1), got {o.momentum!r} (option momentum)")
+        expect(o.rescale is None or (isinstance(o.rescale, (int, float)) and o.rescale > 0),
+               f"expected a positive norm or None (weights as given), got {o.rescale!r} (option rescale)")
 
     def requirements(self, obs: Observation) -> list[str]:
         if obs.kind != "weights":
@@ -64,6 +71,8 @@ class ModelInversion(Attack):
         o = self.options
         device = obs.device
         net: nn.Module = copy.deepcopy(obs.model).to(device=device, dtype=torch.float64).eval()
+        if o.rescale is not None:
+            scale_to_norm(net, o.rescale)
         for p in net.parameters():
             p.requires_grad_(False)
         gen = torch.Generator(device="cpu").manual_seed(int(seed))

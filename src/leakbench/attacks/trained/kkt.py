@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from ...errors import expect
+from ...models.targets import scale_to_norm
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 
@@ -193,12 +194,9 @@ class KKTReconstruction(Attack):
         device = obs.device
         net = copy.deepcopy(obs.model).to(device=device, dtype=torch.float64).eval()
         _soften(net, 1.0)
-        params = [p for p in net.parameters() if p.requires_grad]
         if o.rescale is not None:  # θ ← cθ: same KKT direction for a homogeneous net (λ absorbs c^{2−L})
-            with torch.no_grad():
-                norm = math.sqrt(float(sum(p.pow(2).sum() for p in params)))
-                for p in params:
-                    p.mul_(o.rescale / norm)
+            scale_to_norm(net, o.rescale)
+        params = [p for p in net.parameters() if p.requires_grad]
         theta = [p.detach().clone() for p in params]
         theta_sq = float(sum(t.pow(2).sum() for t in theta))
         lo, hi = obs.data_range
