@@ -96,7 +96,11 @@ class Attack(abc.ABC):
         self.validate()
 
     def validate(self) -> None:
-        """Check option values (raise :class:`ConfigError`); the default accepts all."""
+        """Check option values (raise :class:`ConfigError`); the default runs the options' own ``check()``
+        when they have one, and otherwise accepts all."""
+        check = getattr(self.options, "check", None)
+        if callable(check):
+            check()
 
     def requirements(self, obs: Observation) -> list[str]:
         """Reasons this attack cannot run on ``obs`` (empty when it can)."""

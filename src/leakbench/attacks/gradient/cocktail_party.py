@@ -180,9 +180,6 @@ class CocktailParty(Attack):
     Options = CPAOptions
     presets = {"quick": {"iterations": 500, "inversion_iterations": 200}, "paper": {"domain": "pixels"}}
 
-    def validate(self) -> None:
-        self.options.check()
-
     def requirements(self, obs: Observation) -> list[str]:
         if obs.kind == "weights":
             return ["cocktail-party needs a shared gradient or update, not trained weights"]

@@ -29,9 +29,6 @@ class DLG(Attack):
         "quick": {**DLG_PAPER, "iterations": 40},
     }
 
-    def validate(self) -> None:
-        self.options.check()
-
     def requirements(self, obs: Observation) -> list[str]:
         if obs.kind == "weights":
             return ["dlg needs a shared gradient or update, not trained weights"]

@@ -144,9 +144,6 @@ class Exclusivity(Attack):
     Options = ExclusivityOptions
     presets = {"quick": {}}
 
-    def validate(self) -> None:
-        self.options.check()
-
     def requirements(self, obs: Observation) -> list[str]:
         reasons = analytic_reasons(obs, attack=self.name, batch_one=False)
         if obs.loss != "ce":

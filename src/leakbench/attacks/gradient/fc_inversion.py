@@ -185,9 +185,6 @@ class FCInversion(Attack):
     Options = FCOptions
     presets = {"quick": {}}
 
-    def validate(self) -> None:
-        self.options.check()
-
     def requirements(self, obs: Observation) -> list[str]:
         reasons = analytic_reasons(obs, attack=self.name, batch_one=False)
         chain, why = chain_or_reason(obs)

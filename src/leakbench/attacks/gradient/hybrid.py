@@ -141,9 +141,6 @@ class Hybrid(Attack):
         "quick": {"lr": 1e-2, "iters_1": 300, "iters_2": 200, "iters_rest": 100},
     }
 
-    def validate(self) -> None:
-        self.options.check()
-
     def requirements(self, obs: Observation) -> list[str]:
         return rgap_reasons(obs, self.name)[0]
 

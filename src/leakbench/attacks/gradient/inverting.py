@@ -47,9 +47,6 @@ class InvertingGradients(Attack):
         "fast": {**IG_PAPER, "iterations": 500, "schedule": "cosine", "lr": 0.2, "init_std": 0.4},
     }
 
-    def validate(self) -> None:
-        self.options.check()
-
     def requirements(self, obs: Observation) -> list[str]:
         reasons = []
         if obs.kind == "weights":

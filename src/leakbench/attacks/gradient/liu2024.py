@@ -207,9 +207,6 @@ class Liu2024(Attack):
         "quick": {"iterations": 300, "width": 16, "depth": 2, "tensor_trials": 8, "tensor_refine": 50},
     }
 
-    def validate(self) -> None:
-        self.options.check()
-
     def requirements(self, obs: Observation) -> list[str]:
         if obs.kind == "weights":
             return ["liu2024 needs a shared gradient or update, not trained weights"]

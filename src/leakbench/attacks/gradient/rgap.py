@@ -203,9 +203,6 @@ class RGAP(Attack):
     Options = RGAPOptions
     presets = {"quick": {}}
 
-    def validate(self) -> None:
-        self.options.check()
-
     def requirements(self, obs: Observation) -> list[str]:
         return rgap_reasons(obs, self.name)[0]
 

@@ -55,9 +55,6 @@ class RobbingTheFed(Attack):
     Options = RobbingOptions
     presets = {"quick": {}}
 
-    def validate(self) -> None:
-        self.options.check()
-
     def requirements(self, obs: Observation) -> list[str]:
         if obs.kind == "weights":
             return ["robbing-the-fed needs a shared gradient or update, not trained weights"]

@@ -510,9 +510,6 @@ class TensorFeatures(Attack):
     Options = TensorOptions
     presets = {"quick": {"trials": 8, "refine": 50, "inversion_iterations": 200}}
 
-    def validate(self) -> None:
-        self.options.check()
-
     def requirements(self, obs: Observation) -> list[str]:
         if obs.kind == "weights":
             return ["tensor-features needs a shared gradient or update, not trained weights"]
