@@ -21,8 +21,11 @@ def test_hybrid_beats_rgap_on_a_rank_deficient_cnn():
     mse = lambda a: float(((a - x) ** 2).mean())  # noqa: E731
     assert rgap.trace["layers"][0]["rank_deficiency"] < 0
     assert mse(hybrid.images) < 0.5 * mse(rgap.images)
-    curve = hybrid.trace["corrections"][0]["match"]
-    assert curve[-1] < curve[0]  # the gradient match improved during the correction
+    correction = hybrid.trace["corrections"][0]
+    # eq. 16 decreased. The match term alone need not: R-GAP's solution already matches the
+    # gradient up to round-off (rank deficiency leaves a null space), and TV pulls it off.
+    assert correction["objective"][-1] < 0.5 * correction["objective"][0]
+    assert max(correction["match"]) < 0.05
 
 
 def test_default_preset_is_the_papers_schedule():

@@ -58,6 +58,27 @@ def test_solvers_agree_and_pinv_runs_anywhere(sample):
     torch.testing.assert_close(a.images, b.images, rtol=1e-6, atol=1e-6)
 
 
+def test_default_solver_rank_and_residual_match_an_svd(sample, monkeypatch):
+    from leakbench.attacks.gradient import rgap
+
+    data = sample[0]
+    x, y = data.batch(1, seed=0)
+    x = x.double()
+    seen = {}
+    solve = rgap.least_squares
+
+    def spy(a, b, **kw):
+        seen["a"], seen["b"] = a, b
+        return solve(a, b, **kw)
+
+    monkeypatch.setattr(rgap, "least_squares", spy)
+    rec = run(data, x, y, "cnn:4-6-2-0")  # rank deficient: gelsy's rank estimate missed here
+    conv = rec.trace["layers"][0]
+    s = torch.linalg.svdvals(seen["a"])
+    assert conv["rank"] == int((s > 1e-10 * s[0]).sum()) < conv["unknowns"]
+    assert conv["residual"] < 1e-10  # the true image solves the system, so least squares must too
+
+
 def test_float32_observation_and_plain_module(sample):
     data, x, y = sample
     model = nn.Sequential(nn.Conv2d(3, 5, 3, bias=False), nn.LeakyReLU(0.2), nn.Flatten(),

@@ -109,7 +109,7 @@ class Corrector:
         opt = torch.optim.Adam([x], lr=self.s.lr)
         lo, hi = self.obs.data_range
         box = self.s.box and block == 0
-        curve = []
+        curve, objective = [], []
         for step in range(iters):
             out = functional_call(tail, params, (x,))
             grads = torch.autograd.grad(self.loss_fn(out, self.labels), list(params.values()), create_graph=True)
@@ -124,10 +124,11 @@ class Corrector:
                     x.clamp_(lo, hi)
             if step % 100 == 0 or step == iters - 1:
                 curve.append(float(match.detach()))
+                objective.append(float(loss.detach()))
                 if self.progress is not None:
                     self.progress(self.done + step + 1, self.total, curve[-1])
         self.done += iters
-        self.history.append({"block": info.name, "iterations": iters, "match": curve})
+        self.history.append({"block": info.name, "iterations": iters, "match": curve, "objective": objective})
         return x.detach().reshape(-1)
 
 
