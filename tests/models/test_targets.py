@@ -159,3 +159,22 @@ def test_multiclass_target_and_residual():
     i = 0
     others = [out[i, j] for j in range(3) if j != int(t.y[i])]
     assert torch.isclose(m[i], out[i, int(t.y[i])] - max(others))
+
+
+def test_adaptive_training_stops_gracefully_at_float_precision(tmp_path):
+    # d = 100: the margins grow to ≈ 6·10²² (log L ≈ −6·10²²) within ~1 000 steps, where no step the weights can
+    # resolve decreases the loss any more; this used to raise "training stalled" (a float64 limit, not a bug)
+    data = lb.load("sphere", n=10, d=100, rule="random", seed=1)
+    t = train_target(data, model="twolayer:200", loss="logistic", lr=0.5, steps=2000, loss_tol=0,
+                     schedule="adaptive", center=False, init="small")
+    assert t.stop_reason == "precision" and t.history[-1][0] < 2000
+    assert float(t.margins().min()) > 1e20
+    logs = [h[1] for h in t.history]
+    assert min(logs) == logs[-1]
+    assert TrainedTarget.load(t.save(tmp_path / "t.pt")).stop_reason == "precision"
+    short = train_target(data, model="twolayer:200", loss="logistic", lr=0.5, steps=50, loss_tol=0,
+                         schedule="adaptive", center=False, init="small")
+    assert short.stop_reason == "steps"
+    done = train_target(data, model="twolayer:50", loss="logistic", lr=0.5, steps=10_000, loss_tol=1e-2,
+                        center=False, init="small")
+    assert done.stop_reason == "loss_tol"
