@@ -52,7 +52,7 @@ def test_feature_loss_gradient_pulls_towards_the_features():
         opt.zero_grad()
         feature_loss(f, z, form="cosine").backward()
         opt.step()
-    assert float(feature_loss(f, z, form="cosine")) < first / 10
+    assert float(feature_loss(f, z, form="cosine").detach()) < first / 10
 
 
 def test_short_run_returns_box_images_and_trace(photos):
@@ -112,6 +112,44 @@ def test_block_weights_of_the_random_head(photos):
     assert all(excluded[i] == float((params[n] != 0).sum()) for i, n in enumerate(names) if i not in block)
 
 
+def test_global_and_per_layer_clipping_are_invisible_to_the_objective_and_the_tensor_step(photos):
+    """L_grad is Σ_i w_i (1 − cos_i) over parameter tensors (App. F) and the tensor step uses ∇A₂ up to scale:
+    ``clip:C`` and ``clip:C,layer`` multiply each tensor by a positive factor, so neither term can feel them —
+    whence the ablation below clips per sample (``dpsgd:C,0``), which reweights the samples and does change L_grad."""
+    from leakbench.attacks.gradient.tensor_features import (
+        find_block,
+        shared_gradient,
+        tensor_features,
+    )
+    from leakbench.attacks.objectives import GradientDistance, layer_weights
+
+    model = lb.build("cnn:3-4-2-1,3-4-2-1", input_shape=photos.shape, classes=photos.num_classes, seed=0)
+    x, y = photos.batch(2, seed=0)
+    shipped = random_head(model, width=3000, seed=0, train=False)
+    clean = lb.observe(shipped, x, y, labels_known=True)
+    gen = torch.Generator().manual_seed(0)
+    dummy = [torch.randn(g.shape, generator=gen) for g in clean.gradients]
+    weights = layer_weights("l0", [clean.params()[n] for n in clean.param_names])
+
+    def objective(obs):
+        return float(GradientDistance(obs.gradients, kind="cosine-layer", weights=weights)(dummy))
+
+    def features(obs):
+        block = find_block(obs.model)
+        return tensor_features(block.first, shared_gradient(obs, block.second), block.act, 2, seed=0, trials=4,
+                               refine=20).features
+
+    reference = features(clean)
+    norms = [float(g.norm()) for g in clean.gradients]
+    for spec in (f"clip:{min(norms) / 2}", f"clip:{min(norms) / 2},layer"):
+        clipped = lb.observe(shipped, x, y, labels_known=True, defense=spec)
+        assert all(float(c.norm()) < n for c, n in zip(clipped.gradients, norms)), spec  # every tensor shrank
+        assert objective(clipped) == pytest.approx(objective(clean), abs=1e-6), spec
+        assert (features(clipped) * reference).sum(1).abs().min() > 0.999, spec
+    per_sample = lb.observe(shipped, x, y, labels_known=True, defense="dpsgd:1e-4,0")
+    assert abs(objective(per_sample) - objective(clean)) > 1e-4
+
+
 def _rmse(rec, x):
     return lb.compare(rec, x)["rmse"]
 
@@ -126,23 +164,37 @@ def test_beats_inverting_gradients_at_batch_4_on_a_small_cnn(photos):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="not robust at a CPU budget, even under per-sample clipping (16 px, batch 4, 300 iterations, "
-                          "centred 40 000-neuron head, dpsgd with C below every per-sample norm, no noise; RMSE "
-                          "seeds 0/1/2 with vs without the feature term: BN-free cnn:3-8-2-1,3-8-2-1,3-8-2-1 "
-                          "0.338/0.308/0.411 vs 0.332/0.321/0.409 (α_f = 1: 0.334/0.303/0.418; IG "
-                          "0.404/0.402/0.486), convnet-8 in eval mode (dpsgd:0.5,0) 0.319/0.343/0.457 vs "
-                          "0.322/0.339/0.447; without a defense the cnn gives "
-                          "0.335/0.299/0.408 vs 0.339/0.298/0.413).  The tensor step still recovers the features "
-                          "(cos ≥ 0.98) but the per-sample factors differ only ×1.3–2.1, which barely hurts "
-                          "gradient matching at this budget, and 32-dim penultimate features say little about "
-                          "16 px images.  The same cnn trained (300 Adam steps on the photos; one seed has factors "
-                          "×4000 apart): 0.286/0.277/0.264 vs 0.288/0.277/0.268 (α_f = 1: 0.321/0.276/0.250)",
+@pytest.mark.xfail(reason="no robust gain at a CPU budget (16 px photos, centred 40 000-neuron head, labels known, "
+                          "attack seed 0 unless noted; RMSE with α_f = 0.1 vs without, data seeds 0/1/2[/3/4/5]). "
+                          "Global and per-layer clipping (clip:C, clip:C,layer) cannot matter: both scale every "
+                          "tensor, and L_grad is per-tensor cosines (App. F) — clip:2,layer at batch 4 gives "
+                          "0.332/0.301/0.408 vs 0.340/0.297/0.413, the no-defense numbers up to float chaos. "
+                          "Per-sample clipping (dpsgd:0.001,0, C below every per-sample norm, no noise), "
+                          "cnn:3-8-2-1,3-8-2-1,3-8-2-1: batch 4, 300 it. 0.338/0.308/0.411 vs 0.332/0.321/0.409 "
+                          "(no defense 0.335/0.299/0.408 vs 0.339/0.298/0.413); batch 4, 1000 it. "
+                          "0.315/0.267/0.383/0.321/0.285/0.196 vs 0.317/0.289/0.392/0.317/0.286/0.195 (no defense "
+                          "0.318/0.263/0.389 vs 0.308/0.258/0.398); batch 8, 300 it. "
+                          "0.353/0.307/0.342/0.347/0.327/0.307 vs 0.374/0.316/0.362/0.346/0.320/0.293, attack seed 1 "
+                          "0.328/0.276/0.323 vs 0.325/0.271/0.333 (no defense 0.354/0.336/0.345 vs 0.359/0.316/0.334; "
+                          "α_f = 0.5: 0.371/0.331/0.337); the same cnn trained (300 Adam steps, per-sample norms "
+                          "0.03–4400), batch 8: 0.298/0.236/0.312 vs 0.288/0.263/0.301 (no defense "
+                          "0.308/0.259/0.347 vs 0.333/0.219/0.321); 128-dim features "
+                          "(cnn:3-16-2-1,3-32-2-1,3-32-2-1), batch 4, 300 it.: "
+                          "0.302/0.259/0.394/0.341/0.294/0.186 vs 0.310/0.269/0.410/0.359/0.285/0.184, attack seed 1 "
+                          "0.299/0.237/0.345 vs 0.287/0.251/0.341.  Gains, where they appear, are 0.001–0.02 while "
+                          "the attack seed alone moves the RMSE by up to 0.05: per-sample clipping barely hurts "
+                          "gradient matching here (Table 8's 0.16 → 0.21–0.23 needs a setting where it does).  Earlier, no "
+                          "gain either: convnet-8 in eval mode (dpsgd:0.5,0) 0.319/0.343/0.457 vs 0.322/0.339/0.447, "
+                          "the trained cnn at batch 4 0.286/0.277/0.264 vs 0.288/0.277/0.268.  Breaching's "
+                          "per_example_clipping (each example alone through convnet-8 in training mode, BN on one "
+                          "sample, C = 0.001; a scratch observation, not a registered defense), batch 4: "
+                          "0.365/0.409/0.442 vs 0.338/0.363/0.444 (no defense 0.339/0.397/0.445 vs 0.326/0.370/0.451)",
                    strict=False)
 def test_feature_term_helps_under_clipping(photos):
     """Liu et al. 2024, Tables 7 vs 8: with the feature term the attack keeps RMSE ≈ 0.16 under clipping, without it
     degrades to 0.19–0.25.  The clipping here is per-sample (DP-SGD without noise, ``dpsgd:C,0`` with C below every
-    per-sample norm): global clipping rescales the whole gradient, which neither the per-tensor cosine nor the tensor
-    step can see, while per-sample factors c_i = C/‖g_i‖ reweight the samples — gradient matching (simulating the
+    per-sample norm): global clipping rescales the whole gradient and per-layer clipping (``clip:C,layer``) each
+    tensor, which neither the per-tensor cosine nor the tensor step can see (test above), while per-sample factors c_i = C/‖g_i‖ reweight the samples — gradient matching (simulating the
     unclipped gradient) cannot reproduce that, the tensor step only sees re-weighted features.  Per-sample gradients
     need a model without BN in training mode: a BN-free CNN, client in eval mode, no BN prior."""
     model = lb.build("cnn:3-8-2-1,3-8-2-1,3-8-2-1", input_shape=photos.shape, classes=photos.num_classes, seed=0)

@@ -3,11 +3,20 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import leakbench as lb
-from leakbench.defenses import Clip, Composition, GradDrop, Noise, Prune, Quantize, parse
+from leakbench.defenses import (
+    Clip,
+    Composition,
+    GradDrop,
+    Noise,
+    Prune,
+    Quantize,
+    parse,
+)
 from leakbench.defenses.gradient import clip, global_norm, prune, pruned_count
 from leakbench.errors import ConfigError
 
@@ -84,6 +93,38 @@ def test_clip_bounds_the_norm_and_keeps_the_direction(C):
 def test_clip_of_a_zero_gradient_is_zero():
     out = clip([torch.zeros(3), torch.zeros(2, 2)], 1.0)
     assert all(torch.equal(o, torch.zeros_like(o)) for o in out)
+    zero, ones = clip([torch.zeros(3), torch.ones(2)], 1.0, scope="layer")
+    assert torch.equal(zero, torch.zeros(3)) and float(ones.norm()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("C", [0.5, 5.0, 40.0, 1e3])
+def test_layer_clip_bounds_every_tensor_on_its_own(C):
+    grads = _grads()  # tensor norms ≈ 35, 14, 71, 1.6: C = 5 and 40 clip some tensors and not others
+    out = parse(f"clip:{C},layer").apply_gradients(grads, generator=_gen())
+    assert [o.shape for o in out] == [g.shape for g in grads]
+    for g, o in zip(grads, out):
+        a = g.double().numpy().reshape(-1)  # independent computation: numpy, float64
+        norm = float(np.sqrt((a * a).sum()))
+        expected = a * min(1.0, C / norm)
+        assert np.allclose(o.double().numpy().reshape(-1), expected, rtol=1e-6, atol=1e-12)
+        assert float(np.linalg.norm(o.double().numpy())) == pytest.approx(min(norm, C), rel=1e-6)
+        if norm <= C:
+            assert torch.equal(o, g)  # tensors under the bound pass unchanged
+    if C == 5.0:  # the whole gradient clipped to 5 would shrink every tensor by the same factor; per tensor not
+        glob = clip(grads, C)
+        assert float(global_norm(glob)) == pytest.approx(C, rel=1e-6)
+        assert float(global_norm(out)) > C
+        ratios = [float(o.norm() / g.norm()) for o, g in zip(out, grads)]
+        assert max(ratios) / min(ratios) > 2
+
+
+def test_layer_clip_keeps_every_per_tensor_cosine():
+    grads = _grads(2)
+    out = clip(grads, 1.0, scope="layer")
+    for g, o in zip(grads, out):
+        assert float(torch.nn.functional.cosine_similarity(g.reshape(1, -1), o.reshape(1, -1))) == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="expected scope in"):
+        clip(grads, 1.0, scope="tensor")
 
 
 @pytest.mark.parametrize("sigma", [0.01, 0.5])
@@ -156,11 +197,13 @@ def test_composition_order_matters_and_equals_sequential_application():
 
 def test_defenses_round_trip_through_their_spec():
     for spec in ["prune:0.9", "prune:0.5,layer", "clip:4", "noise:0.01", "graddrop:0.3", "quantize:4",
-                 "quantize:8,true", "clip:4+noise:0.01", "noise:1e-05", "clip:0.123456789"]:
+                 "quantize:8,true", "clip:4+noise:0.01", "noise:1e-05", "clip:0.123456789", "clip:4,layer",
+                 "clip:2,layer+noise:0.01"]:
         d = parse(spec)
         assert d.spec == spec
         assert parse(d.spec).spec == spec
     assert parse("prune:0.9,global").spec == "prune:0.9"
+    assert parse("clip:4,global").spec == "clip:4" and parse("clip:4,layer").scope == "layer"
     assert parse("quantize").spec == "quantize"  # default 8 bits
     assert isinstance(parse("prune:0.9"), Prune) and isinstance(parse("graddrop:0.1"), GradDrop)
     assert isinstance(parse("quantize:3"), Quantize) and parse("quantize:3").bits == 3
@@ -182,7 +225,8 @@ def test_defenses_round_trip_through_their_spec():
     ("quantize:1", "expected bits an integer in 2..32 for defense 'quantize', got 1"),
     ("quantize:4.5", "expected a number for bits"),
     ("quantize:4,maybe", "expected true or false for stochastic"),
-    ("clip:1,2", "defense 'clip' takes C, got '1,2'"),
+    ("clip:1,2", r"expected scope in \('global', 'layer'\) for defense 'clip', got '2'"),
+    ("clip:1,layer,3", "defense 'clip' takes C,scope, got '1,layer,3'"),
     ("clop:1", "unknown defense 'clop'. Did you mean 'clip'?"),
 ])
 def test_bad_specs_name_the_field_and_the_fix(spec, match):
@@ -195,9 +239,11 @@ def test_shared_defenses_inside_observe_act_on_the_gradient():
     model = lb.build("mlp:16", input_shape=data.shape, classes=10, seed=0)
     x, y = data.batch(4, seed=0)
     clean = lb.observe(model, x, y).shared
-    for spec in ["prune:0.9", "clip:0.1", "noise:0.01", "graddrop:0.5", "quantize:4", "clip:1+noise:0.01"]:
+    for spec in ["prune:0.9", "clip:0.1", "clip:0.1,layer", "noise:0.01", "graddrop:0.5", "quantize:4",
+                 "clip:1+noise:0.01"]:
         obs = lb.observe(model, x, y, defense=spec, seed=5)
         expected = parse(spec)(clean, seed=5)
         assert obs.defense == spec and obs.kind == "gradient"
         assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(obs.shared, expected)), spec
     assert lb.observe(model, x, y, defense="clip:0.1").extras["defense"]["clip"]["max_norm"] == 0.1
+    assert lb.observe(model, x, y, defense="clip:0.1,layer").extras["defense"]["clip"]["scope"] == "layer"

@@ -98,3 +98,11 @@ def test_trained_model_state_is_part_of_the_trial(tmp_path):
     assert len(list((tmp_path / "models").glob("*.pt"))) == 1  # the trained weights are cached once
     again = run_trial(trained, cache_dir=tmp_path)  # from the cache: same result
     assert again.metrics == a.metrics
+
+
+@pytest.mark.parametrize("defense", ["noise:0.01+clip:1,layer", "noise:0.01+prune:0.5,layer"])
+def test_bound_trial_refuses_per_layer_scopes_it_does_not_model(trials, defense):
+    base = trials[("mlp:20", "fc-inversion")].to_dict()
+    bound = TrialSpec.from_dict({**base, "kind": "bound", "attack": "", "defense": defense})
+    result = run_trial(bound)
+    assert result.status == "n/a" and "global" in result.error and "layer" in result.error

@@ -3,7 +3,7 @@
 A defense is named by a short spec (``"prune:0.9"``, ``"clip:4+noise:0.01"``) that the API,
 the CLI and sweep specs share; :func:`parse` turns it into a :class:`Defense`.
 
-- on the shared gradient (:mod:`.gradient`): ``prune:p[,global|layer]``, ``clip:C``,
+- on the shared gradient (:mod:`.gradient`): ``prune:p[,global|layer]``, ``clip:C[,global|layer]``,
   ``noise:σ``, ``graddrop:p``, ``quantize:bits[,stochastic]``;
 - in the client's computation (:mod:`.client`): ``dpsgd:C,σ[,q,steps,δ,accountant]``,
   ``local:k,lr``, ``secagg:L[,mean|sum]`` (needs ``population=``), ``dropout:p``;

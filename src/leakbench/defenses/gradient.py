@@ -6,8 +6,14 @@ Liu et al. (2024), Sec. 3 and 5.1 (and the observation models of App. E):
   fraction p of entries with the smallest magnitude, over the whole gradient (``global``,
   the paper's P thresholds every coordinate with one γ) or within each tensor (``layer``,
   as in DLG's defense).  Exactly ⌊p·n⌋ entries are zeroed (ties broken arbitrarily).
-- ``clip:C`` — gradient clipping (Sec. 3.2 and App. E.2): G / max(1, ‖G‖/C) with ‖G‖ the
-  norm of the whole gradient.
+- ``clip:C[,scope]`` — gradient clipping (Sec. 3.2 and App. E.2): G / max(1, ‖G‖/C) with ‖G‖
+  the norm of the whole gradient (``global``, the formula of Sec. 3.2 and E.2), or
+  g_l / max(1, ‖g_l‖/C) for every parameter tensor g_l on its own (``layer``, a reading of
+  Sec. 5.1, "shrinks individual model gradients when their norm exceeds a given threshold";
+  per-layer clipping as in McMahan et al. 2018).  Per-sample clipping, the clipping of
+  breaching's ``per_example_clipping`` that Liu et al.'s code builds on, is ``dpsgd:C,0``
+  (:mod:`.client`).  Each tensor is only multiplied by a positive factor, so an attack that
+  scores every tensor by its own cosine (Liu et al.'s App. F objective) sees neither form.
 - ``noise:σ`` — gradient noise (Sec. 3, Theorem 3.2): G + ε, ε ~ N(0, σ² I).
 - ``graddrop:p`` — gradient dropout (Sec. 5.1, App. E.1): every entry is set to 0
   independently with probability p (no rescaling: E.1 "setting them to 0").
@@ -28,6 +34,7 @@ from ..errors import ConfigError
 from .base import Defense, check_choice, check_fraction, check_positive, register
 
 PRUNE_SCOPES = ("global", "layer")
+CLIP_SCOPES = ("global", "layer")
 
 
 def _flat(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -70,11 +77,17 @@ def global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(norms).to(grads[0].dtype)
 
 
-def clip(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
-    """G / max(1, ‖G‖/C): the whole gradient rescaled to norm at most ``max_norm``."""
+def clip(grads: list[torch.Tensor], max_norm: float, *, scope: str = "global") -> list[torch.Tensor]:
+    """G / max(1, ‖G‖/C) (``global``: the whole gradient to norm ≤ ``max_norm``) or, with ``scope="layer"``,
+    g_l / max(1, ‖g_l‖/C) for every tensor g_l (each tensor to norm ≤ ``max_norm``)."""
     if not grads:
         return []
-    factor = torch.clamp(max_norm / global_norm(grads).clamp_min(torch.finfo(grads[0].dtype).tiny), max=1.0)
+    tiny = torch.finfo(grads[0].dtype).tiny
+    if scope == "layer":
+        return [g * torch.clamp(max_norm / torch.linalg.vector_norm(g).clamp_min(tiny), max=1.0) for g in grads]
+    if scope != "global":
+        raise ConfigError(f"expected scope in {CLIP_SCOPES} for clip, got {scope!r}")
+    factor = torch.clamp(max_norm / global_norm(grads).clamp_min(tiny), max=1.0)
     return [g * factor for g in grads]
 
 
@@ -134,16 +147,18 @@ class Prune(Defense):
         return prune(grads, self.p, scope=self.scope)
 
 
-@register("clip", help="gradient clipping: rescale the whole gradient to norm ≤ C (clip:C)")
+@register("clip", help="gradient clipping: rescale the whole gradient, or each tensor, to norm ≤ C "
+                       "(clip:C[,global|layer])")
 class Clip(Defense):
-    def __init__(self, C: float) -> None:
+    def __init__(self, C: float, scope: str = "global") -> None:
         self.C = check_positive(C, "the norm bound C", "clip")
+        self.scope = check_choice(scope, "scope", "clip", CLIP_SCOPES)
 
     def apply_gradients(self, grads, *, generator):
-        return clip(grads, self.C)
+        return clip(grads, self.C, scope=self.scope)
 
     def describe(self):
-        return {"max_norm": self.C}
+        return {"max_norm": self.C, "scope": self.scope}
 
 
 @register("noise", help="gradient noise: add N(0, σ²) to every entry (noise:σ)")
@@ -181,4 +196,5 @@ class Quantize(Defense):
 
 
 __all__ = ["prune", "clip", "add_noise", "drop", "quantize", "global_norm", "pruned_count", "randn_like", "keep_mask",
-           "Prune", "Clip", "Noise", "GradDrop", "Quantize", "PRUNE_SCOPES"]
+           "Prune", "Clip", "Noise", "GradDrop", "Quantize", "PRUNE_SCOPES",
+           "CLIP_SCOPES"]

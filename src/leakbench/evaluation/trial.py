@@ -313,7 +313,10 @@ def _bound_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
             continue
         if name not in BOUND_ARGUMENTS:
             raise UnsupportedThreatModel(f"the Cramér–Rao bound models {', '.join(BOUND_ARGUMENTS)}, not {name!r}")
-        arguments[BOUND_ARGUMENTS[name]] = float(args.split(",")[0])
+        values = [a.strip() for a in args.split(",")]
+        if name in ("clip", "prune") and len(values) > 1 and values[1] != "global":
+            raise UnsupportedThreatModel(f"the Cramér–Rao bound models global {name} only, not {part.strip()!r}")
+        arguments[BOUND_ARGUMENTS[name]] = float(values[0])
     if not arguments.get("sigma"):
         raise UnsupportedThreatModel("the Cramér–Rao bound needs gradient noise (noise:σ) in the defense")
     device = torch.device(spec.device)

@@ -31,6 +31,15 @@ a fixed noise ξ:
   α_BN = 0.001, α_f = 0.1, 10 000 iterations at lr 1e-5 on a trained ResNet-18.  Our default
   budget (``default``: 2 000 iterations, lr 1e-2 for the generator) suits small nets on a CPU.
 
+Clipping (Sec. 5.1 "GradClipping", Tables 7 vs 8).  L_grad is a sum of per-tensor cosines (App. F, the
+reweighted sum over parameters θ_i), and the tensor step uses ∇A₂ only up to scale, so clipping the
+whole gradient (``clip:C``, Sec. 3.2 / App. E.2) or each tensor (``clip:C,layer``) — both multiply
+every tensor by a positive factor — changes neither, with or without R_feature.  What the attack can
+feel is per-sample clipping (``dpsgd:C,0``; breaching's ``per_example_clipping``, on which the
+paper's pipeline builds): the target becomes Σ_i c_i ∇ℓ(x_i), c_i = min(1, C/‖∇ℓ(x_i)‖), which
+gradient matching (simulating Σ_i ∇ℓ(x̂_i)) cannot reproduce, while the tensor step still sees the
+directions ẑ_i (weights r_i → c_i r_i).
+
 ``generator=False`` optimises the pixels directly (Inverting Gradients' signed Adam and box).
 The feature term needs the random block; with ``feature=0`` the attack runs on any model.
 """
