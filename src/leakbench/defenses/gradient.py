@@ -83,10 +83,8 @@ def clip(grads: list[torch.Tensor], max_norm: float, *, scope: str = "global") -
     if not grads:
         return []
     tiny = torch.finfo(grads[0].dtype).tiny
-    if scope == "layer":
+    if check_choice(scope, "scope", "clip", CLIP_SCOPES) == "layer":
         return [g * torch.clamp(max_norm / torch.linalg.vector_norm(g).clamp_min(tiny), max=1.0) for g in grads]
-    if scope != "global":
-        raise ConfigError(f"expected scope in {CLIP_SCOPES} for clip, got {scope!r}")
     factor = torch.clamp(max_norm / global_norm(grads).clamp_min(tiny), max=1.0)
     return [g * factor for g in grads]
 

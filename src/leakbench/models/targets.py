@@ -435,10 +435,11 @@ def _reason(log_value: float, log_tol: float) -> str:
 
 
 def _record(history: list[tuple[int, float]], step: int, log_value: float, log_tol: float, steps: int, every: int,
-            progress: Any) -> bool:
-    """Log the loss every ``every`` steps (and at the end); raise on divergence; True when training is done."""
+            progress: Any, *, final: bool = False) -> bool:
+    """Log the loss every ``every`` steps (and at the end, or when ``final``); raise on divergence; True when
+    training is done."""
     value = math.exp(min(log_value, 700.0))
-    done = log_value < log_tol or step >= steps
+    done = final or log_value < log_tol or step >= steps
     if step % every == 0 or done:
         history.append((step, value))
         if progress is not None:
@@ -486,9 +487,7 @@ def _adaptive_descent(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config
             if math.isfinite(trial_value) and step_norm <= eps * theta_norm:
                 # below the weights' rounding: no representable step decreases the loss any more
                 step += 1
-                history.append((step, math.exp(min(log_value, 700.0))))
-                if progress is not None:
-                    progress(step, config.steps, history[-1][1])
+                _record(history, step, log_value, log_tol, config.steps, every, progress, final=True)
                 reason = "precision"
                 break
             eta /= 2
