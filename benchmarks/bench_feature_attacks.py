@@ -30,7 +30,7 @@ from leakbench.attacks.gradient.tensor_features import block_input, find_block
 from leakbench.metrics import feature_error
 from leakbench.models.malicious import imprint, random_head
 
-from .common import benchmark_images, table
+from .common import benchmark_images, public_images, table
 
 BATCHES = (1, 4, 8, 16)
 
@@ -46,12 +46,6 @@ def _timed(name, obs, **options):
     return rec, time.perf_counter() - start
 
 
-def _public(ds, x: torch.Tensor, count: int) -> torch.Tensor:
-    """``count`` images of ``ds`` (the last ones) that are not in the batch ``x``: the server's public data."""
-    flat = ds.images.reshape(len(ds.images), -1)
-    inside = (flat[:, None, :] == x.reshape(x.shape[0], -1)[None]).all(-1).any(-1)
-    return ds.images[~inside][-count:]
-
 
 def run(quick: bool = False) -> None:
     ds, source = benchmark_images(64)
@@ -61,7 +55,7 @@ def run(quick: bool = False) -> None:
     for batch in BATCHES:
         x, y = ds.batch(batch, seed=batch)
         model = lb.build("convnet-8", input_shape=ds.shape, classes=ds.num_classes, seed=0)
-        shipped = random_head(model, width=width, seed=0, center="calibration", calibration=_public(ds, x, 200))
+        shipped = random_head(model, width=width, seed=0, center="calibration", calibration=public_images(ds, x, 200))
         obs = lb.observe(shipped, x, y, labels_known=True, train=True, bn_stats=True)
         runs = [("inverting-gradients", dict(preset="quick", iterations=iterations)),
                 ("liu2024", dict(preset="quick", iterations=iterations)),

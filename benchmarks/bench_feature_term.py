@@ -35,17 +35,12 @@ from leakbench.attacks.gradient.tensor_features import block_input, find_block
 from leakbench.attacks.matching import MatchingSettings
 from leakbench.models.malicious import random_head
 
-from .common import benchmark_images, table
+from .common import benchmark_images, public_images, table
 
 PIXELS = {"generator": False, "distance": "cosine", "weights": "equal", "lr": 0.2, "step_unit": "normalised",
           "init_std": 0.4, "schedule": "cosine", "tv": 1e-4}
 ROWS = ("liu2024 w/o feature term", "liu2024 (recovered features)", "liu2024 (true features)")
 
-
-def _public(ds, x: torch.Tensor, count: int) -> torch.Tensor:
-    flat = ds.images.reshape(len(ds.images), -1)
-    inside = (flat[:, None, :] == x.reshape(x.shape[0], -1)[None]).all(-1).any(-1)
-    return ds.images[~inside][-count:]
 
 
 def _oracle(obs, x, *, iterations: int, weight: float) -> torch.Tensor:
@@ -85,7 +80,7 @@ def run(quick: bool = False, *, settings=("convnet-8", "mlp"), seeds=(0, 1), wid
             x, y = ds.batch(4, seed=seed)
             model = lb.build(spec, input_shape=ds.shape, classes=ds.num_classes, seed=seed, **options)
             shipped = random_head(model, width=width, seed=seed, center="calibration",
-                                  calibration=_public(ds, x, 200), train=False)
+                                  calibration=public_images(ds, x, 200), train=False)
             grey = float((x - x.mean()).pow(2).mean().sqrt())
             for defense in (None, "dpsgd:0.001,0"):
                 obs = lb.observe(shipped, x, y, labels_known=True, defense=defense, seed=seed)

@@ -38,6 +38,13 @@ def benchmark_images(count: int, *, seed: int = 0) -> tuple[lb.ImageDataset, str
     return ds, source
 
 
+def public_images(ds: lb.ImageDataset, x: torch.Tensor, count: int) -> torch.Tensor:
+    """``count`` images of ``ds`` (the last ones) that are not in the batch ``x``: the server's public data."""
+    flat = ds.images.reshape(len(ds.images), -1)
+    inside = (flat[:, None, :] == x.reshape(x.shape[0], -1)[None]).all(-1).any(-1)
+    return ds.images[~inside][-count:]
+
+
 def seconds(fn, *, repeat: int = 1) -> float:
     """Best wall time of ``repeat`` calls."""
     best = float("inf")
