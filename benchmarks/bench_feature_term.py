@@ -47,9 +47,8 @@ def _oracle(obs, x, *, iterations: int, weight: float) -> torch.Tensor:
     """liu2024's pixel objective with the *true* (centred, unit) features of the batch in place of recovered ones."""
     module = find_block(obs.model).feature_module
     true = torch.nn.functional.normalize(block_input(obs.model, module, x).detach().reshape(x.shape[0], -1), dim=1)
-    settings = MatchingSettings(iterations=iterations, distance="cosine", weights="equal", tv=PIXELS["tv"],
-                                optimizer="adam", lr=PIXELS["lr"], step_unit="normalised", signed=True,
-                                schedule="cosine", init="gaussian", init_std=PIXELS["init_std"], box=True)
+    step = {k: v for k, v in PIXELS.items() if k != "generator"}   # the same objective and step as the other rows
+    settings = MatchingSettings(iterations=iterations, optimizer="adam", signed=True, init="gaussian", box=True, **step)
     return Liu2024Matcher(obs, settings, features=true, feature_weight=weight, form="signed").run(obs.labels).images
 
 

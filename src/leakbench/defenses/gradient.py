@@ -194,5 +194,4 @@ class Quantize(Defense):
 
 
 __all__ = ["prune", "clip", "add_noise", "drop", "quantize", "global_norm", "pruned_count", "randn_like", "keep_mask",
-           "Prune", "Clip", "Noise", "GradDrop", "Quantize", "PRUNE_SCOPES",
-           "CLIP_SCOPES"]
+           "Prune", "Clip", "Noise", "GradDrop", "Quantize", "PRUNE_SCOPES", "CLIP_SCOPES"]

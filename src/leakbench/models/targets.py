@@ -448,6 +448,7 @@ def _record(history: list[tuple[int, float]], step: int, log_value: float, log_t
         raise ConfigError(f"training diverged at step {step} (loss {value}); lower lr (field lr)")
     return done
 
+
 def _adaptive_descent(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: TargetConfig,
                       progress: Any) -> tuple[list[tuple[int, float]], float, str]:
     """θ ← θ − min(η_t, η_max·L)·∇log L with η_t ×1.1 after an accepted step, ÷2 (and the step undone) otherwise.
