@@ -68,7 +68,7 @@ def test_bundled_demo_spec_is_valid():
     from leakbench.cli.demo import demo_spec_path
 
     spec = load_spec(demo_spec_path())
-    assert spec.batch_sizes == [1, 4]
+    assert spec.batch_sizes == [1, 4, 8]
     assert {a.name for a in spec.attacks} <= set(ATTACKS.names())
     assert len(plan(spec)) > 0
 
@@ -121,7 +121,8 @@ def test_rules_about_attacks_never_drop_utility_or_bound_trials():
                       "include": [{"attack": "ig"}]})
     trials = plan(spec)
     kinds = {k: [t for t in trials if t.kind == k] for k in ("attack", "utility", "bound")}
-    assert len(kinds["utility"]) == 2 * 3  # models × defenses, untouched by the attack rules
+    # models × defenses × batch sizes (the defended training uses each attack batch size), untouched by attack rules
+    assert len(kinds["utility"]) == 2 * 3 * len(spec.batch_sizes)
     assert {t.defense for t in kinds["bound"]} == {"none", "noise:0.01", "prune:0.5"}
     assert all(t.attack_key == "ig" for t in kinds["attack"])
     assert not any(t.defense == "prune:0.5" and t.batch_size == 2 for t in kinds["attack"])

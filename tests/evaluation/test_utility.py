@@ -94,7 +94,8 @@ def test_local_defense_trains_with_the_update(small):
     gen = torch.Generator().manual_seed(1)
     order = torch.randperm(len(small), generator=gen)
     opt = torch.optim.SGD(by_hand.parameters(), lr=0.05)  # the client lr; the server adds θ_k − θ_0
-    for i in range(0, len(small), 100):
+    # equal samples seen: 2 local passes per round, so half of the epoch's 4 rounds
+    for i in range(0, len(small) // 2, 100):
         idx = order[i:i + 100]
         for _ in range(2):
             opt.zero_grad()
@@ -168,7 +169,22 @@ def test_utility_accepts_a_train_test_pair(digits):
 
 def test_secagg_training_draws_other_clients_from_the_training_set(small):
     result = train_model(_model(small), small, defense="secagg:3", epochs=1, batch_size=50)
-    assert result.steps == 8 and result.train_loss < 2.5
+    # 3 clients' batches per round: ⌈8 rounds / 3⌉ rounds, so about one epoch of samples seen
+    assert result.steps == 3 and result.samples_seen == 3 * 3 * 50 and result.train_loss < 2.5
+
+
+@pytest.mark.parametrize("defense,cost", [("none", 1), ("local:3,0.1", 3), ("secagg:4", 4),
+                                          ("local:2,0.1+secagg:2", 4), ("prune:0.5", 1)])
+def test_every_defense_sees_the_same_number_of_samples(small, defense, cost):
+    from leakbench.defenses import parse
+    from leakbench.evaluation.utility import samples_per_round
+
+    assert samples_per_round(parse(defense)) == cost
+    plain = train_model(_model(small), small, defense="none", epochs=2, batch_size=40)
+    result = train_model(_model(small), small, defense=defense, epochs=2, batch_size=40)
+    assert plain.samples_seen == 2 * len(small)
+    assert result.steps == -(-plain.steps // cost)
+    assert abs(result.samples_seen - plain.samples_seen) < cost * 40
 
 
 @pytest.mark.parametrize("kwargs,match", [

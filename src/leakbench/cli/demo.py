@@ -1,15 +1,16 @@
-"""``leakbench demo``: the systematic evaluation on bundled data (what ``make demo`` runs).
+"""``leakbench demo``: the systematic evaluation on bundled photos (what ``make demo`` runs).
 
-Runs the sweep shipped in ``leakbench/evaluation/presets/demo.yaml`` — every
-listed attack against every listed defense on scikit-learn's digits, batch
-sizes 1 and 4 — into ``--out`` (default ``./leakbench-demo/``): ``results.db``,
-``results-images/`` and ``report/index.html``; prints the strongest attack per
-defense setting (S_D) and the report's path.  Re-running resumes.
+Runs the sweep shipped in ``leakbench/evaluation/presets/demo.yaml`` — every threat
+model (eavesdropper, informed eavesdropper, malicious server, published weights,
+membership) on 32×32 scikit-image photos with models trained for one epoch, batch
+sizes 1, 4 and 8, every defense family, quick budgets — into ``--out`` (default
+``./leakbench-demo/``): ``results.db``, ``results-images/`` and ``report/index.html``;
+prints the strongest attack per defense setting (S_D) and the report's path.
+Re-running resumes.
 """
 from __future__ import annotations
 
 import os
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,6 +18,7 @@ import typer
 
 from ..errors import ConfigError
 from ..evaluation import Sweep, load_spec, strongest
+from ..evaluation.bundled import preset_path
 from ..report import write_report
 from .common import app, console, reports_errors
 from .evaluate import print_failures, print_summary, strongest_tables
@@ -24,7 +26,7 @@ from .evaluate import print_failures, print_summary, strongest_tables
 
 def demo_spec_path() -> Path:
     """The bundled demo spec."""
-    return Path(str(resources.files("leakbench.evaluation").joinpath("presets", "demo.yaml")))
+    return preset_path("demo")
 
 
 @app.command("demo")
@@ -36,7 +38,7 @@ def demo_command(
     spec: Annotated[Optional[Path], typer.Option(help="Run this sweep spec instead of the bundled one.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar; print only the report path.")] = False,
 ) -> None:
-    """Every attack against every defense on bundled digits (B = 1, 4): results.db, report/index.html."""
+    """Every threat model on bundled 32×32 photos (B = 1, 4, 8): results.db, report/index.html."""
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
     if workers < 1:
         raise ConfigError(f"expected --workers ≥ 1, got {workers}")

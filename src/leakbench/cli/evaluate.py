@@ -59,7 +59,9 @@ def print_failures(store: Store, keys: Mapping[str, Any], limit: int = 5) -> Non
 @app.command("evaluate")
 @reports_errors
 def evaluate_command(
-    spec: Annotated[Path, typer.Argument(help="Sweep spec (YAML), see docs/evaluation.md.")],
+    spec: Annotated[Optional[Path], typer.Argument(help="Sweep spec (YAML), see docs/evaluation.md.")] = None,
+    preset: Annotated[Optional[str], typer.Option(
+        help="Run a bundled spec instead: demo, liu2024 (Liu et al. 2024's setting, for a GPU or Ray).")] = None,
     db: Annotated[Path, typer.Option(help="SQLite results store (created or resumed).")] = Path("results.db"),
     workers: Annotated[int, typer.Option(help="Local processes running trials (1 = in this process).")] = 1,
     ray: Annotated[Optional[str], typer.Option(
@@ -75,6 +77,13 @@ def evaluate_command(
         raise ConfigError(f"expected --workers ≥ 1, got {workers}")
     if ray is not None and workers != 1:
         raise ConfigError("expected either --workers or --ray, got both (Ray sizes its own pool)")
+    if (spec is None) == (preset is None):
+        raise ConfigError("expected a sweep spec file or --preset NAME (one of them), e.g. "
+                          "`leakbench evaluate examples/sweep-tiny.yaml` or `leakbench evaluate --preset demo`")
+    if preset is not None:
+        from ..evaluation.bundled import preset_path
+
+        spec = preset_path(preset)
     sweep_spec = load_spec(spec)
     if dry_run:
         trials = plan(sweep_spec)

@@ -7,6 +7,7 @@ import typer
 from rich.table import Table
 
 from ..attacks import ATTACKS
+from ..attacks.trained.membership import MEMBERSHIP_ATTACKS
 from ..data import DATASETS
 from ..defenses import DEFENSES
 from ..errors import ConfigError
@@ -15,10 +16,11 @@ from ..models import MODELS
 from .common import app, console, reports_errors
 
 #: kinds accepted by ``leakbench list`` and their registries.
-REGISTRIES = {"attacks": ATTACKS, "datasets": DATASETS, "models": MODELS, "defenses": DEFENSES, "losses": LOSSES}
+REGISTRIES = {"attacks": ATTACKS, "membership": MEMBERSHIP_ATTACKS, "datasets": DATASETS, "models": MODELS,
+              "defenses": DEFENSES, "losses": LOSSES}
 #: singular spellings accepted by ``leakbench list``.
 KIND_ALIASES = {"attack": "attacks", "dataset": "datasets", "model": "models", "defense": "defenses",
-                "loss": "losses"}
+                "loss": "losses", "membership-attacks": "membership"}
 
 
 
@@ -27,7 +29,7 @@ KIND_ALIASES = {"attack": "attacks", "dataset": "datasets", "model": "models", "
 def list_command(
     kind: Annotated[str, typer.Argument(help="One of: " + ", ".join(REGISTRIES) + ".")],
 ) -> None:
-    """List the registered attacks, datasets, models, defenses or losses with a description."""
+    """List the registered attacks, membership attacks, datasets, models, defenses or losses."""
     registry = REGISTRIES.get(KIND_ALIASES.get(kind.lower(), kind.lower()))
     if registry is None:
         raise ConfigError(f"unknown kind {kind!r}; expected one of: {', '.join(REGISTRIES)}")

@@ -55,7 +55,7 @@ def save_trial_files(directory: "str | Path", result: TrialResult, *, png: bool 
     tmp = directory / f".{result.key}.{os.getpid()}.npz"
     np.savez_compressed(tmp, **result.arrays)
     os.replace(tmp, files["npz"])
-    if png:
+    if png and "x" in result.arrays and "reconstruction" in result.arrays:
         from matplotlib.image import imsave
 
         arrays = result.arrays

@@ -21,7 +21,10 @@ def defense_family(defense: str) -> tuple[str, str]:
 
 def _absent(trial: TrialSpec) -> tuple[str, ...]:
     """Rule keys a trial of this kind does not have (utility trials have no attack, batch size or seed)."""
-    return {"utility": ("attack", "batch_size", "seed"), "bound": ("attack",)}.get(trial.kind, ())
+    if trial.kind == "utility":
+        return ("attack", "seed") if trial.batch_size else ("attack", "batch_size", "seed")
+    return {"bound": ("attack",), "weights": ("batch_size", "defense"),
+            "membership": ("batch_size", "defense")}.get(trial.kind, ())
 
 
 def matches(rule: Mapping[str, Any], trial: TrialSpec, *, absent: bool = False) -> bool:
@@ -70,12 +73,17 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
         for m in spec.models:
             base = dict(dataset=d.name, data_options=dict(d.options), dataset_key=d.key, model=m.spec,
                         model_key=m.key, training=m.training.model_dump(),
-                        model_options={"act": m.act, "init": m.init, "seed": m.seed, "options": dict(m.options)})
+                        model_options={"act": m.act, "init": m.init, "seed": m.seed, "options": dict(m.options)},
+                        server=_server(m))
             if spec.utility is not None:
+                # the server's move does not change what a defense costs: same training, cached by utility()
+                sizes = spec.batch_sizes if spec.utility.per_batch_size else [0]
                 for defense in defenses:
-                    t = TrialSpec(kind="utility", defense=defense, utility=spec.utility.model_dump(), **base, **common)
-                    if keep(t, spec.include, spec.exclude):
-                        trials.setdefault(t.key, t)
+                    for size in sizes:
+                        t = TrialSpec(kind="utility", defense=defense, batch_size=size,
+                                      utility=spec.utility.model_dump(), **base, **common)
+                        if keep(t, spec.include, spec.exclude):
+                            trials.setdefault(t.key, t)
             for defense in defenses:
                 for size in spec.batch_sizes:
                     for seed in spec.seeds:
@@ -84,17 +92,51 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
                                 t = TrialSpec(kind="attack", defense=defense, batch_size=size, images=spec.images,
                                               batch=batch, seed=seed, attack=a.name, attack_key=a.key,
                                               preset=a.preset, options=dict(a.options),
-                                              threat=spec.threat.model_dump(), **base, **common)
+                                              threat={**spec.threat.model_dump(), **a.threat}, **base, **common)
                                 if keep(t, spec.include, spec.exclude):
                                     trials.setdefault(t.key, t)
-                            if spec.bounds is not None and spec.bounds.cramer_rao:
+                            if spec.bounds is not None and spec.bounds.cramer_rao and not m.server:
                                 t = TrialSpec(kind="bound", defense=defense, batch_size=size, images=spec.images,
                                               batch=batch, seed=seed, threat=spec.threat.model_dump(),
                                               bounds=spec.bounds.model_dump(), **base, **common)
                                 if keep(t, spec.include, spec.exclude):
                                     trials.setdefault(t.key, t)
+    for section, kind in (("weights", "weights"), ("membership", "membership")):
+        for entry in getattr(spec, section):
+            for t in _published(entry, kind, common):
+                if keep(t, spec.include, spec.exclude):
+                    trials.setdefault(t.key, t)
     ordered = sorted(trials.values(), key=lambda t: t.kind != "utility")  # stable: utility first
     return ordered
+
+
+def _server(model) -> dict[str, Any]:
+    if model.server is None:
+        return {}
+    name, options = model.server.move
+    return {"move": name, "options": options, "public": model.server.public}
+
+
+def _published(entry, kind: str, common: dict) -> list[TrialSpec]:
+    """The trials of one ``weights`` or ``membership`` entry: attacks × seeds (× margin settings)."""
+    t = entry.target
+    target = {"dataset": {"name": t.dataset.name, "options": dict(t.dataset.options)}, "classes": t.classes,
+              "per_class": t.per_class, "nonmembers": t.nonmembers, "options": dict(t.options)}
+    base = dict(kind=kind, dataset=t.dataset.name, data_options=dict(t.dataset.options), dataset_key=t.dataset.key,
+                model=str(t.options.get("model", "mlp:1000-1000")), model_key=t.key, target=target, **common)
+    settings = entry.settings if kind == "membership" else [None]
+    out = []
+    for seed in entry.seeds:
+        for a in entry.attacks:
+            for setting in settings:
+                extra = {}
+                if setting is not None:
+                    extra["membership"] = {"setting": setting, "leaked_size": entry.leaked_size,
+                                           "bound_width": entry.bound_width}
+                out.append(TrialSpec(seed=seed, attack=a.name, attack_key=a.key + (f" ({setting} margin)" if setting
+                                                                                   else ""),
+                                     preset=a.preset, options=dict(a.options), **extra, **base))
+    return out
 
 
 __all__ = ["plan", "matches", "keep", "defense_family"]

@@ -74,8 +74,50 @@ class TrainingEntry(_Strict):
     seed: int = Field(0, ge=0)
 
 
+#: what a malicious server can ship in place of the model, and the function that builds it.
+SERVER_MOVES = {"imprint": "leakbench.models.malicious.imprint",
+                "random_head": "leakbench.models.malicious.random_head"}
+#: arguments of those functions the trial sets itself (the model, its shape, the public sample).
+SERVER_SET_BY_TRIAL = ("model", "calibration", "input_shape")
+
+
+class ServerEntry(_Strict):
+    """The malicious server's move: the model it ships instead of the honest one (exactly one form).
+
+    ``imprint: {bins: K, ...}`` puts Robbing the Fed's imprint block in front of the model
+    (options of :func:`leakbench.models.malicious.imprint`); ``random_head: {width: W, ...}``
+    swaps the last linear layer for Liu et al.'s partly random head (App. F; options of
+    :func:`~leakbench.models.malicious.random_head`).  ``public``: images the server holds
+    (drawn from the dataset, never one of the attacked images) to place the imprint bins at
+    equal-mass quantiles or centre the random head (``center: calibration``).
+    """
+
+    imprint: Optional[dict[str, Any]] = None
+    random_head: Optional[dict[str, Any]] = None
+    public: int = Field(256, ge=2)
+
+    @model_validator(mode="after")
+    def _one_move(self) -> "ServerEntry":
+        given = [name for name in SERVER_MOVES if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"expected exactly one server move ({' or '.join(SERVER_MOVES)}), got "
+                             f"{given or 'none'}; e.g. server: {{imprint: {{bins: 64}}}}")
+        return self
+
+    @property
+    def move(self) -> tuple[str, dict[str, Any]]:
+        """(name, options) of the move."""
+        name = next(n for n in SERVER_MOVES if getattr(self, n) is not None)
+        return name, dict(getattr(self, name))
+
+    @property
+    def key(self) -> str:
+        name, options = self.move
+        return f"{name}({','.join(f'{k}={v}' for k, v in sorted(options.items()))})"
+
+
 class ModelEntry(_Strict):
-    """A model spec (``cnn:3-8-2-1``, ``convnet-16``...) with build options and training state."""
+    """A model spec (``cnn:3-8-2-1``, ``convnet-16``...) with build options, training state and server move."""
 
     spec: str
     act: Optional[str] = None
@@ -83,6 +125,7 @@ class ModelEntry(_Strict):
     seed: int = Field(0, ge=0)
     options: dict[str, Any] = Field(default_factory=dict)
     training: TrainingEntry = Field(default_factory=TrainingEntry)
+    server: Optional[ServerEntry] = None
     label: Optional[str] = None
 
     @model_validator(mode="before")
@@ -97,15 +140,22 @@ class ModelEntry(_Strict):
         extra = [f"act={self.act}"] if self.act else []
         extra += [f"init={self.init}"] if self.init != "default" else []
         text = self.spec + (f"({','.join(extra)})" if extra else "")
-        return text + (f"@{self.training.epochs}ep" if self.training.epochs else "")
+        text += f"@{self.training.epochs}ep" if self.training.epochs else ""
+        return text + (f"+{self.server.key}" if self.server is not None else "")
 
 
 class AttackEntry(_Strict):
-    """An attack by registry name with a preset and option overrides; ``label`` names it in tables."""
+    """An attack by registry name with a preset and option overrides; ``label`` names it in tables.
+
+    ``threat`` overrides fields of the spec's ``threat`` section for this attack's trials, so one
+    sweep can hold an eavesdropper's and an informed eavesdropper's attack (``{bn_stats: true,
+    labels_known: true}`` grants the BN statistics and labels Inverting Gradients can use).
+    """
 
     name: str
     preset: Optional[str] = None
     options: dict[str, Any] = Field(default_factory=dict)
+    threat: dict[str, Any] = Field(default_factory=dict)
     label: Optional[str] = None
 
     @model_validator(mode="before")
@@ -163,6 +213,67 @@ def _arg(value: Any) -> str:
     return str(value)
 
 
+class TargetEntry(_Strict):
+    """A published model: the dataset it is trained on and :func:`~leakbench.models.targets.train_target`'s options.
+
+    ``classes`` keeps two (or more) classes of the dataset, relabelled 0..k−1 in the order given
+    (names or indices): the binary targets of Haim et al. and of the margin attack need two.
+    ``per_class`` training samples of each kept class are the members; ``nonmembers`` held-out
+    samples of the same classes (default: as many as members) are the control.
+    """
+
+    dataset: DatasetEntry
+    classes: Optional[list[Any]] = None
+    per_class: int = Field(10, ge=1)
+    nonmembers: Optional[int] = Field(None, ge=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+    label: Optional[str] = None
+
+    @property
+    def key(self) -> str:
+        if self.label:
+            return self.label
+        kept = f"[{','.join(map(str, self.classes))}]" if self.classes else ""
+        model = self.options.get("model", "mlp:1000-1000")
+        return f"{model} on {self.dataset.key}{kept} ×{self.per_class}/class"
+
+
+class WeightsEntry(_Strict):
+    """Published weights: train ``target`` once, run each attack on its weights (kkt, model-inversion, univariate)."""
+
+    target: TargetEntry
+    attacks: list[AttackEntry] = Field(min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+
+
+#: what the membership attacker knows of the margin (provable-attacks paper, Cor. 4.3–4.5).
+MEMBERSHIP_SETTINGS = ("known", "leaked", "bounded")
+
+
+class MembershipEntry(_Strict):
+    """Membership inference against ``target``: each attack in each margin-knowledge setting.
+
+    ``leaked`` gives the attacker a set of ``leaked_size`` queried points holding one member;
+    ``bounded`` gives γ ∈ [γ·(1 − ``bound_width``), γ·(1 + ``bound_width``)].
+    """
+
+    target: TargetEntry
+    attacks: list[AttackEntry] = Field(default_factory=lambda: [AttackEntry(name="membership-margin")],
+                                       min_length=1)
+    settings: list[str] = Field(default_factory=lambda: list(MEMBERSHIP_SETTINGS), min_length=1)
+    leaked_size: int = Field(10, ge=1)
+    bound_width: float = Field(0.2, ge=0, lt=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+
+    @field_validator("settings")
+    @classmethod
+    def _settings(cls, values: list[str]) -> list[str]:
+        bad = [v for v in values if v not in MEMBERSHIP_SETTINGS]
+        if bad:
+            raise ValueError(f"expected settings among {', '.join(MEMBERSHIP_SETTINGS)}, got {bad[0]!r}")
+        return values
+
+
 class ThreatEntry(_Strict):
     """What the client shares and what the attacker is granted (arguments of :func:`leakbench.observe`)."""
 
@@ -175,13 +286,20 @@ class ThreatEntry(_Strict):
 
 
 class UtilityEntry(_Strict):
-    """Train once per (dataset, model, defense) to measure the defense's utility cost."""
+    """Train once per (dataset, model, defense, batch size) to measure the defense's utility cost.
+
+    With ``per_batch_size`` (default) the defended training uses each attack batch size, as in
+    Liu et al.'s Table 5 (a defense costs more at B = 1 than at B = 8); otherwise once at
+    ``batch_size``.  Every run sees ``epochs`` × N training samples: defenses that consume more
+    samples per round (``local:k`` k·B, ``secagg:L`` L·B) run fewer rounds.
+    """
 
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0)
     test_fraction: float = Field(0.2, gt=0, lt=1)
     seed: int = Field(0, ge=0)
+    per_batch_size: bool = True
 
 
 class BoundsEntry(_Strict):
@@ -207,8 +325,10 @@ class SweepSpec(_Strict):
     models: list[ModelEntry] = Field(min_length=1)
     batch_sizes: list[int] = Field(min_length=1)
     images: int = Field(1, ge=1)
-    attacks: list[AttackEntry] = Field(min_length=1)
+    attacks: list[AttackEntry] = Field(default_factory=list)
     defenses: list[DefenseEntry] = Field(default_factory=lambda: [DefenseEntry(spec="none")], min_length=1)
+    weights: list[WeightsEntry] = Field(default_factory=list)
+    membership: list[MembershipEntry] = Field(default_factory=list)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     threat: ThreatEntry = Field(default_factory=ThreatEntry)
     utility: Optional[UtilityEntry] = None
@@ -235,6 +355,13 @@ class SweepSpec(_Strict):
         if bad:
             raise ValueError(f"expected non-negative seeds, got {bad[0]}")
         return values
+
+    @model_validator(mode="after")
+    def _some_work(self) -> "SweepSpec":
+        if not (self.attacks or self.weights or self.membership):
+            raise ValueError("expected at least one of attacks, weights or membership; add attacks: [dlg] "
+                             "(gradient attacks), a weights: entry or a membership: entry")
+        return self
 
     def defense_specs(self) -> list[str]:
         """Every concrete defense setting, in spec order, without repeats."""
@@ -410,6 +537,26 @@ def check_names(spec: SweepSpec, where: "_Source | None" = None) -> None:
                                   f"dataset {d.name!r}; accepted options: {', '.join(accepted)}")
     for i, m in enumerate(spec.models):
         guard(("models", i, "spec"), parse_spec, m.spec)
+        if m.server is not None:
+            name, options = m.server.move
+            accepted = server_options(name)
+            for key in options:
+                if key not in accepted:
+                    raise ConfigError(f"{where.where(('models', i, 'server', name, key))}: unknown option {key!r} "
+                                      f"for the server move {name!r}; accepted options: {', '.join(accepted)}")
+    for section in ("weights", "membership"):
+        for i, entry in enumerate(getattr(spec, section)):
+            _check_target(entry.target, (section, i, "target"), where, guard)
+            for j, a in enumerate(entry.attacks):
+                path = (section, i, "attacks", j)
+                if section == "membership":
+                    from ..attacks.trained.membership import MEMBERSHIP_ATTACKS
+
+                    guard(path + ("name",), MEMBERSHIP_ATTACKS.get, a.name)
+                    guard(path + ("options",), MEMBERSHIP_ATTACKS.create, a.name, **a.options)
+                else:
+                    guard(path + ("name",), ATTACKS.get, a.name)
+                    guard(path, create_attack, a.name, preset=a.preset, **a.options)
     for i, a in enumerate(spec.attacks):
         path = ("attacks", i)
         guard(path + ("name",), ATTACKS.get, a.name)
@@ -430,6 +577,8 @@ def check_names(spec: SweepSpec, where: "_Source | None" = None) -> None:
         for text in specs:
             guard(("defenses", i), parse_defense, text)
     guard(("threat", "loss"), LOSSES.get, spec.threat.loss)
+    for i, a in enumerate(spec.attacks):
+        guard(("attacks", i, "threat"), lambda a=a: ThreatEntry(**{**spec.threat.model_dump(), **a.threat}))
     guard(("device",), _check_device, spec.device)
     for kind in ("include", "exclude"):
         for i, rule in enumerate(getattr(spec, kind)):
@@ -442,6 +591,36 @@ def check_names(spec: SweepSpec, where: "_Source | None" = None) -> None:
         guard(path, _needs_utility)
     if spec.bounds is not None and spec.bounds.cramer_rao:
         guard(("bounds", "cramer_rao"), _needs_bounds)
+
+
+def server_options(name: str) -> list[str]:
+    """The options a server move accepts (its function's keyword arguments less those the trial sets)."""
+    import inspect
+
+    from ..models import malicious
+
+    fn = getattr(malicious, name)
+    return [p for p in inspect.signature(fn).parameters if p not in SERVER_SET_BY_TRIAL]
+
+
+def _check_target(target: TargetEntry, path: tuple, where: _Source, guard) -> None:
+    import dataclasses
+
+    from ..data import DATASETS, options as data_options
+    from ..models.targets import TargetConfig
+
+    guard(path + ("dataset", "name"), DATASETS.get, target.dataset.name)
+    accepted = data_options(target.dataset.name)
+    for key in target.dataset.options:
+        if key not in accepted:
+            raise ConfigError(f"{where.where(path + ('dataset', 'options', key))}: unknown option {key!r} for "
+                              f"dataset {target.dataset.name!r}; accepted options: {', '.join(accepted)}")
+    known = [f.name for f in dataclasses.fields(TargetConfig)]
+    for key in target.options:
+        if key not in known:
+            raise ConfigError(f"{where.where(path + ('options', key))}: unknown option {key!r} for train_target; "
+                              f"known options: {', '.join(known)}")
+    guard(path + ("options",), lambda: TargetConfig(**target.options).check())
 
 
 def _attack_fields(name: str) -> set[str]:
@@ -485,6 +664,7 @@ def dump_spec(spec: SweepSpec) -> str:
     return yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=False), sort_keys=False)
 
 
-__all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "TrainingEntry", "AttackEntry", "DefenseEntry",
+__all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "ServerEntry", "TargetEntry", "WeightsEntry",
+           "MembershipEntry", "MEMBERSHIP_SETTINGS", "SERVER_MOVES", "server_options", "TrainingEntry", "AttackEntry", "DefenseEntry",
            "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "RULE_KEYS", "load_spec",
            "check_names", "dump_spec"]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
-from .trial import TrialResult, TrialSpec
+from .trial import TrialResult, TrialSpec, threat_model
 
 SCHEMA_VERSION = 1
 MEAN_COLUMNS = ("mse", "rmse", "psnr", "ssim", "label_acc")
@@ -137,7 +137,8 @@ class Store:
         """Record ``trials`` as pending (known ones keep their status; their labels are refreshed)."""
         now = time.time()
         rows = [(t.key, t.kind, _json(t.to_dict()), t.dataset_key, t.model_key, t.attack_key or None, t.defense,
-                 t.batch_size if t.kind != "utility" else None, t.seed, t.batch, now) for t in trials]
+                 t.batch_size if (t.kind != "utility" or t.batch_size) else None, t.seed, t.batch, now)
+                for t in trials]
         with self._tx() as c:
             before = c.total_changes
             c.executemany(
@@ -225,6 +226,7 @@ class Store:
             d = dict(row)
             for name in ("spec", "metrics", "per_sample", "timings"):
                 d[name] = json.loads(d[name]) if d.get(name) else {}
+            d["threat_model"] = threat_model(d["spec"]) if d["spec"] else "eavesdropper"
             out.append(d)
         return out
 

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import socket
 import time
@@ -31,12 +32,39 @@ import torch
 
 from ..errors import LeakbenchError, UnsupportedThreatModel
 
-KINDS = ("attack", "utility", "bound")
+KINDS = ("attack", "utility", "bound", "weights", "membership")
+#: the threat models a trial can assume (the usual taxonomy; :func:`threat_model` says which one a trial has).
+THREAT_MODELS = ("eavesdropper", "informed-eavesdropper", "malicious-server", "published-weights", "membership")
 #: defense families the Cramér–Rao bound models, and the argument of ``cramer_rao`` each sets.
 BOUND_ARGUMENTS = {"noise": "sigma", "clip": "clip", "prune": "prune"}
 STATUSES = ("pending", "running", "done", "failed", "n/a")
 #: fields of a :class:`TrialSpec` that do not change its result (labels and execution settings).
 NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "trial_seconds", "save_images")
+
+
+#: fields added after the first store format; empty values leave a trial's key as it was.
+ADDED_FIELDS = ("server", "target", "membership")
+
+
+def threat_model(spec: dict[str, Any]) -> str:
+    """The threat model of a trial given as its spec dict (see :data:`THREAT_MODELS`).
+
+    Published weights and membership are their own trial kinds; a model carrying a server
+    move assumes a malicious server; an observation granting BN statistics or labels an
+    informed eavesdropper; anything else an honest-but-curious eavesdropper of the gradient.
+    Utility and bound trials belong to the eavesdropper's (and server's) defense settings.
+    """
+    kind = spec.get("kind", "attack")
+    if kind == "weights":
+        return "published-weights"
+    if kind == "membership":
+        return "membership"
+    if spec.get("server"):
+        return "malicious-server"
+    threat = spec.get("threat") or {}
+    if kind == "attack" and (threat.get("bn_stats") or threat.get("labels_known")):
+        return "informed-eavesdropper"
+    return "eavesdropper"
 
 
 class TrialTimeout(LeakbenchError):
@@ -64,6 +92,9 @@ class TrialSpec:
     threat: dict = field(default_factory=dict)
     utility: dict = field(default_factory=dict)
     bounds: dict = field(default_factory=dict)
+    server: dict = field(default_factory=dict)
+    target: dict = field(default_factory=dict)
+    membership: dict = field(default_factory=dict)
     dataset_key: str = ""
     model_key: str = ""
     attack_key: str = ""
@@ -81,8 +112,18 @@ class TrialSpec:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def identity(self) -> dict[str, Any]:
-        """The fields that determine the result (labels and execution settings left out)."""
-        return {k: v for k, v in self.to_dict().items() if k not in NOT_IDENTITY}
+        """The fields that determine the result (labels and execution settings left out).
+
+        Fields added after the first release are left out while empty, so stores written
+        before them keep their keys (and resume).
+        """
+        return {k: v for k, v in self.to_dict().items()
+                if k not in NOT_IDENTITY and not (k in ADDED_FIELDS and not v)}
+
+    @property
+    def threat_model(self) -> str:
+        """Which of :data:`THREAT_MODELS` this trial assumes."""
+        return threat_model(self.to_dict())
 
     @functools.cached_property
     def key(self) -> str:
@@ -93,7 +134,10 @@ class TrialSpec:
     def label(self) -> str:
         """A one-line human description."""
         if self.kind == "utility":
-            return f"utility {self.dataset_key} {self.model_key} {self.defense}"
+            at = f" B={self.batch_size}" if self.batch_size else ""
+            return f"utility {self.dataset_key} {self.model_key} {self.defense}{at}"
+        if self.kind in ("weights", "membership"):
+            return f"{self.attack_key} on published {self.model_key} seed {self.seed}"
         if self.kind == "bound":
             return f"bound {self.defense} on {self.dataset_key} {self.model_key} B={self.batch_size} seed {self.seed}"
         return (f"{self.attack_key} vs {self.defense} on {self.dataset_key} {self.model_key} "
@@ -193,22 +237,30 @@ def batch_for(spec: TrialSpec, data) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _Clock:
-    """Named timings and the trial's deadline (checked at every progress report of the attack)."""
+    """Named timings and the attack's deadline (checked at every progress report of the attack).
+
+    The budget counts the attack alone: it starts at :meth:`start_budget`, after the data,
+    the model and the observation are ready, so loading or training never eats into it.
+    """
 
     def __init__(self, limit: Optional[float]) -> None:
         self.start = time.perf_counter()
         self.limit = limit
         self.timings: dict[str, float] = {}
         self._mark = self.start
+        self._budget_start = self.start
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
         self.timings[name] = self.timings.get(name, 0.0) + now - self._mark
         self._mark = now
 
+    def start_budget(self) -> None:
+        self._budget_start = time.perf_counter()
+
     def progress(self, done: int, total: int, loss: float) -> None:
-        if self.limit is not None and time.perf_counter() - self.start > self.limit:
-            raise TrialTimeout(f"trial exceeded budget.trial_seconds={self.limit:g} after {done}/{total} steps")
+        if self.limit is not None and time.perf_counter() - self._budget_start > self.limit:
+            raise TrialTimeout(f"attack exceeded budget.trial_seconds={self.limit:g} after {done}/{total} steps")
 
     def total(self) -> dict[str, float]:
         return {**self.timings, "total": time.perf_counter() - self.start}
@@ -222,14 +274,14 @@ def run_trial(spec: TrialSpec, *, cache_dir: "str | Path | None" = None) -> Tria
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
-            if spec.kind == "attack":
-                result = _attack_trial(spec, clock, cache_dir)
-            elif spec.kind == "utility":
-                result = _utility_trial(spec, clock, cache_dir)
-            elif spec.kind == "bound":
-                result = _bound_trial(spec, clock, cache_dir)
-            else:
-                raise LeakbenchError(f"expected a trial kind in {KINDS}, got {spec.kind!r}")
+            run = _runner(spec.kind)
+            result = run(spec, clock, cache_dir)
+            if result.status == "done":
+                bad = non_finite(result.metrics)
+                if bad:
+                    result = TrialResult(key=spec.key, status="failed",
+                                         error=f"non-finite result: {', '.join(bad)} (a diverged run is a failure, "
+                                               "not a score)", timings=result.timings)
     except UnsupportedThreatModel as err:
         result = TrialResult(key=spec.key, status="n/a", error=str(err))
     except Exception as err:  # recorded with the trial, the sweep goes on
@@ -242,6 +294,75 @@ def run_trial(spec: TrialSpec, *, cache_dir: "str | Path | None" = None) -> Tria
     return result
 
 
+def _runner(kind: str):
+    """The function running trials of ``kind`` (the table of :data:`KINDS`)."""
+    from . import published
+
+    table = {"attack": _attack_trial, "utility": _utility_trial, "bound": _bound_trial,
+             "weights": published.weights_trial, "membership": published.membership_trial}
+    if kind not in table:
+        raise LeakbenchError(f"expected a trial kind in {KINDS}, got {kind!r}")
+    return table[kind]
+
+
+#: metrics whose non-finite value makes a trial ``failed`` (a NaN reconstruction or loss is no result).
+FINITE_METRICS = ("mse", "rmse", "psnr", "ssim", "train_loss", "test_accuracy", "exact_rmse", "trace_rmse", "auc")
+
+
+def non_finite(metrics: dict[str, Any]) -> list[str]:
+    """Names of the metrics in :data:`FINITE_METRICS` that are NaN or ±inf (PSNR +inf of an exact match is fine)."""
+    bad = []
+    for name in FINITE_METRICS:
+        v = metrics.get(name)
+        if isinstance(v, (int, float)) and not math.isfinite(v) and not (name == "psnr" and v == math.inf):
+            bad.append(f"{name}={v}")
+    return bad
+
+
+def chance_scores(x: torch.Tensor, data) -> dict[str, float]:
+    """The chance level beside every reconstruction: a flat image at the dataset's mean pixel value.
+
+    An attack whose RMSE is not below ``chance_rmse`` has learnt nothing about the batch
+    that the dataset's average colour does not already say.
+    """
+    grey = float(data.images.mean())
+    mse = float((x.double() - grey).pow(2).mean())
+    return {"chance_rmse": math.sqrt(mse), "chance_psnr": 10 * math.log10(1.0 / mse) if mse > 0 else math.inf}
+
+
+def public_sample(data, exclude: torch.Tensor, count: int, *, seed: int) -> torch.Tensor:
+    """``count`` images of ``data`` the server may hold: a seeded draw that contains none of ``exclude``.
+
+    Rows are compared by a random projection, then exactly, so the client's images never
+    calibrate the server's block.  Fewer than ``count`` are returned when the data is short.
+    """
+    images = data.images
+    flat = images.reshape(images.shape[0], -1).double()
+    probe = torch.randn(flat.shape[1], generator=torch.Generator().manual_seed(12345), dtype=torch.float64)
+    taken = set((exclude.reshape(exclude.shape[0], -1).double().to(flat.device) @ probe.to(flat.device)).tolist())
+    codes = (flat @ probe.to(flat.device)).tolist()
+    order = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(int(seed) + 10007)).tolist()
+    ex = exclude.reshape(exclude.shape[0], -1).to(flat.device, flat.dtype)
+    keep = [i for i in order if codes[i] not in taken or not (ex == flat[i]).all(1).any()][:count]
+    return images[torch.as_tensor(keep, dtype=torch.long, device=images.device)]
+
+
+def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Module:
+    """The model the malicious server ships (``spec.server``), built around the client's ``model``.
+
+    The server's random draws take the trial seed; the public sample it calibrates with holds
+    none of the images attacked with that seed.
+    """
+    from ..models import malicious
+
+    name, options = spec.server["move"], dict(spec.server.get("options") or {})
+    options.setdefault("seed", spec.seed)
+    if name == "imprint" or options.get("center") == "calibration":
+        pool, _ = data.batch(max(spec.images, spec.batch_size * (spec.batch + 1)), seed=spec.seed)
+        options["calibration"] = public_sample(data, pool, int(spec.server.get("public", 256)), seed=spec.seed)
+    return getattr(malicious, name)(model, input_shape=data.shape, **options)
+
+
 def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     from ..attacks import create
     from ..metrics import compare
@@ -251,6 +372,8 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     data = dataset_for(spec)
     clock.lap("load")
     model = model_for(spec, data, device, cache_dir)
+    if spec.server:
+        model = apply_server(spec, model, data)
     clock.lap("model")
     x, y = batch_for(spec, data)
     x, y = x.to(device), y.to(device)
@@ -261,6 +384,7 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     reasons = attack.requirements(obs)
     if reasons:
         return TrialResult(key=spec.key, status="n/a", error="; ".join(reasons))
+    clock.start_budget()
     rec = attack(obs, seed=spec.seed, progress=clock.progress)
     clock.lap("attack")
     images = rec.images.detach().to("cpu", torch.float32)
@@ -273,6 +397,7 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     per_sample = scores.pop("per_sample")
     order = scores.pop("order")
     metrics = {k: v for k, v in scores.items() if v is None or isinstance(v, (int, float))}
+    metrics.update(chance_scores(x, data))
     arrays = {}
     if spec.save_images:
         arrays = {"x": x.numpy(), "y": y.numpy(), "reconstruction": images.numpy(),
@@ -291,13 +416,13 @@ def _utility_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     model_options = {k: v for k, v in (("act", opts.get("act")), ("init", opts.get("init", "default"))) if v}
     model_options.update(dict(opts.get("options") or {}))
     result = utility(spec.model, spec.dataset, defense=spec.defense, epochs=int(u["epochs"]),
-                     batch_size=int(u["batch_size"]), lr=float(u["lr"]), seed=int(u.get("seed", 0)),
+                     batch_size=int(spec.batch_size or u["batch_size"]), lr=float(u["lr"]), seed=int(u.get("seed", 0)),
                      data_options=dict(spec.data_options) or None, model_options=model_options,
                      test_fraction=float(u["test_fraction"]), loss=spec.threat.get("loss", "ce"),
                      cache_dir=False if cache_dir is None else str(Path(cache_dir) / "utility"), device=spec.device)
     clock.lap("train")
     metrics = {k: _number(getattr(result, k, None))
-               for k in ("train_loss", "train_accuracy", "test_accuracy", "epsilon")}
+               for k in ("train_loss", "train_accuracy", "test_accuracy", "epsilon", "samples_seen", "steps")}
     return TrialResult(key=spec.key, status="done", metrics=metrics,
                        timings={"train_reported": float(getattr(result, "seconds", 0.0) or 0.0)})
 
@@ -337,4 +462,5 @@ def _number(value: Any) -> Optional[float]:
 
 
 __all__ = ["TrialSpec", "TrialResult", "TrialTimeout", "run_trial", "batch_for", "model_for", "dataset_for",
-           "worker_id", "KINDS", "STATUSES"]
+           "worker_id", "apply_server", "public_sample", "chance_scores", "non_finite", "threat_model", "KINDS", "STATUSES",
+           "THREAT_MODELS"]

@@ -30,12 +30,12 @@ import torch
 from torch import nn
 
 from ..data import ImageDataset, load
-from ..defenses import DPSGD, Defense, parse, parts_of, share
+from ..defenses import DPSGD, Defense, LocalSteps, SecureAggregation, parse, parts_of, share
 from ..errors import ConfigError
 from ..losses import get_loss
 from ..models import build
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 @dataclass
@@ -53,6 +53,7 @@ class TrainResult:
     train_accuracy: float
     epsilon: float | None
     seconds: float
+    samples_seen: int = 0
 
 
 @dataclass
@@ -69,6 +70,8 @@ class UtilityResult:
     test_loss: float = math.nan
     losses: list[float] = field(default_factory=list)
     cached: bool = False
+    samples_seen: int = 0
+    steps: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,6 +105,23 @@ def _dpsgd_part(defense: Defense) -> DPSGD | None:
     return next((p for p in parts_of(defense) if isinstance(p, DPSGD)), None)
 
 
+def samples_per_round(defense: Defense) -> int:
+    """How many sample visits one round of ``defense`` costs per batch sample.
+
+    ``local:k`` runs k passes over the client's batch and ``secagg:L`` trains on L clients'
+    batches in one round; other defenses visit each sample once.  Training compares defenses
+    at equal samples seen (epochs × N) by running ⌈rounds / this⌉ rounds, so no defense shows a
+    utility gain by training more.
+    """
+    cost = 1
+    for part in parts_of(defense):
+        if isinstance(part, LocalSteps):
+            cost *= part.k
+        elif isinstance(part, SecureAggregation):
+            cost *= part.L
+    return cost
+
+
 def _check_budget(epochs: int, batch_size: int, lr: float) -> None:
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ConfigError(f"expected epochs ≥ 1 (an int), got {epochs!r} (field epochs)")
@@ -119,6 +139,8 @@ def train_model(model: nn.Module, data: ImageDataset, *, defense: "str | Defense
     Each epoch visits the training set in a seeded random order in batches of ``batch_size``
     (the last one may be smaller).  ``population`` (default: ``data``) supplies the other
     clients' batches for ``secagg``.  DP-SGD's ε is computed at sample rate batch_size/N.
+    Defenses that visit more samples per round (:func:`samples_per_round`) run proportionally
+    fewer rounds, so every defense sees epochs × N samples.
     """
     _check_budget(epochs, batch_size, lr)
     if not isinstance(data, ImageDataset):
@@ -138,12 +160,19 @@ def train_model(model: nn.Module, data: ImageDataset, *, defense: "str | Defense
     pool = population if population is not None else data
     start = time.perf_counter()
     losses: list[float] = []
-    steps = 0
+    steps = seen = 0
+    cost = samples_per_round(defense_obj)
+    rounds = math.ceil(epochs * math.ceil(n / batch_size) / cost)
     for _ in range(epochs):
+        if steps >= rounds:
+            break
         model.train()
         order = torch.randperm(n, generator=order_gen).to(device)
         for i in range(0, n, batch_size):
+            if steps >= rounds:
+                break
             idx = order[i:i + batch_size]
+            seen += cost * int(idx.numel())
             params = {name: p.detach() for name, p in named}
             result = share(defense_obj, model, params, images[idx], labels[idx], loss_fn, generator=defense_gen,
                            population=pool)
@@ -159,7 +188,7 @@ def train_model(model: nn.Module, data: ImageDataset, *, defense: "str | Defense
     eps = dp.epsilon(sample_rate=min(1.0, batch_size / n), steps=steps) if dp is not None else None
     return TrainResult(model=model, defense=defense_obj.spec, epochs=epochs, steps=steps, batch_size=batch_size,
                        lr=float(lr), losses=losses, train_loss=train_loss, train_accuracy=train_accuracy, epsilon=eps,
-                       seconds=seconds)
+                       seconds=seconds, samples_seen=seen)
 
 
 # --------------------------------------------------------------------------- utility with a cache
@@ -265,7 +294,8 @@ def utility(model_spec: str, dataset: "str | ImageDataset | tuple[ImageDataset, 
     test_loss, test_accuracy = loss_and_accuracy(model, test.images.to(device), test.labels.to(device), loss=loss)
     result = UtilityResult(defense=defense_obj.spec, train_loss=run.train_loss, train_accuracy=run.train_accuracy,
                            test_accuracy=test_accuracy, epsilon=run.epsilon, seconds=run.seconds,
-                           config=json.loads(json.dumps(config, default=str)), test_loss=test_loss, losses=run.losses)
+                           config=json.loads(json.dumps(config, default=str)), test_loss=test_loss, losses=run.losses,
+                           samples_seen=run.samples_seen, steps=run.steps)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -276,4 +306,4 @@ def utility(model_spec: str, dataset: "str | ImageDataset | tuple[ImageDataset, 
 
 
 __all__ = ["TrainResult", "UtilityResult", "train_model", "utility", "loss_and_accuracy", "split", "cache_root",
-           "config_key"]
+           "config_key", "samples_per_round"]

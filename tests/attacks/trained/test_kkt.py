@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import leakbench as lb
 from leakbench.attacks.trained.kkt import SoftBackwardReLU, sample_hyperparameters, KKTOptions, PAPER_RANGES
-from leakbench.errors import ConfigError, UnsupportedThreatModel
+from leakbench.errors import ConfigError, LeakbenchError, UnsupportedThreatModel
 from leakbench.models.targets import train_target
 from leakbench.threat import observe_weights
 
@@ -104,11 +104,36 @@ def test_rescale_keeps_the_kkt_direction_and_is_checked(far_target):
                     alpha=100.0, lambda_min=0.01, rescale=5.0, seed=0, trace_every=100)
     curve = rec.trace["runs"][0]["curve"]
     assert rec.trace["runs"][0]["finished"] and curve[-1][2] < 0.5 < curve[0][2]
-    raw = lb.attack("kkt", obs, candidates=20, iterations=300, lr=2e-3, lambda_lr=1e-4, init_scale=0.1,
-                    alpha=100.0, lambda_min=0.01, seed=0, trace_every=100)
-    assert not raw.trace["runs"][0]["finished"]  # unscaled weights far out in norm: the same steps diverge
+    # unscaled weights far out in norm: the same steps diverge, and a diverged run is never returned
+    with pytest.raises(LeakbenchError, match="all 1 kkt runs diverged"):
+        lb.attack("kkt", obs, candidates=20, iterations=300, lr=2e-3, lambda_lr=1e-4, init_scale=0.1,
+                  alpha=100.0, lambda_min=0.01, seed=0, trace_every=100)
     with pytest.raises(ConfigError, match="option rescale"):
         lb.attack("kkt", obs, rescale=0.0)
+
+
+def test_diverged_runs_are_dropped_and_counted(far_target, monkeypatch):
+    import leakbench.attacks.trained.kkt as kkt_module
+
+    real = kkt_module.sample_hyperparameters
+    calls = []
+
+    def first_run_explodes(rng, options):
+        hp = real(rng, options)
+        calls.append(hp)
+        if len(calls) == 1:  # the unscaled far target diverges at this step (see the rescale test)
+            hp.update(lr=2e-3, lambda_lr=1e-4, init_scale=0.1)
+        else:
+            hp.update(lr=1e-12, lambda_lr=1e-12, init_scale=0.1)
+        return hp
+
+    monkeypatch.setattr(kkt_module, "sample_hyperparameters", first_run_explodes)
+    obs = observe_weights(far_target, data_range=(-5, 5))
+    rec = lb.attack("kkt", obs, candidates=20, iterations=300, runs=2, alpha=100.0, lambda_min=0.01, seed=0,
+                    trace_every=100)
+    assert [r["diverged"] for r in rec.trace["runs"]] == [True, False]
+    assert rec.trace["diverged_runs"] == 1 and rec.trace["diverged"] == 20
+    assert rec.images.shape[0] == 20 and torch.isfinite(rec.images).all()
 
 
 def test_requirements_reject_gradients_and_gradient_attacks_reject_weights(target):

@@ -66,12 +66,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...errors import expect
+from ...errors import LeakbenchError, expect
 from ...models.targets import scale_to_norm
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 
 __all__ = ["KKTReconstruction", "KKTOptions", "SoftBackwardReLU", "sample_hyperparameters", "PAPER_RANGES"]
+
+#: a run whose candidates leave the data box by more than this many box widths has diverged.
+EXPLODED = 100.0
+
+
+def _tame(x: torch.Tensor, lo: float, hi: float) -> bool:
+    """Finite candidates within :data:`EXPLODED` box widths of the data box [lo, hi]."""
+    if not torch.isfinite(x).all():
+        return False
+    width = max(hi - lo, 1e-12)
+    return bool(((x - hi).clamp_min(0) + (lo - x).clamp_min(0)).max() <= EXPLODED * width)
+
 
 #: Haim et al. appendix B.2: the random-search distributions.
 PAPER_RANGES = {"lr": (1e-5, 1.0), "init_scale": (1e-6, 1.0), "alpha": (10.0, 500.0), "lambda_min": (1e-4, 1.0)}
@@ -260,15 +272,23 @@ class KKTReconstruction(Attack):
                         callback(r * o.iterations + it, self._images(best_x, mean))
                     if progress is not None:
                         progress(r * o.iterations + it + 1, total, value)
+            diverged = not math.isfinite(value) or not _tame(best_x, lo, hi)
             runs.append({**hp, "relative_stationarity": stat, "finished": it == o.iterations - 1 and
-                         math.isfinite(value), "curve": curve})
+                         math.isfinite(value), "diverged": diverged, "curve": curve})
+            if diverged:  # a run whose loss or candidates blew up is dropped, never returned as candidates
+                continue
             pooled.append(best_x)
             pooled_lam.append(lam.detach().clone())
+        dropped = sum(r["diverged"] for r in runs)
+        if not pooled:
+            raise LeakbenchError(f"all {o.runs} kkt runs diverged (non-finite loss or candidates beyond "
+                                 f"{EXPLODED:g}× the data box); lower lr or init_scale")
         images = self._images(torch.cat(pooled), mean).to(obs.dtype)
-        lab = labels.repeat(o.runs)
+        lab = labels.repeat(len(pooled))
         lab = ((lab + 1) / 2).long() if obs.num_classes == 1 else lab
         return Reconstruction(images=images, labels=lab, confidence=torch.cat(pooled_lam).to(obs.dtype),
-                              trace={"runs": runs, "candidates_per_run": o.candidates})
+                              trace={"runs": runs, "candidates_per_run": o.candidates, "diverged_runs": dropped,
+                                     "diverged": dropped * o.candidates})
 
     @staticmethod
     def _images(x: torch.Tensor, mean: torch.Tensor | None) -> torch.Tensor:
