@@ -1,4 +1,9 @@
-"""Lower bounds on the reconstruction error (Liu et al. 2024, Sec. 3, Table 1, App. D–E).
+"""Cramér–Rao bounds on the error of unbiased reconstructions (Liu et al. 2024, Sec. 3, Table 1, App. D–E).
+
+The bound holds for *unbiased* estimators of the batch only: an attack that clamps to the
+data box or uses an image prior is biased and can reach a lower error (measured in sweeps:
+box-constrained attacks below the bound at every noise setting).  Reports label it
+"Cramér–Rao bound (unbiased estimators)".
 
 The attacker observes O(S) = D(∇θ L(θ; S)) + ε, ε ~ N(0, σ² I), for the batch S of B
 samples of dimension d and a defense D.  With J = ∇_S O (a (B·d) × P matrix, the paper's

@@ -303,7 +303,7 @@ class UtilityEntry(_Strict):
 
 
 class BoundsEntry(_Strict):
-    """Lower bounds on the reconstruction error to draw on the privacy–utility plot."""
+    """Cramér–Rao bounds on the error of unbiased estimators, drawn on the privacy–utility plot (biased attacks can beat them)."""
 
     cramer_rao: bool = True
     options: dict[str, Any] = Field(default_factory=dict)

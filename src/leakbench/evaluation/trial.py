@@ -428,7 +428,7 @@ def _utility_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
 
 
 def _bound_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
-    """Cramér–Rao lower bound on the RMSE for the trial's batch (Liu et al. 2024, Sec. 3)."""
+    """Cramér–Rao bound on the RMSE of unbiased estimators for the trial's batch (Liu et al. 2024, Sec. 3)."""
     from ..analysis.bounds import cramer_rao
 
     arguments: dict[str, float] = {}
