@@ -17,7 +17,8 @@ check_report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(check_report)
 
 # the hand-made store of all five threat models (test_threats.build)
-_threats_spec = importlib.util.spec_from_file_location("report_threat_rows", Path(__file__).with_name("test_threats.py"))
+_threats_spec = importlib.util.spec_from_file_location("report_threat_rows",
+                                                      Path(__file__).with_name("test_threats.py"))
 threat_rows = importlib.util.module_from_spec(_threats_spec)
 sys.modules[_threats_spec.name] = threat_rows  # its dataclass looks its module up while it is defined
 _threats_spec.loader.exec_module(threat_rows)

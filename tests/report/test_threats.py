@@ -191,9 +191,11 @@ def test_verdict_tables_and_notes(report):
     text = parser.text
     # budget 0.1: noise:0.1 trains at a lower loss (a gain, clamped to 0) and leaks least within it
     assert "At a utility loss ≤ 0.05 (the same up to 0.25), the defense that leaks least against the strongest " \
-           "attack is noise:0.1 (RMSE 0.315 at B = 1, 0.630 at B = 2; utility loss 0.000); without a defense the " \
+           "attack is noise:0.1 (RMSE 0.315 at B = 1, 0.630 at B = 2; utility loss 0.000 — its measured loss was " \
+           "lower than without a defense, within noise); without a defense the " \
            "strongest attack reaches 0.021 at B = 1, 0.042 at B = 2." in text
-    assert "At any utility cost, the defense that leaks least against the strongest attack is dpsgd:1.1" in text
+    assert "At any utility cost, the defense that leaks least against the strongest attack is dpsgd:1.1 (ε = 4.20) " \
+           "(RMSE 0.473 at B = 1" in text
     assert "within run-to-run noise, not a benefit" in text
     assert "ε = 4.20" in text
     assert "Cramér–Rao bound (unbiased estimators)" in text and "lower bound on what an attack" in text

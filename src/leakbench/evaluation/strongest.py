@@ -76,6 +76,13 @@ def usable(row: Mapping[str, Any]) -> bool:
     return row.get("status") == "done" and finite(row.get("rmse"))
 
 
+def npz_path(row: Mapping[str, Any]) -> Optional[str]:
+    """The row's saved arrays (``npz`` column, or ``images["npz"]``), None when it has none."""
+    images = row.get("images")
+    path = row.get("npz") or (images.get("npz") if isinstance(images, Mapping) else None)
+    return str(path) if path else None
+
+
 def _reason(row: Mapping[str, Any]) -> str:
     status = row.get("status") or "unknown"
     if status == "done":
@@ -172,6 +179,8 @@ class Verdict:
     utility_loss: Optional[float]
     baseline_rmse: Optional[float]
     baseline_attack: Optional[str]
+    gain: bool = False
+    epsilon: Optional[float] = None
 
 
 def _rank(score: AttackScore) -> tuple:
@@ -339,7 +348,8 @@ def verdicts(points: Iterable[PrivacyUtilityPoint], budgets: Sequence[float] = B
                                defense=pick.defense if pick else None, attack=pick.attack if pick else None,
                                rmse=pick.rmse if pick else None, utility_loss=pick.utility_loss if pick else None,
                                baseline_rmse=base.rmse if base else None,
-                               baseline_attack=base.attack if base else None))
+                               baseline_attack=base.attack if base else None,
+                               gain=bool(pick and pick.gain), epsilon=pick.epsilon if pick else None))
     return out
 
 
@@ -481,6 +491,6 @@ def roc_curve(scores: Any, is_member: Any) -> tuple[np.ndarray, np.ndarray]:
 
 __all__ = ["THREAT_MODELS", "BUDGETS", "SSIM_THRESHOLDS", "UTILITY_METRICS", "AttackScore", "Strongest",
            "PrivacyUtilityPoint", "Verdict", "WeightsSummary", "MembershipScore", "finite", "threat_model",
-           "batch_size", "usable", "attack_scores", "strongest", "utility_table", "utility_for", "bounds_table",
-           "utility_loss", "privacy_utility", "dominates", "pareto_front", "verdicts", "weights_table", "membership_setting",
-           "membership_table", "roc_curve"]
+           "batch_size", "usable", "npz_path", "attack_scores", "strongest", "utility_table", "utility_for",
+           "bounds_table", "utility_loss", "privacy_utility", "dominates", "pareto_front", "verdicts",
+           "weights_table", "membership_setting", "membership_table", "roc_curve"]

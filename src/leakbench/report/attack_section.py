@@ -17,10 +17,10 @@ import numpy as np
 from ..errors import ConfigError
 from ..evaluation.plan import defense_family
 from ..evaluation.strongest import (BUDGETS, AttackScore, PrivacyUtilityPoint, Strongest, Verdict, batch_size,
-                                    finite, threat_model, usable, utility_for, utility_loss, verdicts)
+                                    finite, npz_path, threat_model, usable, utility_for, utility_loss, verdicts)
 from .grid import save_grid
 from .markup import MISSING, esc, figure, hover, muted, num, slug, table
-from .plots import CRAMER_RAO, pareto_plot, plain, sd_heatmap
+from .plots import CRAMER_RAO, pareto_plot, sd_heatmap
 
 #: the budget whose verdict the report's summary quotes.
 SUMMARY_BUDGET = 0.1
@@ -59,11 +59,17 @@ def verdict_sentence(found: Sequence[Verdict], *, upto: Optional[float] = None) 
         names = list(dict.fromkeys(v.defense for v in picked))
 
         def name(d: str) -> str:
-            return "no defense (every setting within the budget leaks as much or more)" if d == "none" \
-                else f"<b>{esc(d)}</b>"
+            if d == "none":
+                return "no defense (every setting within the budget leaks as much or more)"
+            eps = sorted({f"{v.epsilon:.2f}" for v in picked if v.defense == d and finite(v.epsilon)})
+            return f"<b>{esc(d)}</b>" + (f" (ε = {' / '.join(eps)})" if eps else "")
+
         def cost(vs: Sequence[Verdict]) -> str:
             losses = sorted({num(v.utility_loss) for v in vs if v.utility_loss is not None})
-            return f"; utility loss {' / '.join(losses)}" if losses and names != ["none"] else ""
+            gain = " — its measured loss was lower than without a defense, within noise" if any(
+                v.gain for v in vs) else ""
+            return f"; utility loss {' / '.join(losses)}{gain}" if losses and names != ["none"] else ""
+
         if len(names) == 1:
             answer = (f"the defense that leaks least against the strongest attack is {name(names[0])} "
                       f"(RMSE {_at_b([(v.batch_size, v.rmse) for v in picked])}{cost(picked)})")
@@ -188,12 +194,12 @@ def _grid(rows: Sequence[Mapping[str, Any]], s: Strongest, out: Path) -> Optiona
     mine = [r for r in rows if (r.get("kind") or "attack") == "attack" and usable(r) and r.get("attack") == s.attack
             and threat_model(r) == s.threat_model and (r.get("dataset"), r.get("model"), r.get("defense"),
                                                        batch_size(r)) == (s.dataset, s.model, s.defense, s.batch_size)
-            and r.get("npz") and Path(r["npz"]).is_file()]
+            and npz_path(r) and Path(npz_path(r)).is_file()]
     if not mine:
         return None
     first = min(mine, key=lambda r: (r.get("seed") or 0, r.get("batch") or 0))
     try:
-        with np.load(first["npz"], allow_pickle=False) as arrays:
+        with np.load(npz_path(first), allow_pickle=False) as arrays:
             x, rec = arrays["x"], arrays["reconstruction"]
             order = arrays["order"].tolist() if "order" in arrays else list(range(min(len(x), len(rec))))
         matched = rec[np.asarray(order, dtype=np.int64)]

@@ -132,7 +132,8 @@ def _problems_section(rows: Sequence[Mapping[str, Any]]) -> str:
         def why(r):
             if r.get("status") == "done":
                 return "non-finite result (NaN/inf): counted as failed"
-            return f"{r.get('status')}: {(r.get('error') or '').strip().splitlines()[0][:300] if r.get('error') else ''}"
+            lines = (r.get("error") or "").strip().splitlines()
+            return f"{r.get('status')}: {lines[0][:300] if lines else ''}"
         body = [[esc(threat_model(r)), esc(r.get("attack") or r.get("kind") or ""), esc(r.get("defense") or ""),
                  esc(r.get("batch_size") if r.get("batch_size") is not None else ""), esc(r.get("seed", "")),
                  esc(why(r))] for r in failed[:100]]

@@ -22,6 +22,8 @@ from ..evaluation.strongest import PrivacyUtilityPoint, Strongest, finite, paret
 MARKERS = "osD^v<>PX*hp"
 #: the legend label of the Cramér–Rao value (it bounds unbiased estimators only).
 CRAMER_RAO = "Cramér–Rao bound (unbiased estimators)"
+#: the top of the S_D heatmap's colour scale (RMSE) unless a value exceeds it.
+HEAT_TOP = 0.3
 
 
 def plain(label: Any) -> str:
@@ -40,8 +42,10 @@ def _save(fig: Figure, path: "str | Path") -> Path:
 def sd_heatmap(best: Sequence[Strongest], path: "str | Path", *, title: str = "") -> Optional[Path]:
     """S_D as a heatmap: defense settings (rows) × batch sizes (columns), colour and text = best-attack RMSE.
 
-    Red = low RMSE (the strongest attack reconstructs well: the setting leaks), green = high.  A setting where
-    no attack produced a usable result is grey and reads "none ran".  ``None`` when ``best`` is empty.
+    Red = low RMSE (the strongest attack reconstructs well: the setting leaks), green = high; the scale runs
+    from 0 to :data:`HEAT_TOP` (about what an uninformed guess scores on images in [0, 1]) or the largest
+    value, so a sweep where every setting leaks stays red.  A setting where no attack produced a usable
+    result is grey and reads "none ran".  ``None`` when ``best`` is empty.
     """
     if not best:
         return None
@@ -54,16 +58,16 @@ def sd_heatmap(best: Sequence[Strongest], path: "str | Path", *, title: str = ""
         if finite(s.rmse):
             grid[i, j] = s.rmse
             names[i, j] = s.attack or ""
-    top = float(np.nanmax(grid)) if np.isfinite(grid).any() else 1.0
+    top = max(HEAT_TOP, float(np.nanmax(grid)) if np.isfinite(grid).any() else 0.0)
     fig = Figure(figsize=(max(4.5, 1.6 * len(sizes) + 2.6), 0.42 * len(defenses) + 1.4))
     ax = fig.add_subplot(1, 1, 1)
     cmap = colormaps["RdYlGn"].with_extremes(bad="0.85")
-    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0.0, vmax=max(top, 1e-6), aspect="auto")
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0.0, vmax=top, aspect="auto")
     for i in range(len(defenses)):
         for j in range(len(sizes)):
             v = grid[i, j]
             text = f"{v:.3f}\n{plain(names[i, j])}" if math.isfinite(v) else "none ran"
-            dark = math.isfinite(v) and not 0.2 < v / max(top, 1e-6) < 0.8  # the ends of RdYlGn are dark
+            dark = math.isfinite(v) and not 0.2 < v / top < 0.8  # the ends of RdYlGn are dark
             ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     ax.set_xticks(range(len(sizes)))
     ax.set_xticklabels([f"B = {b}" for b in sizes], fontsize=8)
@@ -145,7 +149,7 @@ def roc_plot(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], path: "str | 
     ax = fig.add_subplot(1, 1, 1)
     for i, (label, fpr, tpr) in enumerate(curves):
         keep = fpr > 0
-        ax.step(fpr[keep], tpr[keep], where="post", color=f"C{i % 10}", label=plain(label))
+        ax.plot(fpr[keep], tpr[keep], color=f"C{i % 10}", label=plain(label))  # ties: the diagonal segment
     chance = np.logspace(math.log10(low), 0, 50)
     ax.plot(chance, chance, color="0.5", linestyle="--", linewidth=1, label="chance (TPR = FPR)")
     ax.set_xscale("log")

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError
-from ..evaluation.strongest import (SSIM_THRESHOLDS, MembershipScore, WeightsSummary, finite, roc_curve)
+from ..evaluation.strongest import SSIM_THRESHOLDS, MembershipScore, WeightsSummary, finite, npz_path, roc_curve
 from .attack_section import Drawn
 from .grid import save_grid
-from .markup import MISSING, esc, figure, hover, muted, num, pct, slug, table
+from .markup import MISSING, esc, figure, hover, num, pct, slug, table
 from .plots import roc_plot
 
 EVIDENCE_NOTE = ("A count is evidence that the attack recovered training data only where it exceeds its "
@@ -51,7 +51,7 @@ def weights_summary_line(found: Sequence[WeightsSummary]) -> str:
 def _weights_grid(w: WeightsSummary, out: Path) -> Optional[tuple[Path, str]]:
     """Reconstructions (bottom) under their nearest training points (top), first trial with images."""
     for r in w.rows:
-        npz = r.get("npz")
+        npz = npz_path(r)
         if not npz or not Path(npz).is_file():
             continue
         try:
@@ -102,7 +102,7 @@ def _roc_arrays(score: MembershipScore) -> Optional[tuple[np.ndarray, np.ndarray
     """The ROC of a setting from its trials' ``scores`` / ``is_member`` arrays, pooled; None when absent."""
     s, m = [], []
     for r in score.rows:
-        npz = r.get("npz")
+        npz = npz_path(r)
         if not npz or not Path(npz).is_file():
             continue
         try:
