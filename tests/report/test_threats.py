@@ -202,6 +202,7 @@ def test_verdict_tables_and_notes(report):
     assert "lower bound" not in text.replace("not a lower bound on what an attack", "")
     # Table 4: mean ± std over the two seeds, n/a and failed with their reasons on hover
     assert "0.021 ± 0.001" in text
+    assert "Cramér–Rao bound (unbiased estimators)–0.500––" in text  # Table 4's last row: noise:0.1 only
     assert "rgap inverts one sample" in text and "failed: boom" in text and "non-finite result" in text
     # weights: counts beside their controls, the evidence sentence, the failed attack's reason
     assert "6 / 20 vs 1 / 20" in text and "19 / 20 vs 20 / 20" in text and "4 / 20 vs 0 / 20" in text

@@ -123,8 +123,11 @@ def _score_cell(a: Optional[AttackScore], best: bool) -> Any:
     return (text, "best" if best else "")
 
 
-def table4(best: Sequence[Strongest], size: int) -> str:
-    """Attacks (rows) × defense settings (columns, grouped by family) at one batch size; S_D highlighted."""
+def table4(best: Sequence[Strongest], size: int, bounds: Optional[Mapping[tuple, float]] = None) -> str:
+    """Attacks (rows) × defense settings (columns, grouped by family) at one batch size; S_D highlighted.
+
+    ``bounds``: (threat model, dataset, model, defense, B) → Cramér–Rao value, shown as a last row.
+    """
     here = {s.defense: s for s in best if s.batch_size == size}
     groups = _ordered_defenses(list(here))
     columns = [d for _, ds in groups for d in ds]
@@ -139,8 +142,12 @@ def table4(best: Sequence[Strongest], size: int) -> str:
             s = here[d]
             row.append(_score_cell(next((a for a in s.scores if a.attack == name), None), s.attack == name))
         rows.append(row)
-    footer = ["<b>strongest</b>"] + [esc(here[d].attack or "none ran") for d in columns]
-    return table([], [*rows, footer], head_html=head, css="t4")
+    footer = [["<b>strongest</b>"] + [esc(here[d].attack or "none ran") for d in columns]]
+    cr = [(bounds or {}).get((here[d].threat_model, here[d].dataset, here[d].model, d, size)) for d in columns]
+    if any(finite(v) for v in cr):
+        footer.append([hover(esc(CRAMER_RAO), "bounds the RMSE of unbiased estimators only; box-clamped attacks "
+                                              "can go below it")] + [num(v) for v in cr])
+    return table([], [*rows, *footer], head_html=head, css="t4")
 
 
 def _eps_label(defense: str, eps: Sequence[tuple[int, Optional[float]]]) -> str:
@@ -217,7 +224,7 @@ def _grid(rows: Sequence[Mapping[str, Any]], s: Strongest, out: Path) -> Optiona
 
 def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequence[Strongest],
                    points: Sequence[PrivacyUtilityPoint], util: Mapping[tuple, Mapping[str, Any]],
-                   out: Path, drawn: Drawn) -> str:
+                   out: Path, drawn: Drawn, bounds: Optional[Mapping[tuple, float]] = None) -> str:
     """The HTML of one gradient threat model's section (its settings in ``best`` / ``points``)."""
     parts = []
     mine = [s for s in best if s.threat_model == threat]
@@ -243,7 +250,7 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
                            "attack of each column is highlighted; hover n/a and failed cells for the reason; † = "
                            "some trials were not usable."))
         for b in sizes:
-            parts.append(f"<h5>B = {b}</h5>" + table4(here, b))
+            parts.append(f"<h5>B = {b}</h5>" + table4(here, b, bounds))
         tag = slug(threat, dataset, model)
         heat = sd_heatmap(here, out / "plots" / f"sd-{tag}.png", title=f"S_D — {name}")
         if heat is not None:

@@ -249,7 +249,7 @@ def _write(store: Store, out: Path) -> ReportFiles:
         title, text = THREATS.get(t, (t, "a threat model this leakbench version does not describe."))
         body = []
         if any(s.threat_model == t for s in best):
-            body.append(attack_section(t, rows, best, points, util, out, drawn))
+            body.append(attack_section(t, rows, best, points, util, out, drawn, bounds))
         if t == "published-weights" and weights:
             body.append(weights_section(weights, out, drawn))
         if t == "membership" and members:
