@@ -103,7 +103,7 @@ def test_report_tables_match_the_store(report):
 
 def test_grid_shows_matched_reconstructions(report):
     root, files = report
-    grid = next(p for p in files.grids if "none_1" in p.name or p.name.endswith("none-1.png"))
+    grid = next(p for p in files.grids if "-none-1-" in p.name)
     assert grid.is_file()
     with Store(root / "results.db") as store:
         row = next(r for r in store.rows(kind="attack", status="done") if r["attack"] == "fc-inversion"

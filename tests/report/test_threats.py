@@ -242,3 +242,13 @@ def test_plots_draw_dollar_labels(tmp_path):
     curve = (CRASH, np.array([0.0, 0.5, 1.0]), np.array([0.0, 0.8, 1.0]))
     assert roc_plot([curve], tmp_path / "r.png", title=CRASH).is_file()
     assert pareto_plot([], tmp_path / "none.png") is None and roc_plot([], tmp_path / "none.png") is None
+
+
+def test_numbers_and_file_names():
+    from leakbench.report.markup import num, pct, slug
+
+    assert [num(v) for v in (None, float("nan"), np.float32("nan"), float("inf"), True)] == ["–"] * 5
+    assert (num(np.float32(0.25)), num(np.int64(3)), num(-1e-9), pct(np.float64(0.031))) == ("0.250", "3", "0.000",
+                                                                                             "3.1 %")
+    assert slug("a$b", 1) != slug("a-b", 1) and slug("=cmd").startswith("cmd-")
+    assert re.fullmatch(r"[A-Za-z0-9.-]+", slug("../../etc", "x y", "$")) and slug("$$") != slug("$")

@@ -35,6 +35,7 @@ returned by :meth:`~.store.Store.rows`; missing keys take their defaults.
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -53,7 +54,7 @@ _DEFAULT_THREAT = {"weights": "published-weights", "membership": "membership"}
 
 def finite(value: Any) -> bool:
     """True for a real, finite number (not None, NaN, inf, a bool or a string)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def threat_model(row: Mapping[str, Any]) -> str:

@@ -1,8 +1,10 @@
 """HTML building blocks of the report: escaping, numbers (never "nan"), tables, file names, image tags."""
 from __future__ import annotations
 
+import hashlib
 import html
 import math
+import numbers
 import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -20,9 +22,10 @@ def num(value: Any, digits: int = 3) -> str:
     """A number with ``digits`` decimals; None, NaN and ±inf print as "–" (never "nan"); no "-0.000"."""
     if value is None or isinstance(value, bool):
         return MISSING
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        value = float(value)
         if not math.isfinite(value):
             return MISSING
         return f"{0.0 if abs(value) < 0.5 * 10 ** -digits else value:.{digits}f}"
@@ -31,9 +34,9 @@ def num(value: Any, digits: int = 3) -> str:
 
 def pct(value: Any, digits: int = 1) -> str:
     """A fraction as a percentage ("–" when missing or non-finite)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
         return MISSING
-    return f"{100 * value:.{digits}f} %"
+    return f"{100 * float(value):.{digits}f} %"
 
 
 def hover(text: str, title: str) -> str:
@@ -67,8 +70,11 @@ def table(header: Sequence[Any], rows: Iterable[Sequence[Any]], *, left: int = 1
 
 
 def slug(*parts: Any) -> str:
-    """A file-name-safe join of ``parts``."""
-    return re.sub(r"[^A-Za-z0-9.]+", "-", "_".join(str(p) for p in parts)).strip("-.")[:120] or "x"
+    """A file-name-safe join of ``parts``, unique per ``parts`` (a short hash of them ends it)."""
+    raw = "\x00".join(str(p) for p in parts)
+    digest = hashlib.sha256(raw.encode()).hexdigest()
+    clean = re.sub(r"[^A-Za-z0-9.]+", "-", "_".join(str(p) for p in parts)).strip("-.")[:100]
+    return f"{clean}-{digest[:6]}" if clean else digest[:12]
 
 
 def img(path: Path, root: Path, alt: str) -> str:

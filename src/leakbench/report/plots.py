@@ -59,7 +59,7 @@ def sd_heatmap(best: Sequence[Strongest], path: "str | Path", *, title: str = ""
             grid[i, j] = s.rmse
             names[i, j] = s.attack or ""
     top = max(HEAT_TOP, float(np.nanmax(grid)) if np.isfinite(grid).any() else 0.0)
-    fig = Figure(figsize=(max(4.5, 1.6 * len(sizes) + 2.6), 0.42 * len(defenses) + 1.4))
+    fig = Figure(figsize=(max(4.5, 1.6 * len(sizes) + 2.6), max(2.8, 0.42 * len(defenses) + 1.4)))
     ax = fig.add_subplot(1, 1, 1)
     cmap = colormaps["RdYlGn"].with_extremes(bad="0.85")
     image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0.0, vmax=top, aspect="auto")
@@ -73,7 +73,7 @@ def sd_heatmap(best: Sequence[Strongest], path: "str | Path", *, title: str = ""
     ax.set_xticklabels([f"B = {b}" for b in sizes], fontsize=8)
     ax.set_yticks(range(len(defenses)))
     ax.set_yticklabels([plain(d) for d in defenses], fontsize=8)
-    fig.colorbar(image, ax=ax, label="best-attack RMSE (higher = leaks less)", fraction=0.05)
+    fig.colorbar(image, ax=ax, label="best-attack RMSE\n(higher = leaks less)", fraction=0.05)
     if title:
         ax.set_title(plain(title), fontsize=9)
     fig.tight_layout()
