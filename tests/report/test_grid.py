@@ -47,6 +47,12 @@ def test_grid_accepts_compare_scores_and_vectors(tmp_path):
     assert _pixels(save_grid(tmp_path / "vectors.png", v, v + 0.1)).shape == (ROW_PAIR_PX, 2 * COLUMN_PX, 3)
 
 
+def test_grid_titles_with_dollars_are_literal(tmp_path):
+    x = torch.rand(2, 1, 8, 8)
+    path = save_grid(tmp_path / "dollar.png", x, x, titles=["x$^$y", "a$b$c"])  # "x$^$y" crashes mathtext
+    assert _pixels(path).shape == (ROW_PAIR_PX, 2 * COLUMN_PX, 3)
+
+
 def test_grid_rejects_mismatched_inputs(tmp_path):
     with pytest.raises(ConfigError, match="per-sample shape"):
         save_grid(tmp_path / "g.png", torch.rand(2, 1, 8, 8), torch.rand(2, 1, 6, 6))

@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 
 from ..errors import ConfigError
 from ..metrics import compare
+from .plots import plain
 
 #: dots per inch of the saved PNG.
 DPI = 100
@@ -128,7 +129,8 @@ def save_grid(
     ``scores``: the dict of :func:`leakbench.compare` (reconstructions are
     reordered by its ``order`` and captioned with ``per_sample["psnr"]``), or
     one PSNR per column, or None to compute them here.  ``titles``: one label
-    per column (e.g. class names), shown above the originals.  Returns the path.
+    per column (e.g. class names), shown above the originals (``$`` printed literally,
+    never parsed as mathtext).  Returns the path.
     """
     orig = _as_array(originals, "originals")
     rec, psnrs = _pair_up(orig, _as_array(reconstructions, "reconstructions"), scores)
@@ -154,7 +156,7 @@ def save_grid(
         _draw(bottom, rec[i], reference=orig[i])
         if not is_image:
             top.set_ylim(bottom.get_ylim())
-        top.set_title(str(titles[i]) if titles is not None else f"#{i}", fontsize=9)
+        top.set_title(plain(titles[i]) if titles is not None else f"#{i}", fontsize=9)
         bottom.set_xlabel(_caption(psnrs[i]), fontsize=9)
         if col == 0:
             top.set_ylabel("original", fontsize=9)

@@ -1,62 +1,98 @@
 """The static HTML report of a sweep: ``write_report("results.db", "report/")`` → ``report/index.html``.
 
-Sections: the strongest attack S_D per defense setting (Liu et al. 2024, eq. (3)),
-the RMSE of every attack per setting with the strongest one in bold (Table 4),
-utility per defense (Table 5), the privacy–utility plot (Figure 3), image grids
-(original vs each attack's reconstruction, per defense and batch size), attacks
-that did not apply and failed trials.  Plots and grids are PNG files beside
-``index.html`` referenced by relative paths, so the report opens from disk in a
-browser with no server.  ``results.csv`` and ``strongest.csv`` (and Parquet
-when pandas + pyarrow are installed) hold the tables.
+The page answers "which defense should I use, at what cost?" per threat model:
+
+- a summary: the threat models the sweep covered, one verdict line each, and which rows assume a
+  malicious server;
+- per gradient threat model (eavesdropper, informed eavesdropper, malicious server): the verdict per utility
+  budget, Table 4, the S_D heatmap, Table 5, Figure 3 with its Pareto front, the best reconstruction per
+  setting (:mod:`.attack_section`; Liu et al. 2024);
+- published weights: counts of recovered training points beside their chance controls; membership: AUC,
+  TPR at low FPR and the ROC (:mod:`.weights_section`);
+- attacks that did not apply (with the reason) and failed trials; the spec; CSV/Parquet downloads.
+
+Plots and grids are PNG files beside ``index.html`` referenced by relative paths, so the report opens from
+disk in a browser with no server.  Every label is HTML-escaped, and ``$`` in labels is escaped for
+matplotlib.  An inline script records how many images decoded and how much each threat-model section holds
+(``scripts/check_report.py`` reads both in headless Chromium).
 """
 from __future__ import annotations
 
 import datetime as _dt
-import html
+import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
-
-import numpy as np
+from typing import Any, Mapping, Optional, Sequence
 
 from .. import __version__
 from ..errors import ConfigError
 from ..evaluation.store import Store
-from ..evaluation.strongest import (Strongest, attack_scores, bounds_table, privacy_utility, strongest,
-                                    utility_table)
-from .export import result_records, strongest_records, write_csv, write_parquet
-from .plots import comparison_grid, privacy_utility_plot, strongest_plot
+from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, membership_table, privacy_utility,
+                                    strongest, threat_model, usable, utility_table, verdicts, weights_table)
+from .attack_section import SUMMARY_BUDGET, Drawn, attack_section, verdict_sentence
+from .export import RESULT_COLUMNS, result_records, strongest_records, write_csv, write_parquet
+from .markup import esc, muted, table
+from .plots import CRAMER_RAO
+from .weights_section import (membership_section, membership_summary_line, weights_section,
+                              weights_summary_line)
+
+#: a title and what the attacker has, per threat model.
+THREATS = {
+    "eavesdropper": ("Eavesdropper", "sees one client's update (gradient or weight change) and the model the "
+                     "server sent; nothing else."),
+    "informed-eavesdropper": ("Informed eavesdropper", "sees the update and also knows the batch's labels and "
+                              "the batch-norm statistics."),
+    "malicious-server": ("Malicious server", "controls the model it ships: it may put an imprint block in front "
+                         "of it or a random head on it, and then reads the client's update."),
+    "published-weights": ("Published weights", "has only the trained model's weights and tries to reconstruct "
+                          "its training points."),
+    "membership": ("Membership", "has the trained model and a candidate point and asks whether it was in the "
+                   "training set."),
+}
 
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1250px;
      padding:0 1rem;color:#222}
-h1{font-size:1.6rem} h2{font-size:1.25rem;margin-top:2.2rem;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.6rem 0;font-size:.85rem}
-th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:right} th{background:#f5f5f5}
-td.l,th.l{text-align:left} td.best{font-weight:700;background:#e8f4e8} td.na{color:#999}
+h1{font-size:1.6rem} h2{font-size:1.3rem;margin-top:2.4rem;border-bottom:1px solid #ddd}
+h3{font-size:1.1rem;margin-top:1.6rem} h4{font-size:1rem;margin:1.2rem 0 .3rem} h5{margin:.6rem 0 .1rem}
+table{border-collapse:collapse;margin:.4rem 0;font-size:.85rem}
+th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:right} th{background:#f5f5f5;text-align:center}
+td.l,th.l{text-align:left} td.best{font-weight:700;background:#dff0df} td.na{color:#999}
+td.gain{background:#fff6e0} td.evidence{background:#dff0df} td.chance{color:#888} .eps{color:#555;font-size:.8rem}
+span[title]{text-decoration:underline dotted;cursor:help}
 img{max-width:100%;border:1px solid #eee} .grids figure{display:inline-block;margin:.4rem;vertical-align:top}
-figcaption{font-size:.8rem;color:#555} .muted{color:#777;font-size:.85rem} code{background:#f5f5f5}
+.grids img{height:230px;width:auto}
+figure{margin:.4rem 0} figcaption{font-size:.8rem;color:#555} .muted{color:#777;font-size:.85rem}
+code{background:#f5f5f5} ul.verdict li{margin:.25rem 0} section.threat{margin-bottom:2rem}
 """
 
-#: runs after load: counts images that decoded (``naturalWidth > 0``) and writes the result into the page
-#: (``body[data-images-ok]`` / ``data-images-total``) — ``scripts/check_report.py`` reads it headless.
-IMAGE_CHECK = """
+#: runs after load: counts images that decoded (``naturalWidth > 0``) and, per threat-model section, its table
+#: rows and decoded images; writes them into ``body[data-images-ok|data-images-total|data-threat-filled]``.
+PAGE_CHECK = """
 window.addEventListener('load', function () {
+  function loaded(i) { return i.complete && i.naturalWidth > 0; }
   var imgs = Array.prototype.slice.call(document.images);
-  var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
+  var ok = imgs.filter(loaded).length;
   document.body.setAttribute('data-images-ok', ok);
   document.body.setAttribute('data-images-total', imgs.length);
+  var filled = Array.prototype.slice.call(document.querySelectorAll('section[data-threat]')).map(function (s) {
+    var n = s.querySelectorAll('tbody tr').length +
+            Array.prototype.slice.call(s.querySelectorAll('img')).filter(loaded).length;
+    return s.getAttribute('data-threat') + '=' + n;
+  });
+  document.body.setAttribute('data-threat-filled', filled.join(' '));
   var el = document.getElementById('image-check');
   if (el) { el.textContent = ok + ' of ' + imgs.length + ' images loaded'; }
 });
 """
+#: kept for callers of the previous name.
+IMAGE_CHECK = PAGE_CHECK
 
 
 @dataclass
 class ReportFiles:
-    """What :func:`write_report` wrote."""
+    """What :func:`write_report` wrote (``threats``: the threat models with a section, in page order)."""
 
     index: Path
     csv: Path
@@ -64,161 +100,127 @@ class ReportFiles:
     parquet: Optional[Path] = None
     plots: list[Path] = field(default_factory=list)
     grids: list[Path] = field(default_factory=list)
+    threats: list[str] = field(default_factory=list)
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value))
-
-
-def _num(value: Any, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    if isinstance(value, float):
-        return f"{0.0 if abs(value) < 0.5 * 10 ** -digits else value:.{digits}f}"  # no "-0.000"
-    return _e(value)
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]], *, left: int = 1) -> str:
-    """Rows are already-escaped HTML cells (a cell may be a ``(html, css_class)`` pair)."""
-    head = "".join(f'<th class="l">{_e(h)}</th>' if i < left else f"<th>{_e(h)}</th>" for i, h in enumerate(header))
-    body = []
-    for row in rows:
-        cells = []
-        for i, cell in enumerate(row):
-            text, cls = cell if isinstance(cell, tuple) else (cell, "")
-            cls = " ".join(c for c in (cls, "l" if i < left else "") if c)
-            cells.append(f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-def _slug(*parts: Any) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "-", "_".join(str(p) for p in parts)).strip("-")[:120]
-
-
-def _strongest_section(best: Sequence[Strongest], points) -> str:
-    loss = {(p.dataset, p.model, p.defense, p.batch_size): p for p in points}
-    rows = []
-    for s in best:
-        p = loss.get((s.dataset, s.model, s.defense, s.batch_size))
-        rows.append([_e(s.dataset), _e(s.model), _e(s.defense), _e(s.batch_size),
-                     _e(s.attack or "none ran"), _num(s.rmse), _num(s.psnr, 2), _num(s.ssim),
-                     _num(p.train_loss_increase if p else None), _num(p.accuracy_drop if p else None),
-                     _num(p.bound if p else None)])
-    return _table(["dataset", "model", "defense", "B", "strongest attack", "RMSE", "PSNR (dB)", "SSIM",
-                   "train-loss increase", "accuracy drop", "RMSE lower bound"], rows, left=5)
-
-
-def _matrix_section(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Table 4: RMSE of every attack (rows, per batch size) under every defense setting (columns)."""
-    scores = attack_scores(rows)
-    out = []
-    for dataset, model in dict.fromkeys((k[0], k[1]) for k in scores):
-        defenses = list(dict.fromkeys(k[2] for k in scores if k[:2] == (dataset, model)))
-        sizes = sorted({k[3] for k in scores if k[:2] == (dataset, model)})
-        body = []
-        for b in sizes:
-            attacks = list(dict.fromkeys(a.attack for k, v in scores.items() if k[:2] == (dataset, model)
-                                         and k[3] == b for a in v))
-            for name in sorted(attacks):
-                row = [_e(b), _e(name)]
-                for d in defenses:
-                    lst = scores.get((dataset, model, d, b), [])
-                    a = next((x for x in lst if x.attack == name), None)
-                    usable = [x for x in lst if x.trials and not math.isnan(x.rmse)]
-                    if a is None:
-                        row.append(("", "na"))
-                    elif a.not_applicable:
-                        row.append((f'<span title="{_e(a.not_applicable)}">n/a</span>', "na"))
-                    elif not a.trials:
-                        row.append((f'<span title="{a.failed} failed">failed</span>', "na"))
-                    else:
-                        best = usable and usable[0].attack == name
-                        row.append((_num(a.rmse), "best" if best else ""))
-                body.append(row)
-        out.append(f"<h3>{_e(dataset)} · {_e(model)}</h3>" + _table(["B", "attack", *defenses], body, left=2))
-    return "".join(out) or "<p class=muted>No attack trials finished yet.</p>"
-
-
-def _utility_section(util: Mapping[tuple, Mapping[str, Any]]) -> str:
-    if not util:
-        return ("<p class=muted>No utility trials in this store (add a <code>utility:</code> section to the spec "
-                "to measure each defense's cost).</p>")
-    rows = []
-    for (dataset, model, defense), m in util.items():
-        base = util.get((dataset, model, "none"), {})
-        inc = None if m.get("train_loss") is None or base.get("train_loss") is None else \
-            m["train_loss"] - base["train_loss"]
-        drop = None if m.get("test_accuracy") is None or base.get("test_accuracy") is None else \
-            base["test_accuracy"] - m["test_accuracy"]
-        rows.append([_e(dataset), _e(model), _e(defense), _num(m.get("train_loss")), _num(m.get("train_accuracy")),
-                     _num(m.get("test_accuracy")), _num(m.get("epsilon"), 2), _num(inc), _num(drop)])
-    return _table(["dataset", "model", "defense", "final train loss", "train acc.", "test acc.", "ε",
-                   "train-loss increase", "accuracy drop"], rows, left=3)
-
-
-def _grids(rows: Sequence[Mapping[str, Any]], out: Path) -> list[tuple[Path, str]]:
-    """One comparison grid per (dataset, model, defense, B): the first seed and batch that has images."""
-    by_setting: dict[tuple, list[Mapping[str, Any]]] = {}
-    for r in rows:
-        if r.get("kind") == "attack":
-            by_setting.setdefault((r["dataset"], r["model"], r["defense"], r["batch_size"]), []).append(r)
-    made = []
-    for (dataset, model, defense, b), trials in by_setting.items():
-        with_images = [t for t in trials if t.get("npz") and Path(t["npz"]).is_file()]
-        if not with_images:
-            continue
-        first = min(with_images, key=lambda t: (t["seed"], t["batch"]))
-        same = [t for t in trials if (t["seed"], t["batch"]) == (first["seed"], first["batch"])]
-        originals = np.load(first["npz"])["x"]
-        recs: dict[str, Optional[np.ndarray]] = {}
-        for t in sorted(same, key=lambda t: t["attack"] or ""):
-            if t["status"] == "done" and t.get("npz") and Path(t["npz"]).is_file():
-                arrays = np.load(t["npz"])
-                recs[f"{t['attack']}\nRMSE {_num(t.get('rmse'))}"] = arrays["reconstruction"][arrays["order"]]
-            else:
-                recs[f"{t['attack']}\n({t['status']})"] = None
-        title = f"{dataset} · {model} · {defense} · B={b} · seed {first['seed']}, batch {first['batch']}"
-        path = comparison_grid(originals, recs, out / "grids" / f"{_slug(dataset, model, defense, b)}.png",
-                               title=title)
-        made.append((path, title))
-    return made
+def _done_but_unusable(r: Mapping[str, Any]) -> bool:
+    """A ``done`` row whose result is non-finite (NaN is a failure, not a result)."""
+    m = r.get("metrics") or {}
+    kind = r.get("kind") or "attack"
+    if r.get("status") != "done":
+        return False
+    if kind == "attack":
+        return not usable(r)
+    need = {"utility": "train_loss", "weights": "n_train", "membership": "auc", "bound": "exact_rmse"}.get(kind)
+    return need is not None and not finite(m.get(need))
 
 
 def _problems_section(rows: Sequence[Mapping[str, Any]]) -> str:
     na: dict[tuple, int] = {}
     for r in rows:
-        if r["status"] == "n/a":
-            key = (r.get("attack") or r["kind"], r.get("error") or "")
+        if r.get("status") == "n/a":
+            key = (threat_model(r), r.get("attack") or r.get("kind") or "", r.get("error") or "not applicable")
             na[key] = na.get(key, 0) + 1
-    failed = [r for r in rows if r["status"] == "failed"]
+    failed = [r for r in rows if r.get("status") not in ("done", "n/a", "pending", "running")
+              or _done_but_unusable(r)]
     parts = ["<h3>Not applicable</h3>"]
-    parts.append(_table(["attack", "reason", "trials"], [[_e(a), _e(reason), _e(n)] for (a, reason), n in na.items()],
-                        left=2) if na else "<p class=muted>Every attack applied to every setting.</p>")
+    parts.append(table(["threat model", "attack", "reason", "trials"],
+                       [[esc(t), esc(a), esc(reason), str(n)] for (t, a, reason), n in na.items()], left=3)
+                 if na else muted("Every attack applied to every setting."))
     parts.append("<h3>Failed</h3>")
     if failed:
-        rows_html = [[_e(r.get("attack") or r["kind"]), _e(r["defense"]), _e(r.get("batch_size") or ""),
-                      _e(r["seed"]), _e((r.get("error") or "").splitlines()[0][:300])] for r in failed[:100]]
-        parts.append(_table(["attack", "defense", "B", "seed", "error"], rows_html, left=5))
+        def why(r):
+            if r.get("status") == "done":
+                return "non-finite result (NaN/inf): counted as failed"
+            lines = (r.get("error") or "").strip().splitlines()
+            return f"{r.get('status')}: {lines[0][:300] if lines else ''}"
+        body = [[esc(threat_model(r)), esc(r.get("attack") or r.get("kind") or ""), esc(r.get("defense") or ""),
+                 esc(r.get("batch_size") if r.get("batch_size") is not None else ""), esc(r.get("seed", "")),
+                 esc(why(r))] for r in failed[:100]]
+        parts.append(table(["threat model", "attack", "defense", "B", "seed", "error"], body, left=6))
         if len(failed) > 100:
-            parts.append(f"<p class=muted>… and {len(failed) - 100} more (see results.csv).</p>")
-        parts.append("<p class=muted>Re-run them with <code>leakbench evaluate SPEC --db DB --retry-failed</code>."
-                     "</p>")
+            parts.append(muted(f"… and {len(failed) - 100} more (see results.csv)."))
+        parts.append(muted("Re-run them with <code>leakbench evaluate SPEC --db DB --retry-failed</code>."))
     else:
-        parts.append("<p class=muted>No trial failed.</p>")
+        parts.append(muted("No trial failed."))
     return "".join(parts)
+
+
+def _server_moves(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What the server ships in the malicious-server rows (the ``server`` entries of their specs)."""
+    moves = []
+    for r in rows:
+        spec = r.get("spec") or {}
+        for holder in (spec, spec.get("options") or {}, spec.get("model_options") or {}, spec.get("threat") or {}):
+            if isinstance(holder, Mapping) and holder.get("server"):
+                moves.append(json.dumps(holder["server"], sort_keys=True, default=str))
+    return list(dict.fromkeys(moves))
+
+
+def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, weights, members,
+             has_bounds: bool) -> str:
+    covered = ", ".join(THREATS.get(t, (t,))[0] for t in threats) or "none"
+    missing = [THREATS[t][0] for t in THREAT_MODELS if t not in threats]
+    lines = []
+    found = verdicts(points, (SUMMARY_BUDGET, math.inf))
+    for t in threats:
+        title = THREATS.get(t, (t, ""))[0]
+        texts = []
+        if t == "published-weights":
+            texts.append(weights_summary_line(weights))
+        elif t == "membership":
+            texts.append(membership_summary_line(members))
+        else:
+            mine = [v for v in found if v.threat_model == t]
+            for dataset, model in dict.fromkeys((v.dataset, v.model) for v in mine):
+                measured = any(finite(p.utility_loss) for p in points if p.defense != "none" and (
+                    p.threat_model, p.dataset, p.model) == (t, dataset, model))
+                budget = SUMMARY_BUDGET if measured else math.inf
+                sentence = verdict_sentence([v for v in mine if (v.dataset, v.model) == (dataset, model)
+                                             and v.budget == budget])
+                texts.append(f"{esc(dataset)} · {esc(model)}: {sentence}"
+                             + ("" if measured else " (utility not measured)"))
+        lines.append(f'<li><b><a href="#threat-{esc(t)}">{esc(title)}</a></b> — ' + " ".join(texts) + "</li>")
+    parts = [f"<p>This sweep covers these threat models: <b>{esc(covered)}</b>"
+             + (f"; not covered: {esc(', '.join(missing))}" if missing else "") + ".</p>",
+             '<ul class="verdict">' + "".join(lines) + "</ul>"]
+    server = [r for r in rows if threat_model(r) == "malicious-server"]
+    if server:
+        attacks = ", ".join(sorted({str(r.get("attack") or r.get("kind")) for r in server}))
+        moves = _server_moves(server)
+        parts.append(f"<p>{len(server)} trial(s) assume a <b>malicious server</b> (attacks: {esc(attacks)})"
+                     + (f"; the server ships: {esc('; '.join(moves))}" if moves else "")
+                     + ". Every other row assumes an honest server.</p>")
+    else:
+        parts.append("<p>No row assumes a malicious server: every attack here reads what an honest server "
+                     "would send and receive.</p>")
+    if has_bounds:
+        parts.append(muted(f"The {CRAMER_RAO} bounds the error of unbiased estimators only; attacks that clamp "
+                           "their output to the pixel box are biased and can go below it, so it is not a lower "
+                           "bound on what an attack achieves."))
+    return "".join(parts)
+
+
+def _open(db: "str | Path | Store") -> tuple[Store, bool]:
+    if isinstance(db, Store):
+        return db, False
+    if not Path(db).is_file():
+        raise ConfigError(f"expected a results database written by `leakbench evaluate`, got {str(db)!r} "
+                          "(no such file)")
+    return Store(db), True
 
 
 def write_report(db: "str | Path | Store", out: "str | Path") -> ReportFiles:
     """Write ``out/index.html`` (+ plots, grids, CSV/Parquet) for the sweep stored in ``db``."""
-    if not isinstance(db, Store):
-        if not Path(db).is_file():
-            raise ConfigError(f"expected a results database written by `leakbench evaluate`, got {str(db)!r} "
-                              "(no such file)")
-        store = Store(db)
-    else:
-        store = db
-    out = Path(out)
+    store, close = _open(db)
+    try:
+        return _write(store, Path(out))
+    finally:
+        if close:
+            store.close()
+
+
+def _write(store: Store, out: Path) -> ReportFiles:
     out.mkdir(parents=True, exist_ok=True)
     rows = store.rows()
     name = store.meta("sweep") or store.path.stem
@@ -226,72 +228,65 @@ def write_report(db: "str | Path | Store", out: "str | Path") -> ReportFiles:
     counts = store.counts()
     best = strongest(rows)
     util = utility_table(rows)
-    points = privacy_utility(best, util, bounds_table(rows))
+    bounds = bounds_table(rows)
+    points = privacy_utility(best, util, bounds)
+    weights = weights_table(rows)
+    members = membership_table(rows)
 
-    files = ReportFiles(index=out / "index.html", csv=write_csv(result_records(rows), out / "results.csv"),
-                        strongest_csv=write_csv(strongest_records(best), out / "strongest.csv"))
-    files.parquet = write_parquet(result_records(rows), out / "results.parquet")
-    pu = privacy_utility_plot(points, out / "plots" / "privacy-utility.png")
-    sd = strongest_plot(best, out / "plots" / "strongest.png")
-    files.plots = [p for p in (pu, sd) if p is not None]
-    grids = _grids(rows, out)
-    files.grids = [p for p, _ in grids]
+    records = [{"threat_model": threat_model(r), **rec} for r, rec in zip(rows, result_records(rows))]
+    columns = ["key", "kind", "threat_model", *(c for c in RESULT_COLUMNS if c not in ("key", "kind", "threat_model"))]
+    best_records = [{"threat_model": s.threat_model, **rec} for s, rec in zip(best, strongest_records(best))]
+    files = ReportFiles(index=out / "index.html", csv=write_csv(records, out / "results.csv", columns),
+                        strongest_csv=write_csv(best_records, out / "strongest.csv"))
+    files.parquet = write_parquet(records, out / "results.parquet")
 
-    def rel(p: Path) -> str:
-        return _e(p.relative_to(out).as_posix())
+    present = {s.threat_model for s in best} | ({"published-weights"} if weights else set()) \
+        | ({"membership"} if members else set())
+    threats = [t for t in THREAT_MODELS if t in present] + sorted(present - set(THREAT_MODELS))
+    drawn = Drawn()
+    sections = []
+    for t in threats:
+        title, text = THREATS.get(t, (t, "a threat model this leakbench version does not describe."))
+        body = []
+        if any(s.threat_model == t for s in best):
+            body.append(attack_section(t, rows, best, points, util, out, drawn, bounds))
+        if t == "published-weights" and weights:
+            body.append(weights_section(weights, out, drawn))
+        if t == "membership" and members:
+            body.append(membership_section(members, out, drawn))
+        sections.append(f'<section class="threat" id="threat-{esc(t)}" data-threat="{esc(t)}">'
+                        f"<h2>{esc(title)}</h2><p><i>The attacker {esc(text)}</i></p>{''.join(body)}</section>")
+    files.plots, files.grids, files.threats = drawn.plots, drawn.grids, threats
 
     status = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no trials"
-    downloads = [f'<a href="{rel(files.csv)}">results.csv</a>', f'<a href="{rel(files.strongest_csv)}">strongest.csv</a>']
-    if files.parquet is not None:
-        downloads.append(f'<a href="{rel(files.parquet)}">results.parquet</a>')
-    pu_html = (f'<img src="{rel(pu)}" alt="privacy-utility plot">' if pu is not None else
-               "<p class=muted>No utility measured, so no privacy–utility plot: add a <code>utility:</code> section "
-               "to the spec.</p>")
-    sd_html = f'<img src="{rel(sd)}" alt="S_D per defense">' if sd is not None else ""
-    grid_html = "".join(f'<figure><img src="{rel(p)}" alt="{_e(t)}"><figcaption>{_e(t)}</figcaption></figure>'
-                        for p, t in grids) or "<p class=muted>No reconstructions saved.</p>"
+    downloads = [f'<a href="{esc(p.relative_to(out).as_posix())}">{esc(p.name)}</a>'
+                 for p in (files.csv, files.strongest_csv, files.parquet) if p is not None]
     page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>leakbench report — {_e(name)}</title>
+<html lang="en"><head><meta charset="utf-8"><title>leakbench report — {esc(name)}</title>
 <style>{CSS}</style></head>
-<body>
-<h1>leakbench report — {_e(name)}</h1>
-<p class=muted>{_e(store.path.name)} · {_e(status)} · generated {_dt.datetime.now():%Y-%m-%d %H:%M} by leakbench
-{_e(__version__)} · <span id="image-check">images not checked (JavaScript off)</span> · {' · '.join(downloads)}</p>
+<body data-threats="{esc(' '.join(threats))}">
+<h1>leakbench report — {esc(name)}</h1>
+<p class=muted>{esc(store.path.name)} · {esc(status)} · generated {_dt.datetime.now():%Y-%m-%d %H:%M} by leakbench
+{esc(__version__)} · <span id="image-check">images not checked (JavaScript off)</span> · {' · '.join(downloads)}</p>
 
-<h2>Strongest attack per defense setting (S<sub>D</sub>)</h2>
-<p>Following Liu et al. (2024, eq. (3)), a defense is judged by the strongest attack against it: for every
-defense setting and batch size the attack with the lowest RMSE (then the highest PSNR, SSIM) over the attacked
-images. A higher best-attack RMSE means a stronger defense; compare defenses at equal utility loss.</p>
-{_strongest_section(best, points)}
-{sd_html}
-
-<h2>Privacy–utility</h2>
-<p>Best-attack RMSE against utility loss, one point per defense setting and batch size (Figure 3 of Liu et al.).</p>
-{pu_html}
-
-<h2>Utility per defense</h2>
-{_utility_section(util)}
-
-<h2>RMSE of every attack (strongest in bold)</h2>
-{_matrix_section(rows)}
-
-<h2>Reconstructions</h2>
-<p class=muted>Top row: the originals; below: each attack's reconstruction, matched to the originals
-(Hungarian on MSE).</p>
-<div class="grids">{grid_html}</div>
+<h2>Summary</h2>
+<p>Following Liu et al. (2024, eq. (3)), a defense is judged by the strongest attack against it (S<sub>D</sub>:
+the attack with the lowest mean RMSE on that setting) at the utility it costs. Each threat model below is a
+separate question: an attack that needs a malicious server is never the strongest attack against an
+eavesdropper.</p>
+{_summary(threats, rows, points, weights, members, bool(bounds))}
+{''.join(sections) or muted("No finished trials yet.")}
 
 <h2>Attacks that did not apply, failed trials</h2>
 {_problems_section(rows)}
 
 <h2>Sweep spec</h2>
-<pre>{_e(spec_text)}</pre>
-<script>{IMAGE_CHECK}</script>
+<details><summary>the spec this store was run with</summary><pre>{esc(spec_text)}</pre></details>
+<script>{PAGE_CHECK}</script>
 </body></html>
 """
-    files.index.write_text(page)
-    if not isinstance(db, Store):
-        store.close()
+    files.index.write_text(page, encoding="utf-8")
     return files
 
 
-__all__ = ["write_report", "ReportFiles"]
+__all__ = ["write_report", "ReportFiles", "THREATS", "PAGE_CHECK"]

@@ -1,0 +1,254 @@
+"""The report of a store holding hand-made rows of all five threat models: one non-empty section each, the
+verdict, Table 4/5, Figure 3, weights counts beside their controls, membership ROC; labels with ``$`` (matplotlib
+mathtext) and ``=`` (spreadsheet formulas) are drawn literally; no "nan" is printed as a number."""
+from __future__ import annotations
+
+import html.parser
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+from matplotlib.text import Text
+
+from leakbench.evaluation import Store
+from leakbench.evaluation.images import save_trial_files
+from leakbench.evaluation.strongest import THREAT_MODELS, strongest
+from leakbench.evaluation.trial import TrialResult, TrialSpec
+from leakbench.report import write_report
+from leakbench.report.plots import pareto_plot, plain, roc_plot, sd_heatmap
+
+DATASET = "=cmd"   # a spreadsheet formula as a dataset label
+DOLLAR = "a$b$c"   # mathtext would print "abc" with an italic b
+CRASH = "x$^$y"    # mathtext raises on this one
+
+
+@dataclass(frozen=True)
+class Spec(TrialSpec):
+    """A trial spec that names its threat model (as the evaluation core's rows do)."""
+
+    threat_model: str = "eavesdropper"
+
+
+def _add(store, spec, status="done", metrics=None, arrays=None, error=None, per_sample=None):
+    store.add([spec])
+    result = TrialResult(key=spec.key, status=status, metrics=metrics or {}, arrays=arrays or {}, error=error,
+                         per_sample=per_sample or {})
+    files = save_trial_files(store.images_dir, result, png=False) if arrays else {}
+    store.commit(result, files)
+
+
+def _images(rng, b, noise):
+    x = rng.random((b, 1, 8, 8)).astype(np.float32)
+    rec = np.clip(x + noise * rng.normal(size=x.shape), 0, 1).astype(np.float32)
+    # stored in reverse, as an attack returns them unordered; ``order`` matches them back to x
+    return {"x": x, "reconstruction": rec[::-1].copy(), "order": np.arange(b)[::-1].copy()}
+
+
+def build(path):
+    rng = np.random.default_rng(0)
+    store = Store(path)
+    common = dict(dataset=DATASET, model="mlp:20", dataset_key=DATASET, model_key="mlp:20")
+    rmse = {"none": 0.02, "noise:0.1": 0.30, "prune:0.9": 0.20, "dpsgd:1.1": 0.45}
+    for threat in ("eavesdropper", "informed-eavesdropper"):
+        for defense, base in rmse.items():
+            for b in (1, 2):
+                for attack, factor in ((DOLLAR, 1.0), ("ig", 1.3), (CRASH, 1.6)):
+                    for seed in (0, 1):
+                        spec = Spec(kind="attack", defense=defense, batch_size=b, seed=seed, attack=attack,
+                                    attack_key=attack, threat_model=threat, **common)
+                        value = base * factor * b * (1 + 0.1 * seed) * (0.8 if threat != "eavesdropper" else 1)
+                        _add(store, spec, metrics={"rmse": value, "mse": value ** 2, "psnr": -20 * math.log10(value)},
+                             arrays=_images(rng, b, value), per_sample={"psnr": [-20 * math.log10(value)] * b})
+        # the unusable rows: never the strongest, each listed with its reason
+        _add(store, Spec(kind="attack", defense="none", batch_size=1, attack="fast", attack_key="fast",
+                         threat_model=threat, **common), status="failed", metrics={"rmse": 0.0}, error="boom")
+        _add(store, Spec(kind="attack", defense="none", batch_size=1, attack="nanny", attack_key="nanny",
+                         threat_model=threat, **common), metrics={"rmse": float("nan")})
+        _add(store, Spec(kind="attack", defense="none", batch_size=2, attack="rgap", attack_key="rgap",
+                         threat_model=threat, **common), status="n/a", error="rgap inverts one sample")
+    for defense, loss, eps in (("none", 1.0, None), ("noise:0.1", 0.9, None), ("prune:0.9", 1.3, None),
+                               ("dpsgd:1.1", 1.6, 4.2)):
+        for b in (1, 2):
+            _add(store, Spec(kind="utility", defense=defense, batch_size=b, **common),
+                 metrics={"train_loss": loss + 0.01 * b, "train_accuracy": 0.8, "test_accuracy": 0.8 - loss / 10,
+                          "epsilon": eps, "samples_seen": 1000})
+    for b in (1, 2):
+        _add(store, Spec(kind="bound", defense="noise:0.1", batch_size=b, **common), metrics={"exact_rmse": 0.5 * b})
+    for attack in ("rtf", "cocktail-party"):
+        for b in (1, 2):
+            _add(store, Spec(kind="attack", defense="noise:0.1", batch_size=b, attack=attack, attack_key=attack,
+                             options={"server": {"imprint": {"bins": 8}}} if attack == "rtf" else {},
+                             threat_model="malicious-server", **common),
+                 metrics={"rmse": 0.01 * b if attack == "rtf" else 0.2}, arrays=_images(rng, b, 0.01))
+    counts = {"n_train": 20, "n_nonmembers": 20, "candidates": 40, "diverged": 3, "members_nn": 6,
+              "nonmembers_nn": 1, "members_ssim_0.4": 19, "control_ssim_0.4": 20, "members_ssim_0.6": 4,
+              "control_ssim_0.6": 0}
+    for attack, residual in (("kkt", 0.05), ("univariate", None)):
+        x = rng.random((4, 1, 8, 8)).astype(np.float32)
+        _add(store, Spec(kind="weights", attack=attack, attack_key=attack, threat_model="published-weights",
+                         **common), metrics={**counts, "kkt_residual": residual},
+             arrays={"x": x, "reconstruction": np.clip(x + 0.05, 0, 1)})
+    _add(store, Spec(kind="weights", attack="model-inversion", attack_key="model-inversion",
+                     threat_model="published-weights", **common), status="failed", error="diverged everywhere")
+    for setting, shift in (("known", 1.5), ("leaked", 0.5), (CRASH, 0.0)):
+        member = np.r_[np.ones(50, bool), np.zeros(50, bool)]
+        scores = rng.normal(size=100) + shift * member
+        _add(store, Spec(kind="membership", attack="membership-margin", attack_key="membership-margin",
+                         options={"setting": setting}, threat_model="membership", **common),
+             metrics={"auc": 0.5 + shift / 4, "tpr_at_fpr_0.01": 0.02 * shift, "tpr_at_fpr_0.001": float("nan"),
+                      "members": 50, "nonmembers": 50}, arrays={"scores": scores, "is_member": member})
+    _add(store, Spec(kind="membership", attack="membership-margin", attack_key="membership-margin",
+                     options={"setting": "bounded"}, threat_model="membership", **common),
+         metrics={"auc": 0.55, "tpr_at_fpr_0.01": 0.01, "tpr_at_fpr_0.001": 0.0, "members": 50, "nonmembers": 50})
+    return store
+
+
+class Sections(html.parser.HTMLParser):
+    """Per ``<section data-threat>``: table body rows and images; all visible text outside <pre>."""
+
+    def __init__(self):
+        super().__init__()
+        self.current, self.filled, self.images, self.in_tbody, self.in_pre = None, {}, [], 0, 0
+        self.data, self.hovers = [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "section" and "data-threat" in attrs:
+            self.current = attrs["data-threat"]
+            self.filled[self.current] = 0
+        self.in_tbody += tag == "tbody"
+        self.in_pre += tag == "pre"
+        if self.current and ((tag == "tr" and self.in_tbody) or tag == "img"):
+            self.filled[self.current] += 1
+        if tag == "img":
+            self.images.append(attrs["src"])
+        for name in ("title", "alt"):
+            if name in attrs:
+                self.hovers.append(attrs[name])
+
+    def handle_endtag(self, tag):
+        if tag == "section":
+            self.current = None
+        self.in_tbody -= tag == "tbody"
+        self.in_pre -= tag == "pre"
+
+    def handle_data(self, data):
+        if not self.in_pre:
+            self.data.append(data)
+
+    @property
+    def text(self) -> str:
+        """The page's text, then its hover texts and image descriptions."""
+        return "".join(self.data) + "\n" + "\n".join(self.hovers)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("threats")
+    with build(root / "results.db") as store:
+        rows = store.rows()
+        files = write_report(store, root / "report")
+    page = files.index.read_text(encoding="utf-8")
+    parser = Sections()
+    parser.feed(page)
+    return rows, files, page, parser
+
+
+def test_one_non_empty_section_per_threat_model(report):
+    rows, files, page, parser = report
+    assert files.threats == list(THREAT_MODELS)
+    assert list(parser.filled) == list(THREAT_MODELS)
+    assert all(n > 0 for n in parser.filled.values()), parser.filled
+    assert f'data-threats="{" ".join(THREAT_MODELS)}"' in page
+    for src in parser.images:
+        image = imread(files.index.parent / src)
+        assert image.shape[0] > 50 and image.std() > 0
+    assert len(parser.images) == len(files.plots) + len(files.grids)
+    # three S_D heatmaps and Figure 3s (one per gradient threat model), one ROC; grids for every setting + weights
+    assert sum("/sd-" in str(p) for p in files.plots) == 3 and sum("/roc-" in str(p) for p in files.plots) == 1
+    assert sum("privacy-utility" in str(p) for p in files.plots) == 3
+    assert len(files.grids) == 2 * 4 * 2 + 2 + 2
+
+
+def test_sd_never_crosses_threat_models_or_picks_unusable_rows(report):
+    rows, files, page, parser = report
+    best = {(s.threat_model, s.defense, s.batch_size): s for s in strongest(rows)}
+    assert best["eavesdropper", "none", 1].attack == DOLLAR
+    assert best["malicious-server", "noise:0.1", 1].attack == "rtf"
+    assert ("eavesdropper", "noise:0.1", 1) in best and best["eavesdropper", "noise:0.1", 1].attack == DOLLAR
+    assert all(s.attack not in ("fast", "nanny", "rgap") for s in best.values())
+    # the malicious-server rows are named as such in the summary, with what the server ships
+    summary = page.split("<h2>Summary</h2>")[1].split("<section")[0]
+    assert "4 trial(s) assume a <b>malicious server</b>" in summary and "imprint" in summary
+    assert "cocktail-party, rtf" in summary
+
+
+def test_verdict_tables_and_notes(report):
+    rows, files, page, parser = report
+    text = parser.text
+    # budget 0.1: noise:0.1 trains at a lower loss (a gain, clamped to 0) and leaks least within it
+    assert "At a utility loss ≤ 0.05 (the same up to 0.25), the defense that leaks least against the strongest " \
+           "attack is noise:0.1 (RMSE 0.315 at B = 1, 0.630 at B = 2; utility loss 0.000 — its measured loss was " \
+           "lower than without a defense, within noise); without a defense the " \
+           "strongest attack reaches 0.021 at B = 1, 0.042 at B = 2." in text
+    assert "At any utility cost, the defense that leaks least against the strongest attack is dpsgd:1.1 (ε = 4.20) " \
+           "(RMSE 0.473 at B = 1" in text
+    assert "within run-to-run noise, not a benefit" in text
+    assert "ε = 4.20" in text
+    assert "Cramér–Rao bound (unbiased estimators)" in text and "lower bound on what an attack" in text
+    assert "lower bound" not in text.replace("not a lower bound on what an attack", "")
+    # Table 4: mean ± std over the two seeds, n/a and failed with their reasons on hover
+    assert "0.021 ± 0.001" in text
+    assert "Cramér–Rao bound (unbiased estimators)–0.500––" in text  # Table 4's last row: noise:0.1 only
+    assert "rgap inverts one sample" in text and "failed: boom" in text and "non-finite result" in text
+    # weights: counts beside their controls, the evidence sentence, the failed attack's reason
+    assert "6 / 20 vs 1 / 20" in text and "19 / 20 vs 20 / 20" in text and "4 / 20 vs 0 / 20" in text
+    assert "only where it exceeds its control" in text and "diverged everywhere" in text
+    assert "0.0500" in text  # KKT residual
+    # membership: AUC per setting; a NaN TPR is printed as "–"
+    assert "0.875" in text and "bounded" in text and "TPR at 0.1 % FPR" in text
+
+
+def test_labels_are_literal_and_no_nan_is_printed(report):
+    rows, files, page, parser = report
+    text = parser.text
+    assert DOLLAR in text and CRASH in text and DATASET in text
+    assert "&lt;" not in DATASET and "<script>alert" not in page
+    numbers = text.replace("non-finite result (NaN/inf)", "")  # the reason names them; no value prints them
+    assert not re.search(r"\b(nan|inf)\b", numbers, re.I), re.findall(r".{40}\b(?:nan|inf)\b.{20}", numbers, re.I)
+    with files.csv.open(encoding="utf-8") as f:
+        header = f.readline().strip().split(",")
+    assert header[:3] == ["key", "kind", "threat_model"]
+
+
+def test_plain_escapes_mathtext():
+    assert Text()._preprocess_math(plain(DOLLAR)) == (DOLLAR, False)
+    assert Text()._preprocess_math(plain(CRASH)) == (CRASH, False)
+
+
+def test_plots_draw_dollar_labels(tmp_path):
+    from leakbench.evaluation.strongest import PrivacyUtilityPoint, Strongest
+
+    best = [Strongest(dataset=DATASET, model="m", defense="none", batch_size=1, attack=CRASH, rmse=0.1, psnr=20.0,
+                      ssim=None)]
+    assert sd_heatmap(best, tmp_path / "h.png", title=CRASH).is_file()
+    point = PrivacyUtilityPoint(dataset=DATASET, model="m", defense="noise:0.1", batch_size=1, attack=CRASH,
+                                rmse=0.2, train_loss=1.0, train_loss_increase=0.1, test_accuracy=None,
+                                accuracy_drop=None, utility_loss=0.1)
+    assert pareto_plot([point], tmp_path / "p.png", title=CRASH).is_file()
+    curve = (CRASH, np.array([0.0, 0.5, 1.0]), np.array([0.0, 0.8, 1.0]))
+    assert roc_plot([curve], tmp_path / "r.png", title=CRASH).is_file()
+    assert pareto_plot([], tmp_path / "none.png") is None and roc_plot([], tmp_path / "none.png") is None
+
+
+def test_numbers_and_file_names():
+    from leakbench.report.markup import num, pct, slug
+
+    assert [num(v) for v in (None, float("nan"), np.float32("nan"), float("inf"), True)] == ["–"] * 5
+    assert (num(np.float32(0.25)), num(np.int64(3)), num(-1e-9), pct(np.float64(0.031))) == ("0.250", "3", "0.000",
+                                                                                             "3.1 %")
+    assert slug("a$b", 1) != slug("a-b", 1) and slug("=cmd").startswith("cmd-")
+    assert re.fullmatch(r"[A-Za-z0-9.-]+", slug("../../etc", "x y", "$")) and slug("$$") != slug("$")
