@@ -43,9 +43,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import numpy as np
 
 from .plan import defense_family
-
-#: the threat models a row can assume, in report order.
-THREAT_MODELS = ("eavesdropper", "informed-eavesdropper", "malicious-server", "published-weights", "membership")
+from .published import SSIM_THRESHOLDS
+from .trial import THREAT_MODELS
 #: utility budgets of the verdict: final training-loss increase over the undefended run (nats); inf = any cost.
 BUDGETS = (0.05, 0.1, 0.25, math.inf)
 #: the threat model of a row that names none, per kind.
@@ -355,7 +354,6 @@ def verdicts(points: Iterable[PrivacyUtilityPoint], budgets: Sequence[float] = B
 
 
 # ----------------------------------------------------------------------------- published weights, membership
-SSIM_THRESHOLDS = (0.4, 0.6)
 
 
 @dataclass
