@@ -54,6 +54,8 @@ def threat_model(spec: dict[str, Any]) -> str:
     informed eavesdropper; anything else an honest-but-curious eavesdropper of the gradient.
     Utility and bound trials belong to the eavesdropper's (and server's) defense settings.
     """
+    if spec.get("threat_model") in THREAT_MODELS:  # stated outright (e.g. a row imported from elsewhere)
+        return spec["threat_model"]
     kind = spec.get("kind", "attack")
     if kind == "weights":
         return "published-weights"
