@@ -82,8 +82,27 @@ def test_trial_budget_stops_a_long_attack(trials):
     slow = TrialSpec.from_dict({**trials[("cnn:3-4-2-1", "inverting-gradients")].to_dict(),
                                 "options": {"iterations": 100000}, "trial_seconds": 0.5})
     result = run_trial(slow)
-    assert result.status == "failed" and "TrialTimeout" in result.error and "trial_seconds=0.5" in result.error
+    assert result.status == "timed out" and "trial_seconds=0.5" in result.error, result.error
+    assert result.error.startswith("ran ") and " of 100000 steps" in result.error
     assert result.timings["total"] < 30
+    # the guard counts the attack alone: loading and observing come before it and are not charged
+    before = sum(result.timings.get(k, 0.0) for k in ("load", "model", "observe"))
+    assert result.timings["total"] - before < 0.5 + 5
+
+
+def test_a_timed_out_trial_shows_in_the_strongest_attack_table(trials):
+    from leakbench.cli.evaluate import strongest_tables
+    from leakbench.evaluation import strongest
+
+    rows = [{"kind": "attack", "dataset": "d", "model": "m", "defense": "none", "batch_size": 1, "attack": a,
+             "status": status, "rmse": rmse, "psnr": 10.0, "ssim": 0.5, "error": error}
+            for a, status, rmse, error in (("ig", "done", 0.2, None),
+                                           ("dlg", "timed out", None, "ran 40 of 300 steps: the attack exceeded"))]
+    (best,) = strongest(rows)
+    assert best.attack == "ig" and {a.attack: a.timed_out for a in best.scores} == {"ig": 0, "dlg": 1}
+    assert any("timed out: ran 40 of 300" in r for a in best.scores for r in a.reasons)
+    table = strongest_tables([best])[0]
+    assert list(table.columns[-1].cells) == ["1/2 (1 timed out)"]
 
 
 def test_trained_model_state_is_part_of_the_trial(tmp_path):

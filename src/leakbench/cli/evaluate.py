@@ -28,15 +28,17 @@ def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
 
     tables: dict[tuple, Table] = {}
     for s in best:
-        table = tables.get((s.dataset, s.model))
+        where = (s.threat_model, s.dataset, s.model)
+        table = tables.get(where)
         if table is None:
-            table = tables[(s.dataset, s.model)] = Table(title=f"Strongest attack S_D — {s.dataset} · {s.model}")
+            table = tables[where] = Table(title=f"Strongest attack S_D — {s.threat_model}: {s.dataset} · {s.model}")
             for name in ("defense", "B", "strongest attack", "RMSE", "PSNR", "SSIM", "ran"):
                 table.add_column(name, justify="left" if name in ("defense", "strongest attack") else "right",
                                  no_wrap=True)
         ran = sum(1 for a in s.scores if a.trials)
+        late = sum(a.timed_out for a in s.scores)
         table.add_row(s.defense, str(s.batch_size), s.attack or "[dim]none ran[/dim]", num(s.rmse),
-                      num(s.psnr, 2), num(s.ssim), f"{ran}/{len(s.scores)}")
+                      num(s.psnr, 2), num(s.ssim), f"{ran}/{len(s.scores)}" + (f" ({late} timed out)" if late else ""))
     return list(tables.values())
 
 

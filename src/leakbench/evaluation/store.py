@@ -1,7 +1,7 @@
 """The results store: one SQLite file (WAL) with the trials, their results and an index of their images.
 
 - ``trials``: one row per trial (its spec as JSON, the columns tables group by,
-  ``status`` pending / running / done / failed / n/a, error, attempts, worker).
+  ``status`` pending / running / done / failed / timed out / n/a, error, attempts, worker).
 - ``results``: the metrics of a finished trial (mean columns + JSON per sample and timings).
 - ``images``: files written next to the store for a trial (``npz``, ``png``).
 - ``meta``: the sweep spec and the schema version.
@@ -164,7 +164,7 @@ class Store:
 
     def claim(self, keys: Sequence[str], worker: str, *, retry_failed: bool = False) -> list[str]:
         """Mark the claimable ``keys`` as running for ``worker``; returns the ones claimed, in order."""
-        states = ("pending", "failed") if retry_failed else ("pending",)
+        states = ("pending", "failed", "timed out") if retry_failed else ("pending",)
         got = []
         now = time.time()
         with self._tx() as c:

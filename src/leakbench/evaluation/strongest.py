@@ -109,6 +109,7 @@ class AttackScore:
     not_applicable: Optional[str] = None
     rmse_std: Optional[float] = None
     reasons: list[str] = field(default_factory=list)
+    timed_out: int = 0
 
 
 @dataclass
@@ -214,7 +215,8 @@ def attack_scores(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[AttackS
                 ssim=_mean(ssims) if ssims else None, trials=len(good), failed=len(bad),
                 not_applicable=(na[0].get("error") or "not applicable") if na and not good else None,
                 rmse_std=statistics.stdev(rmses) if len(rmses) > 1 else None,
-                reasons=list(dict.fromkeys(_reason(t) for t in bad))))
+                reasons=list(dict.fromkeys(_reason(t) for t in bad)),
+                timed_out=sum(t.get("status") == "timed out" for t in trials)))
         out[setting] = sorted(scores, key=_rank)
     return out
 

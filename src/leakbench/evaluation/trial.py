@@ -37,7 +37,7 @@ KINDS = ("attack", "utility", "bound", "weights", "membership")
 THREAT_MODELS = ("eavesdropper", "informed-eavesdropper", "malicious-server", "published-weights", "membership")
 #: defense families the Cramér–Rao bound models, and the argument of ``cramer_rao`` each sets.
 BOUND_ARGUMENTS = {"noise": "sigma", "clip": "clip", "prune": "prune"}
-STATUSES = ("pending", "running", "done", "failed", "n/a")
+STATUSES = ("pending", "running", "done", "failed", "timed out", "n/a")
 #: fields of a :class:`TrialSpec` that do not change its result (labels and execution settings).
 NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "trial_seconds", "save_images")
 
@@ -262,7 +262,7 @@ class _Clock:
 
     def progress(self, done: int, total: int, loss: float) -> None:
         if self.limit is not None and time.perf_counter() - self._budget_start > self.limit:
-            raise TrialTimeout(f"attack exceeded budget.trial_seconds={self.limit:g} after {done}/{total} steps")
+            raise TrialTimeout(f"ran {done} of {total} steps: the attack exceeded budget.trial_seconds={self.limit:g}")
 
     def total(self) -> dict[str, float]:
         return {**self.timings, "total": time.perf_counter() - self.start}
@@ -286,6 +286,8 @@ def run_trial(spec: TrialSpec, *, cache_dir: "str | Path | None" = None) -> Tria
                                                "not a score)", timings=result.timings)
     except UnsupportedThreatModel as err:
         result = TrialResult(key=spec.key, status="n/a", error=str(err))
+    except TrialTimeout as err:  # the wall-clock guard: shown as "timed out", never silently dropped from S_D
+        result = TrialResult(key=spec.key, status="timed out", error=str(err))
     except Exception as err:  # recorded with the trial, the sweep goes on
         result = TrialResult(key=spec.key, status="failed", error=f"{type(err).__name__}: {err}",
                              traceback=tb.format_exc())
