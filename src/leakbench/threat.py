@@ -87,6 +87,20 @@ class Observation:
             bn_stats=None if self.bn_stats is None else [(m.to(device), v.to(device)) for m, v in self.bn_stats],
         )
 
+    @classmethod
+    def from_gradients(cls, model: nn.Module, grads, **options) -> "Observation":
+        """A captured client gradient as an observation (see :func:`leakbench.captured.from_gradients`)."""
+        from .captured import from_gradients
+
+        return from_gradients(model, grads, **options)
+
+    @classmethod
+    def from_update(cls, model_before: nn.Module, model_after: nn.Module, **options) -> "Observation":
+        """A captured model update as an observation (see :func:`leakbench.captured.from_update`)."""
+        from .captured import from_update
+
+        return from_update(model_before, model_after, **options)
+
 
 def _check_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
     expect(isinstance(x, torch.Tensor) and x.dim() >= 2,

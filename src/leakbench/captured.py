@@ -1,0 +1,189 @@
+"""Observations from what a user captured: a client's gradient or its model update, and input normalisation.
+
+A user who runs their own federated set-up has a model and what one client sent (the
+gradient of FedSGD, or θ_after − θ_before of FedAvg).  :meth:`Observation.from_gradients`
+and :meth:`Observation.from_update` (defined here, attached to
+:class:`~leakbench.threat.Observation`) turn them into the observation every attack takes,
+validated as :func:`~leakbench.threat.observe` validates its inputs.
+
+Most pipelines normalise inputs, x̃ = (x − μ)/σ, inside the data loader.  Passing
+``normalize=(μ, σ)`` makes that part of the threat model: the attacker's model becomes
+``Normalize(μ, σ) → model``, so attacks search pixel space [0, 1] and return images a
+person can look at, while the gradients are those of the user's model (the normalisation
+has no parameters, so nothing changes in what was shared).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from collections import OrderedDict
+from typing import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from .errors import ConfigError, expect
+
+__all__ = ["Normalize", "with_normalization", "from_gradients", "from_update"]
+
+
+class Normalize(nn.Module):
+    """x ↦ (x − mean) / std per channel (buffers only: no parameter, so no gradient is shared for it)."""
+
+    def __init__(self, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor) -> None:
+        super().__init__()
+        mean_t = torch.as_tensor(mean, dtype=torch.float32).reshape(-1)
+        std_t = torch.as_tensor(std, dtype=torch.float32).reshape(-1)
+        expect(mean_t.numel() == std_t.numel() and mean_t.numel() >= 1,
+               f"expected mean and std with one value per channel, got {mean_t.numel()} and {std_t.numel()} "
+               "(argument normalize)")
+        expect(bool(torch.isfinite(mean_t).all()) and bool((std_t > 0).all()),
+               "expected finite means and positive standard deviations (argument normalize)")
+        self.register_buffer("mean", mean_t)
+        self.register_buffer("std", std_t)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        return (x - self.mean.to(x.dtype).reshape(shape)) / self.std.to(x.dtype).reshape(shape)
+
+
+def with_normalization(model: nn.Module, normalize: tuple | None) -> nn.Module:
+    """``Sequential(normalize=Normalize(μ, σ), model=copy of model)`` (a copy of ``model`` when ``normalize`` is None)."""
+    if normalize is None:
+        return copy.deepcopy(model)
+    expect(isinstance(normalize, (tuple, list)) and len(normalize) == 2,
+           f"expected normalize=(mean, std), got {normalize!r} (argument normalize)")
+    param = next(model.parameters(), None)
+    norm = Normalize(*normalize)
+    if param is not None:
+        norm = norm.to(device=param.device, dtype=param.dtype if param.is_floating_point() else torch.float32)
+    wrapped = nn.Sequential(OrderedDict(normalize=norm, model=copy.deepcopy(model)))
+    for name in ("input_shape", "spec", "build_options"):
+        if hasattr(model, name):
+            setattr(wrapped, name, getattr(model, name))
+    return wrapped
+
+
+def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    expect(len(named) > 0, "the model has no trainable parameters (argument model)")
+    return named
+
+
+def _tensors(values: "Sequence[torch.Tensor] | Mapping[str, torch.Tensor]", named, what: str) -> list[torch.Tensor]:
+    """The captured tensors in the model's parameter order, checked for presence, shape and finiteness."""
+    if isinstance(values, Mapping):
+        missing = [n for n, _ in named if n not in values]
+        expect(not missing, f"expected a {what} for every trainable parameter, missing {missing[:3]}"
+               f"{' …' if len(missing) > 3 else ''} (argument {what}s); keys are model.named_parameters() names")
+        extra = sorted(set(values) - {n for n, _ in named})
+        expect(not extra, f"unknown parameter name(s) {extra[:3]} in the {what}s; expected names of "
+               "model.named_parameters()")
+        out = [values[n] for n, _ in named]
+    else:
+        out = list(values)
+        expect(len(out) == len(named), f"expected {len(named)} {what} tensors (one per trainable parameter, in "
+               f"model.parameters() order), got {len(out)} (argument {what}s)")
+    for (name, p), t in zip(named, out):
+        expect(isinstance(t, torch.Tensor), f"expected a tensor for parameter {name!r}, got {type(t).__name__}")
+        expect(tuple(t.shape) == tuple(p.shape), f"expected the {what} of {name!r} with shape {tuple(p.shape)}, "
+               f"got {tuple(t.shape)} (argument {what}s)")
+        expect(bool(torch.isfinite(t).all()), f"expected finite values in the {what} of {name!r}, got NaN/inf")
+    param = named[0][1]
+    return [t.detach().to(device=param.device, dtype=param.dtype).clone() for t in out]
+
+
+def _input_shape(model: nn.Module, input_shape) -> tuple[int, ...]:
+    shape = input_shape if input_shape is not None else getattr(model, "input_shape", None)
+    expect(shape is not None and len(tuple(shape)) >= 1 and all(isinstance(s, int) and s > 0 for s in shape),
+           f"expected input_shape as positive sizes (C, H, W) or (d,), got {shape!r} (argument input_shape; "
+           "models built by leakbench.build carry it)")
+    return tuple(shape)
+
+
+def _labels(labels, batch_size: int, classes: int) -> torch.Tensor | None:
+    if labels is None:
+        return None
+    y = torch.as_tensor(labels)
+    expect(y.dim() == 1 and y.shape[0] == batch_size and not y.is_floating_point(),
+           f"expected labels as {batch_size} integer class indices, got shape {tuple(y.shape)} dtype {y.dtype} "
+           "(argument labels)")
+    expect(int(y.min()) >= 0 and int(y.max()) < max(classes, 2),
+           f"expected labels in 0..{max(classes, 2) - 1}, got range {int(y.min())}..{int(y.max())} (argument labels)")
+    return y.long()
+
+
+def _observation(kind, model, shared, *, batch_size, labels, loss, input_shape, normalize, train, defense,
+                 local_steps, local_lr, extras):
+    from .losses import get_loss
+    from .threat import Observation, _out_dim
+
+    get_loss(loss)
+    expect(isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1,
+           f"expected batch_size ≥ 1 (the number of samples behind the {kind}), got {batch_size!r} "
+           "(argument batch_size)")
+    attacker = with_normalization(model, normalize).train(train)
+    param = next(attacker.parameters())
+    probe = torch.zeros((1, *input_shape), device=param.device, dtype=param.dtype)
+    try:
+        classes = _out_dim(attacker, probe)
+    except RuntimeError as err:
+        raise ConfigError(f"the model does not accept inputs of shape {input_shape}: {err} "
+                          "(argument input_shape)") from None
+    names = [("model." + n if normalize is not None else n) for n, _ in _trainable(model)]
+    return Observation(kind=kind, model=attacker, shared=shared, param_names=names, loss=loss,
+                       batch_size=batch_size, input_shape=input_shape, num_classes=classes,
+                       labels=_labels(labels, batch_size, classes), local_steps=local_steps, local_lr=local_lr,
+                       train_mode=train, defense=defense, extras=extras)
+
+
+def from_gradients(model: nn.Module, grads: "Sequence[torch.Tensor] | Mapping[str, torch.Tensor]", *,
+                   batch_size: int, labels=None, loss: str = "ce", input_shape=None, normalize=None,
+                   train: bool = False, defense: str = "none"):
+    """An observation of the gradient ``grads`` a client computed on ``batch_size`` samples at ``model``'s weights.
+
+    ``grads``: one tensor per trainable parameter — a list in ``model.parameters()`` order, or a
+    mapping from ``model.named_parameters()`` names (as ``{n: p.grad for n, p in ...}``) — of the
+    *mean* loss over the batch, as ``loss.backward()`` gives it.  ``labels`` grants the batch's
+    labels; ``normalize=(mean, std)`` (see the module docstring); ``defense`` records what the
+    client applied (it is not applied again).  Equals :func:`~leakbench.threat.observe` on the
+    same batch (tested).
+    """
+    named = _trainable(model)
+    shared = _tensors(grads, named, "gradient")
+    return _observation("gradient", model, shared, batch_size=batch_size, labels=labels, loss=loss,
+                        input_shape=_input_shape(model, input_shape), normalize=normalize, train=train,
+                        defense=defense, local_steps=1, local_lr=0.0, extras={"captured": True})
+
+
+def from_update(model_before: nn.Module, model_after: nn.Module, *, batch_size: int, lr: float, steps: int = 1,
+                epochs: int | None = None, minibatch: int | None = None, labels=None, loss: str = "ce",
+                input_shape=None, normalize=None, train: bool = False, defense: str = "none"):
+    """An observation of the update θ_after − θ_before a client sent after local SGD on ``batch_size`` samples.
+
+    The client ran ``steps`` SGD steps of size ``lr`` on its whole batch (FedAvg's local
+    aggregation as :func:`~leakbench.threat.observe` simulates it with ``local_steps``), or
+    ``epochs`` epochs in minibatches of ``minibatch`` (then steps = epochs·⌈batch_size/minibatch⌉,
+    recorded in ``extras``; the update-matching attacks simulate full-batch steps, so with
+    ``minibatch < batch_size`` they work on an approximation — Dimitrov et al. 2022).
+    """
+    named_before = _trainable(model_before)
+    after = dict(model_after.named_parameters())
+    expect(set(after) >= {n for n, _ in named_before},
+           "expected model_after with the same parameters as model_before (argument model_after)")
+    expect(isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr), f"expected lr > 0, got {lr!r} (argument lr)")
+    extras: dict = {"captured": True}
+    if epochs is not None:
+        expect(isinstance(epochs, int) and epochs >= 1, f"expected epochs ≥ 1, got {epochs!r} (argument epochs)")
+        mb = batch_size if minibatch is None else minibatch
+        expect(isinstance(mb, int) and 1 <= mb <= batch_size,
+               f"expected 1 ≤ minibatch ≤ batch_size ({batch_size}), got {minibatch!r} (argument minibatch)")
+        steps = epochs * math.ceil(batch_size / mb)
+        extras.update(epochs=epochs, minibatch=mb)
+    expect(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
+           f"expected steps ≥ 1 local SGD steps, got {steps!r} (argument steps)")
+    delta = {n: after[n].detach() - p.detach() for n, p in named_before}
+    shared = _tensors(delta, named_before, "update")
+    return _observation("update", model_before, shared, batch_size=batch_size, labels=labels, loss=loss,
+                        input_shape=_input_shape(model_before, input_shape), normalize=normalize, train=train,
+                        defense=defense, local_steps=steps, local_lr=float(lr), extras=extras)
