@@ -142,7 +142,7 @@ def unmix(white: torch.Tensor, pixels: torch.Tensor, *, image_shape: tuple[int, 
         loss.backward()
         opt.step()
         if progress is not None and (step % 100 == 0 or step == options.iterations - 1):
-            progress(step + 1, options.iterations, float(loss))
+            progress(step + 1, options.iterations, float(loss.detach()))
     with torch.no_grad():
         return pixel_sources(u / u.norm(dim=1, keepdim=True).clamp_min(1e-12))
 

@@ -448,7 +448,7 @@ def invert_features(obs: Observation, module: nn.Module, features: torch.Tensor,
         with torch.no_grad():
             x.clamp_(lo, hi)
         if progress is not None and (step % 50 == 0 or step == iterations - 1):
-            progress(step + 1, iterations, float(loss))
+            progress(step + 1, iterations, float(loss.detach()))
     return x.detach()
 
 
