@@ -27,6 +27,18 @@ def test_unequal_masses_match_simulation():
     assert _simulate(masses, 3, 40000, seed=1) == pytest.approx(imprint_expected(4, 3, masses=masses), rel=0.02)
 
 
+def test_population_is_the_exact_draw_without_replacement():
+    """Batches of 3 from a pool of 10 with 5/2/2/1 samples per bin: enumerate every batch."""
+    import itertools
+    pool = [0] * 5 + [1] * 2 + [2] * 2 + [3]
+    batches = list(itertools.combinations(pool, 3))
+    alone = sum(sum(b.count(v) == 1 for v in b) for b in batches) / len(batches)
+    masses = torch.tensor([0.5, 0.2, 0.2, 0.1], dtype=torch.float64)
+    assert imprint_expected(4, 3, masses=masses, population=10) == pytest.approx(alone, rel=1e-9)
+    assert imprint_expected(8, 8, population=10**7) == pytest.approx(imprint_expected(8, 8), rel=1e-5)
+    assert imprint_expected(8, 8, population=8) == pytest.approx(8.0)  # every bin holds exactly one
+
+
 def test_limits():
     assert imprint_expected(1, 1) == 1.0
     assert imprint_expected(1, 2) == 0.0
@@ -42,7 +54,8 @@ def test_bins_for_reaches_fraction():
 
 
 @pytest.mark.parametrize("kwargs,field", [(dict(bins=0, batch=2), "bins"), (dict(bins=4, batch=-1), "batch"),
-                                          (dict(bins=2, batch=2, masses=[0.9, 0.2]), "masses")])
+                                          (dict(bins=2, batch=2, masses=[0.9, 0.2]), "masses"),
+                                          (dict(bins=2, batch=4, population=3), "population")])
 def test_bad_input(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         imprint_expected(**kwargs)
