@@ -1,13 +1,12 @@
 """Robbing the Fed: exact recovery of samples alone in a bin, honest confidence, and the expected count."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 import leakbench as lb
 from leakbench.analysis.imprint import imprint_expected
+from leakbench.models import malicious
 from leakbench.models.malicious import ImprintBlock, find_module, imprint
 
 
@@ -138,7 +137,7 @@ def test_realised_masses_predict_the_mean_recovery_on_held_out_digits(digits):
     assert imprint_expected(bins, batch) > 1.1 * mean  # what equal masses would have promised
 
 
-def test_mean_recovered_count_matches_expected_formula():
+def test_mean_recovered_count_matches_expected_formula(monkeypatch):
     """Over 200 random batches the mean number recovered is within 5% of imprint_expected(K, B).
 
     Clients draw images with i.i.d. uniform pixels, the distribution the server's default prior
@@ -146,8 +145,8 @@ def test_mean_recovered_count_matches_expected_formula():
     """
     bins, batch, shape = 32, 8, (3, 16, 16)
     model = lb.build("mlp:16", input_shape=shape, classes=10, seed=1, dtype=torch.float64)
-    with pytest.warns(UserWarning):  # uncalibrated: the uniform-pixel assumption is announced (once)
-        warnings.simplefilter("always")
+    monkeypatch.setattr(malicious, "_WARNED", set())
+    with pytest.warns(malicious.UncalibratedImprintWarning):  # uncalibrated: the uniform-pixel assumption is announced
         shipped = imprint(model, bins=bins, seed=0)
     gen = torch.Generator().manual_seed(0)
     counts = []
