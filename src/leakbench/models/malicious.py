@@ -73,6 +73,7 @@ class ImprintBlock(nn.Module):
         equal = torch.full((bins,), 1.0 / bins, dtype=torch.float64)
         self.register_buffer("masses", equal if masses is None else masses.detach().double().clone().reshape(bins))
         self.masses_source = masses_source
+        self.masses_samples: int | None = None  # size of the held-out sample the masses were counted on
         with torch.no_grad():
             self.linear0.weight.copy_(self.query.expand(bins, d))
             self.linear0.bias.copy_(-self.thresholds)
@@ -193,7 +194,7 @@ def imprint(model: nn.Module, *, bins: int, query: str = "randn", seed: int = 0,
     ``block.masses`` are the bins' masses measured on ``holdout`` (more public samples, not
     used for the edges: the realised masses, unequal because quantiles of N samples are
     noisy), else on ``calibration`` (equal by construction, hence optimistic), else 1/K.
-    ``imprint_expected(K, B, masses=block.masses)`` is then the expected recovery.
+    ``imprint_expected(block, B)`` is then the expected recovery (unbiased from the holdout counts).
     """
     shape = _input_shape(model, input_shape)
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
@@ -245,6 +246,7 @@ def imprint(model: nn.Module, *, bins: int, query: str = "randn", seed: int = 0,
         if sample is not None:
             block.masses.copy_(block.bin_masses(sample.cpu()))
             block.masses_source = source
+            block.masses_samples = int(sample.shape[0]) if source == "holdout" else None
             break
     else:
         block.masses_source = f"assumed equal ({assumption})"
