@@ -189,7 +189,8 @@ def imprint(model: nn.Module, *, bins: int, query: str = "randn", seed: int = 0,
     ``.images``): a held-out slice of the clients' dataset or another offline dataset — else
     N(``mean``, ``std``²), else the Gaussian approximation of pixels i.i.d. uniform on
     ``data_range``, with an :class:`UncalibratedImprintWarning` (once per process): real
-    images are far from uniform, and such edges leave most bins empty.
+    images are far from uniform, and such edges crowd them into a few bins (digits, K = 8:
+    one bin holds 60 % of the images).
 
     ``block.masses`` are the bins' masses measured on ``holdout`` (more public samples, not
     used for the edges: the realised masses, unequal because quantiles of N samples are
@@ -227,8 +228,8 @@ def imprint(model: nn.Module, *, bins: int, query: str = "randn", seed: int = 0,
             if "uniform" not in _WARNED:
                 _WARNED.add("uniform")
                 warnings.warn("imprint() got no public calibration sample: its bin edges assume pixels i.i.d. "
-                              "uniform on the data range, which real images are not, so most bins stay empty "
-                              "and imprint_expected over-predicts recovery. Pass calibration=<public images> "
+                              "uniform on the data range, which real images are not, so samples crowd into a few "
+                              "bins and imprint_expected over-predicts recovery. Pass calibration=<public images> "
                               "(e.g. a held-out slice of the dataset) and holdout=<more public images>.",
                               UncalibratedImprintWarning, stacklevel=2)
             assumption = "pixels i.i.d. uniform"
