@@ -215,3 +215,52 @@ def test_compare_uses_lpips_on_matched_pairs_when_available(fake_lpips):
     assert shape == (3, 3, 32, 32) and normalize is True  # grayscale repeated to RGB
     small = compare(x[:, :, :8, :8], x[:, :, :8, :8], lpips=True)
     assert small["lpips"] is None and "31×31" in small["lpips_missing"]
+
+
+# --------------------------------------------------------------------------- matching that respects exact flags
+def _exact_pair():
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(2, 3, 8, 8, generator=g, dtype=torch.float64)
+    images = torch.stack([x[0], 2 * x[0] - x[1]])  # slot 0 exact; slot 1 nearer x[0] than x[1]
+    return x, images
+
+
+def test_compare_scores_a_flagged_exact_slot_against_its_own_original():
+    x, images = _exact_pair()
+    plain = compare(images, x)
+    assert plain["matching"] == "total-mse" and plain["order"] == [1, 0]  # eq. (1) gives the exact slot x[1]
+    assert min(plain["per_sample"]["mse"]) > 0.01
+    rec = SimpleNamespace(images=images, confidence=torch.tensor([1.0, 0.0]))
+    flagged = compare(rec, x)  # "auto": the attack flags slot 0 exact
+    assert flagged["matching"] == "confident-first" and flagged["order"] == [0, 1]
+    assert flagged["per_sample"]["mse"][0] == 0.0 and flagged["psnr"] > plain["psnr"]
+    assert compare(rec, x, matching="total-mse")["order"] == [1, 0]  # eq. (1) stays available
+    assert compare(rec, x, matching="minmax")["matching"] == "minmax"
+    assert compare(rec, x, match=False)["matching"] == "identity"
+
+
+def test_graded_confidence_is_not_a_flag():
+    x, images = _exact_pair()
+    rec = SimpleNamespace(images=images, confidence=torch.tensor([0.9, 0.3]))  # scores, not 0/1 flags
+    assert compare(rec, x)["matching"] == "total-mse"
+    with pytest.raises(ConfigError, match="matching"):
+        compare(rec, x, matching="confident-first")
+    with pytest.raises(ConfigError, match="matching"):
+        compare(images, x, matching="nearest")
+
+
+def test_exclusivity_flags_are_scored_exactly():
+    """Pan et al.'s uniqueness flags drive the matching: every flagged slot scores its own original, exactly."""
+    import leakbench as lb
+
+    data = lb.load("digits", size=28)
+    x, y = data.batch(8, seed=3)
+    x = x.double()
+    model = lb.build("mlp:1000", input_shape=data.shape, classes=10, seed=1, dtype=torch.float64)
+    rec = lb.attack("exclusivity", lb.observe(model, x, y))
+    s = compare(rec, x, y)
+    flagged = [i for i, u in enumerate(rec.trace["unique"]) if u]
+    assert s["matching"] == "confident-first" and len(flagged) >= 4
+    for i, slot in enumerate(s["order"]):
+        if slot in flagged:
+            assert s["per_sample"]["mse"][i] < 1e-20

@@ -113,3 +113,59 @@ def test_errors():
     assert "(3, 5)" in str(info.value) and "(3, 4)" in str(info.value)
     with pytest.raises(ConfigError, match=r"\(3, 5\).*\(3, 4\)"):
         pairwise_mse(_rand(3, 5), x)
+
+
+# --------------------------------------------------------------------------- matching methods
+def _exact_and_reflected(seed: int = 0):
+    """x1 is recovered exactly (slot 0); slot 1 is x1 reflected away from x2, so it lies nearer x1 than x2."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(2, 3, 8, 8, generator=gen, dtype=torch.float64)
+    rec = torch.stack([x[0], 2 * x[0] - x[1]])  # cost to x1: D; to x2: 4D; exact slot to x2: D
+    return x, rec
+
+
+def test_total_mse_mispairs_an_exact_slot_that_confident_first_keeps():
+    x, rec = _exact_and_reflected()
+    total = match(rec, x)
+    assert total.tolist() == [1, 0]  # eq. (1): D + D < 0 + 4D, so the exact slot is given x2
+    first = match(rec, x, method="confident-first", confident=torch.tensor([1.0, 0.0]))
+    assert first.tolist() == [0, 1]  # the exact slot keeps its original
+    assert match(rec, x, method="minmax").tolist() == [1, 0]  # max(D, D) < max(0, 4D): minmax swaps too
+
+
+def _brute(costs: torch.Tensor):
+    b, n = costs.shape
+    return [list(p) for p in itertools.permutations(range(n), b)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_minmax_and_confident_first_agree_with_brute_force(seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(5, 4, generator=gen, dtype=torch.float64)
+    rec = torch.rand(6, 4, generator=gen, dtype=torch.float64)
+    costs = pairwise_mse(x, rec)
+    perms = _brute(costs)
+    rows = torch.arange(5)
+    best_max = min(float(costs[rows, torch.tensor(p)].max()) for p in perms)
+    got = match(rec, x, method="minmax")
+    assert float(costs[rows, got].max()) == pytest.approx(best_max)
+    assert len(set(got.tolist())) == 5
+    flagged = torch.tensor([1, 0, 1, 0, 0, 0], dtype=torch.bool)
+
+    def key(p):  # confident-first: lexicographic (cost of the flagged slots' pairs, total), all flagged used
+        cols = torch.tensor(p)
+        on = flagged[cols]
+        return float(costs[rows, cols][on].sum()), float(costs[rows, cols].sum())
+    feasible = [p for p in perms if set(flagged.nonzero().flatten().tolist()) <= set(p)]
+    want = min(feasible, key=key)
+    assert match(rec, x, method="confident-first", confident=flagged).tolist() == want
+
+
+def test_method_errors_name_the_field():
+    x = torch.rand(2, 4)
+    with pytest.raises(ConfigError, match="method"):
+        match(x, x, method="greedy")
+    with pytest.raises(ConfigError, match="confident"):
+        match(x, x, method="confident-first")
+    with pytest.raises(ConfigError, match="confident"):
+        match(x, x, method="confident-first", confident=torch.ones(3))

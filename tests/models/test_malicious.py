@@ -48,6 +48,35 @@ def test_imprint_calibrated_bins_have_equal_mass():
     assert torch.allclose(mass(torch.rand(20000, 3, 8, 8, generator=gen)), eighth, atol=0.025)
 
 
+def test_imprint_masses_come_from_held_out_public_data():
+    data = lb.load("digits")
+    model = lb.build("mlp:8", input_shape=data.shape, classes=10, seed=0)
+    cal, hold, rest = data.images[:100], data.images[100:500], data.images[500:]
+    block = imprint(model, bins=16, seed=0, calibration=cal, holdout=hold)[0]
+    assert block.masses_source == "holdout" and block.masses.dtype == torch.float64
+    assert torch.allclose(block.masses, block.bin_masses(hold)) and float(block.masses.sum()) == pytest.approx(1)
+    # edges from 100 samples: masses are unequal, and the held-out estimate tracks the rest of the data
+    assert float(block.masses.max() / block.masses.min()) > 1.5
+    assert torch.allclose(block.masses, block.bin_masses(rest), atol=0.03)
+    # without a holdout the calibration sample's own masses (equal by construction) are reported
+    own = imprint(model, bins=16, seed=0, calibration=data)[0]  # a dataset with .images works too
+    equal = torch.full((16,), 1 / 16, dtype=torch.float64)
+    assert own.masses_source == "calibration" and torch.allclose(own.masses, equal, atol=1 / len(data.images))
+
+
+def test_imprint_warns_once_without_calibration(monkeypatch):
+    from leakbench.models import malicious
+    monkeypatch.setattr(malicious, "_WARNED", set())
+    with pytest.warns(malicious.UncalibratedImprintWarning, match="calibration=<public images>"):
+        block = imprint(_model(), bins=4, seed=0)[0]
+    assert block.masses_source.startswith("assumed equal")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        imprint(_model(), bins=4, seed=0)                        # once per process
+        imprint(_model(), bins=4, seed=0, mean=1.0, std=2.0)     # an explicit model of the score: no warning
+
+
 def test_imprint_is_seeded():
     a = imprint(_model(), bins=6, seed=3)[0]
     b = imprint(_model(), bins=6, seed=3)[0]
@@ -57,7 +86,8 @@ def test_imprint_is_seeded():
 
 @pytest.mark.parametrize("kwargs,field", [(dict(bins=1), "bins"), (dict(bins=4, query="x"), "query"),
                                           (dict(bins=4, mean=0.0), "mean"),
-                                          (dict(bins=4, calibration=torch.zeros(2, 3)), "calibration")])
+                                          (dict(bins=4, calibration=torch.zeros(2, 3)), "calibration"),
+                                          (dict(bins=4, holdout=torch.zeros(2, 3)), "holdout")])
 def test_imprint_bad_input(kwargs, field):
     with pytest.raises(lb.ConfigError, match=field):
         imprint(_model(), **kwargs)

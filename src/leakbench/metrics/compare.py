@@ -3,7 +3,10 @@
 The reconstruction is first matched one-to-one to the originals (Hungarian
 method on per-pair MSE, Liu et al. 2024 eq. (1); see
 :mod:`leakbench.metrics.matching`), then every per-sample score is taken on
-the matched pairs and averaged.  The result is a plain dict of Python floats
+the matched pairs and averaged.  Attacks that flag exactly recovered samples
+(``confidence`` of only 0/1 values, e.g. ``robbing-the-fed``, ``exclusivity``)
+are matched flags-first by default, so an exact slot is never scored against
+another sample's original; ``result["matching"]`` says which matching was used.  The result is a plain dict of Python floats
 and lists, ready for ``json.dumps``, the result store and the report.
 
 Reconstructions are scored as given: they are not clamped to [0, 1] here, so
@@ -18,10 +21,35 @@ import torch
 
 from ..errors import ConfigError
 from .image import _as_tensor, mse, psnr, ssim
+from .matching import METHODS
 from .matching import match as _match
 from .perceptual import LPIPS_NETS, lpips_available, lpips_distance
 
-__all__ = ["compare"]
+__all__ = ["compare", "exact_flags", "MATCHINGS"]
+
+#: Values of ``compare(..., matching=)``: "auto" and the methods of :func:`leakbench.metrics.match`.
+MATCHINGS = ("auto", *METHODS)
+
+
+def exact_flags(reconstruction: Any) -> torch.Tensor | None:
+    """The per-slot "exactly recovered" flags of a reconstruction, or None when it has none.
+
+    A ``confidence`` tensor counts as flags when it has one entry per image, every entry is
+    0 or 1, and at least one is 1 (attacks with graded scores — KKT multipliers, membership
+    outputs — are not flags).
+    """
+    conf = getattr(reconstruction, "confidence", None)
+    images = getattr(reconstruction, "images", None)
+    if not isinstance(conf, torch.Tensor) or not isinstance(images, torch.Tensor):
+        return None
+    conf = conf.detach().reshape(-1).cpu()
+    if conf.numel() != images.shape[0] or conf.numel() == 0:
+        return None
+    if conf.dtype == torch.bool:
+        return conf if bool(conf.any()) else None
+    if not bool(((conf == 0) | (conf == 1)).all()) or not bool((conf == 1).any()):
+        return None
+    return conf == 1
 
 
 def _unpack(reconstruction: Any) -> tuple[torch.Tensor, Any]:
@@ -68,6 +96,7 @@ def compare(
     lpips: bool = False,
     data_range: float = 1.0,
     cost: str = "mse",
+    matching: str = "auto",
 ) -> dict[str, Any]:
     """Score ``reconstruction`` against the original batch ``x`` (labels ``y``).
 
@@ -78,9 +107,14 @@ def compare(
     than originals when ``match`` is true.
 
     With ``match`` (default) the reconstructions are assigned one-to-one to the
-    originals minimising the total ``cost`` ("mse" or "negcos"), Liu et al.
-    2024 eq. (1); with ``match=False`` reconstruction i is compared with
-    original i (counts must then be equal).
+    originals by ``matching``: ``"total-mse"`` minimises the total ``cost``
+    ("mse" or "negcos"), Liu et al. 2024 eq. (1); ``"confident-first"`` matches
+    the slots the attack flags as exact first (its ``confidence``, see
+    :func:`exact_flags`), then eq. (1) on the rest; ``"minmax"`` minimises the
+    largest per-pair cost; ``"auto"`` (default) is "confident-first" when the
+    reconstruction carries exact flags and "total-mse" otherwise.  With
+    ``match=False`` reconstruction i is compared with original i (counts must
+    then be equal; ``matching`` is then "identity").
 
     Returns a JSON-serialisable dict:
 
@@ -103,6 +137,8 @@ def compare(
       is not None (label_acc as 1.0/0.0).
     - ``"order"``: the matching, ``order[i]`` = index of the reconstruction
       paired with original i.
+    - ``"matching"``: the matching used: "total-mse", "confident-first",
+      "minmax" or "identity".
 
     Scores are taken on the reconstruction as given (no clamping).  A
     reconstruction containing NaN gives NaN scores (``json.dumps`` writes them
@@ -118,9 +154,18 @@ def compare(
             f"got reconstruction {tuple(rec.shape)} and x {tuple(x.shape)}"
         )
     b = x.shape[0]
+    if matching not in MATCHINGS:
+        raise ConfigError(f"expected matching one of {', '.join(MATCHINGS)}, got {matching!r} (field matching)")
+    flags = exact_flags(reconstruction)
+    if matching == "auto":
+        matching = "confident-first" if flags is not None else "total-mse"
     if match:
-        order = _match(rec, x, cost=cost)
+        if matching == "confident-first" and flags is None:
+            raise ConfigError("matching='confident-first' needs a reconstruction whose confidence flags exact "
+                              "slots with 0/1 values (field matching; use 'auto' or 'total-mse')")
+        order = _match(rec, x, cost=cost, method=matching, confident=flags)
     else:
+        matching = "identity"
         if rec.shape[0] != b:
             raise ConfigError(
                 f"expected as many reconstructions as originals with match=False, got {rec.shape[0]} and {b} "
@@ -179,4 +224,5 @@ def compare(
 
     result["per_sample"] = per_sample
     result["order"] = order.tolist()
+    result["matching"] = matching
     return result

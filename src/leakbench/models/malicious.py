@@ -12,7 +12,13 @@ Each function takes a model and returns the modified copy the server sends
   (bin k fires for ⟨q, x⟩ > c_k), a ReLU, then a linear layer back to data size whose
   columns are all equal, so every active bin of a sample receives the same upstream
   gradient.  A sample alone between c_k and c_{k+1} is then exactly
-  (∇W_k − ∇W_{k+1}) / (∇b_k − ∇b_{k+1}).
+  (∇W_k − ∇W_{k+1}) / (∇b_k − ∇b_{k+1}).  The server calibrates the edges on public
+  data it plausibly holds (Fowl et al. use the quantiles of the data distribution): a
+  held-out slice of the same dataset, or another offline dataset of the same shape;
+  without one it warns and assumes i.i.d. uniform pixels.  ``block.masses`` are the
+  bins' probability masses measured on public data the edges were not fitted to
+  (``holdout``), which :func:`leakbench.analysis.imprint_expected` turns into the
+  expected recovery.
 - :func:`random_head` — the partly random penultimate layer of Liu et al. (2024,
   App. F, "Technical details on feature reconstruction"): the head A σ(W z) is split into
   a trained part (here the model's own head, kept exactly) and v neurons with random
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections import OrderedDict
 from statistics import NormalDist
 from typing import Sequence
@@ -34,7 +41,8 @@ from torch import nn
 from ..errors import ConfigError
 from .layers import activation
 
-__all__ = ["ImprintBlock", "RandomFeatureHead", "imprint", "random_head", "QUERIES", "CENTERS", "find_module"]
+__all__ = ["ImprintBlock", "RandomFeatureHead", "imprint", "random_head", "QUERIES", "CENTERS", "find_module",
+           "UncalibratedImprintWarning"]
 
 #: Query directions of the imprint block: a seeded Gaussian direction, or the mean brightness.
 QUERIES = ("randn", "mean")
@@ -45,11 +53,14 @@ class ImprintBlock(nn.Module):
 
     ``thresholds[k]`` = c_k (bin k fires when ⟨q, x⟩ > c_k; c_0 lies below every input in the
     data box, so bin 0 always fires); ``b = −c``.  ``gain`` scales V so the model behind the
-    block sees nearly the raw input.
+    block sees nearly the raw input.  ``masses[k]`` is the server's estimate of the probability
+    that a sample falls in bin k (``masses_source`` says on which data it was measured);
+    :meth:`bin_masses` measures them on any sample.
     """
 
     def __init__(self, input_shape: Sequence[int], query: torch.Tensor, thresholds: torch.Tensor,
-                 *, gain: float = 1e-3) -> None:
+                 *, gain: float = 1e-3, masses: torch.Tensor | None = None,
+                 masses_source: str = "assumed equal") -> None:
         super().__init__()
         self.input_shape = tuple(int(s) for s in input_shape)
         d = math.prod(self.input_shape)
@@ -59,6 +70,10 @@ class ImprintBlock(nn.Module):
         self.linear1 = nn.Linear(bins, d)
         self.register_buffer("query", query.detach().clone().reshape(d))
         self.register_buffer("thresholds", thresholds.detach().clone().reshape(bins))
+        equal = torch.full((bins,), 1.0 / bins, dtype=torch.float64)
+        self.register_buffer("masses", equal if masses is None else masses.detach().double().clone().reshape(bins))
+        self.masses_source = masses_source
+        self.masses_samples: int | None = None  # size of the held-out sample the masses were counted on
         with torch.no_grad():
             self.linear0.weight.copy_(self.query.expand(bins, d))
             self.linear0.bias.copy_(-self.thresholds)
@@ -69,6 +84,15 @@ class ImprintBlock(nn.Module):
         flat = x.reshape(x.shape[0], -1)
         out = flat + self.linear1(torch.relu(self.linear0(flat)))
         return out.reshape(x.shape)
+
+    def bin_of(self, x: torch.Tensor) -> torch.Tensor:
+        """The bin of every sample of ``x`` (N×input_shape): the highest k with ⟨q, x⟩ > c_k."""
+        scores = x.detach().reshape(x.shape[0], -1).to(self.query) @ self.query
+        return ((scores[:, None] > self.thresholds[None, :]).sum(1) - 1).clamp_min(0)
+
+    def bin_masses(self, x: torch.Tensor) -> torch.Tensor:
+        """Fraction of the samples of ``x`` in each bin (float64, sums to 1)."""
+        return torch.bincount(self.bin_of(x).cpu(), minlength=self.bins).double() / x.shape[0]
 
 
 class RandomFeatureHead(nn.Module):
@@ -134,8 +158,26 @@ def _param_device(model: nn.Module) -> tuple[torch.device, torch.dtype]:
     return (p.device, p.dtype) if p is not None else (torch.device("cpu"), torch.float32)
 
 
+class UncalibratedImprintWarning(UserWarning):
+    """The imprint block's edges assume i.i.d. uniform pixels: no public calibration sample was given."""
+
+
+_WARNED: set[str] = set()
+
+
+def _public(value: object, shape: tuple[int, ...], minimum: int, field: str) -> torch.Tensor:
+    """Public samples as an N×shape tensor (a tensor, or a dataset with ``.images``)."""
+    value = getattr(value, "images", value)
+    if not isinstance(value, torch.Tensor) or tuple(value.shape[1:]) != shape or value.shape[0] < minimum:
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ConfigError(f"expected {field} samples of shape (N ≥ {minimum}, {', '.join(map(str, shape))}) "
+                          f"(a tensor or a dataset with .images), got {got} (argument {field})")
+    return value.detach()
+
+
 def imprint(model: nn.Module, *, bins: int, query: str = "randn", seed: int = 0,
-            calibration: torch.Tensor | None = None, mean: float | None = None, std: float | None = None,
+            calibration: object | None = None, holdout: object | None = None,
+            mean: float | None = None, std: float | None = None,
             data_range: tuple[float, float] = (0.0, 1.0), gain: float = 1e-3,
             input_shape: Sequence[int] | None = None) -> nn.Sequential:
     """The model the server ships: ``Sequential(imprint=ImprintBlock, model=copy of model)``.
@@ -143,8 +185,17 @@ def imprint(model: nn.Module, *, bins: int, query: str = "randn", seed: int = 0,
     ``bins`` K ≥ 2.  ``query``: "randn" (a unit Gaussian direction from ``seed``) or "mean"
     (average brightness).  The bin edges are the equal-mass quantiles c_k, k = 1..K−1, of
     the query score s = ⟨q, x⟩ as the server models it: the empirical quantiles of
-    ``calibration`` (public samples, N×input_shape), else N(``mean``, ``std``²), else the
-    Gaussian approximation of pixels i.i.d. uniform on ``data_range``.
+    ``calibration`` — public samples the server holds (N×input_shape, or a dataset with
+    ``.images``): a held-out slice of the clients' dataset or another offline dataset — else
+    N(``mean``, ``std``²), else the Gaussian approximation of pixels i.i.d. uniform on
+    ``data_range``, with an :class:`UncalibratedImprintWarning` (once per process): real
+    images are far from uniform, and such edges crowd them into a few bins (digits, K = 8:
+    one bin holds 60 % of the images).
+
+    ``block.masses`` are the bins' masses measured on ``holdout`` (more public samples, not
+    used for the edges: the realised masses, unequal because quantiles of N samples are
+    noisy), else on ``calibration`` (equal by construction, hence optimistic), else 1/K.
+    ``imprint_expected(block, B)`` is then the expected recovery (unbiased from the holdout counts).
     """
     shape = _input_shape(model, input_shape)
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
@@ -164,18 +215,24 @@ def imprint(model: nn.Module, *, bins: int, query: str = "randn", seed: int = 0,
         q = torch.ones(d, dtype=torch.float64)
     q = q / q.norm()
     levels = torch.arange(1, bins, dtype=torch.float64) / bins
-    if calibration is not None:
-        if not isinstance(calibration, torch.Tensor) or tuple(calibration.shape[1:]) != shape \
-                or calibration.shape[0] < bins:
-            got = tuple(calibration.shape) if isinstance(calibration, torch.Tensor) else type(calibration).__name__
-            raise ConfigError(f"expected calibration samples of shape (N ≥ {bins}, {', '.join(map(str, shape))}), "
-                              f"got {got} (argument calibration)")
-        scores = calibration.detach().reshape(calibration.shape[0], -1).double().cpu() @ q
+    public = _public(calibration, shape, bins, "calibration") if calibration is not None else None
+    assumption = "score N(mean, std²)"
+    held = _public(holdout, shape, 1, "holdout") if holdout is not None else None
+    if public is not None:
+        scores = public.reshape(public.shape[0], -1).double().cpu() @ q
         inner = torch.quantile(scores, levels)
     else:
         if (mean is None) != (std is None):
             raise ConfigError("expected both mean and std of the query score, or neither (arguments mean, std)")
         if mean is None:
+            if "uniform" not in _WARNED:
+                _WARNED.add("uniform")
+                warnings.warn("imprint() got no public calibration sample: its bin edges assume pixels i.i.d. "
+                              "uniform on the data range, which real images are not, so samples crowd into a few "
+                              "bins and imprint_expected over-predicts recovery. Pass calibration=<public images> "
+                              "(e.g. a held-out slice of the dataset) and holdout=<more public images>.",
+                              UncalibratedImprintWarning, stacklevel=2)
+            assumption = "pixels i.i.d. uniform"
             mean, std = (lo + hi) / 2 * float(q.sum()), (hi - lo) / math.sqrt(12.0)
         if not std > 0:
             raise ConfigError(f"expected std > 0, got {std!r} (argument std)")
@@ -185,7 +242,18 @@ def imprint(model: nn.Module, *, bins: int, query: str = "randn", seed: int = 0,
     floor = -(q.abs().sum() * max(abs(lo), abs(hi))) - 1.0
     thresholds = torch.cat([floor.reshape(1), inner])
     device, dtype = _param_device(model)
-    block = ImprintBlock(shape, q, thresholds, gain=gain).to(device=device, dtype=dtype)
+    block = ImprintBlock(shape, q, thresholds, gain=gain)
+    for sample, source in ((held, "holdout"), (public, "calibration")):
+        if sample is not None:
+            block.masses.copy_(block.bin_masses(sample.cpu()))
+            block.masses_source = source
+            block.masses_samples = int(sample.shape[0]) if source == "holdout" else None
+            break
+    else:
+        block.masses_source = f"assumed equal ({assumption})"
+    masses = block.masses.clone()
+    block = block.to(device=device, dtype=dtype)
+    block.masses = masses.to(device)  # probabilities stay float64
     shipped = nn.Sequential(OrderedDict(imprint=block, model=copy.deepcopy(model)))
     _copy_attributes(model, shipped, shape)
     return shipped

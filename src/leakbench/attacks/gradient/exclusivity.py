@@ -27,7 +27,8 @@ sample m when it fires for m alone; then row j of ∇W_{k−1} is δ^m_{k,j} h^m
 
 Per sample ``trace["unique"]`` says whether it was determined uniquely (then the
 reconstruction equals the input up to round-off), ``confidence`` is 1.0 for those and
-0.0 otherwise; ``trace["exans"]`` counts the ExANs found per sample and layer.
+0.0 otherwise — 0/1 flags, so :func:`leakbench.metrics.compare` matches these slots to
+their originals first; ``trace["exans"]`` counts the ExANs found per sample and layer.
 Samples not identified at the output layer are returned as the data-range centre.
 """
 from __future__ import annotations
