@@ -564,6 +564,10 @@ def _npz_images(x: np.ndarray, layout: str | None, file: Path) -> torch.Tensor:
         arr = arr[:, :3] if arr.shape[1] == 4 else arr  # drop alpha
     elif arr.ndim != 2:
         raise ConfigError(f"expected x of shape N×H×W×C, N×C×H×W, N×H×W or N×d, got {x.shape} in {file}")
+    finite = np.isfinite(arr)
+    if not finite.all():
+        raise ConfigError(f"expected finite pixel values, got {int((~finite).sum())} NaN/inf value(s) in x of {file} "
+                          "(field x); clean or drop those samples")
     if arr.ndim == 4 and arr.size and (arr.min() < 0 or arr.max() > 1):
         raise ConfigError(
             f"expected float images in [0, 1], got range [{arr.min():.3g}, {arr.max():.3g}] in {file}; "

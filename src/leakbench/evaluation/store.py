@@ -141,7 +141,8 @@ class Store:
         try:
             yield self._conn
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._conn.in_transaction:  # SQLite already rolled back after some errors (disk full)
+                self._conn.execute("ROLLBACK")
             raise
         else:
             self._conn.execute("COMMIT")
