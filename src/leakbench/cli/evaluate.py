@@ -103,8 +103,6 @@ def evaluate_command(
         raise ConfigError(f"expected --workers ≥ 1, got {workers}")
     if ray is not None and workers != 1:
         raise ConfigError("expected either --workers or --ray, got both (Ray sizes its own pool)")
-    if report is not None and not dry_run:
-        check_out_dir(report, "--report")  # before any trial runs
     sweep_spec = load_spec(spec)
     if yes:
         total = check_size(sweep_spec, yes=True)
@@ -113,6 +111,8 @@ def evaluate_command(
     if dry_run:
         console.print(f"{spec}: valid; {checked.summary()}", highlight=False, soft_wrap=True)
         return
+    if report is not None:
+        check_out_dir(report, "--report")  # before any trial runs
     sweep = Sweep(sweep_spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials,
                   force=force, check=False)
     again = resume_command(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, yes=yes, report=report)
