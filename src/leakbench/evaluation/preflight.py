@@ -26,7 +26,6 @@ import torch
 
 from ..errors import ConfigError, LeakbenchError
 from .spec import MAX_TRIALS, SweepSpec
-from .trial import TrialSpec, dataset_for
 
 
 @dataclass
@@ -93,6 +92,7 @@ def check_size(spec: SweepSpec, *, yes: bool = False) -> int:
 
 def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
     """Check what every trial of ``spec`` needs (see the module docstring); one line per problem found first."""
+    from ..data import load
     from ..models import build
     from ..threat import observe
 
@@ -108,7 +108,7 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
     for i, d in enumerate(spec.datasets):
         where = f"datasets[{i}] ({d.key})"
         try:
-            data = dataset_for(TrialSpec(kind="attack", dataset=d.name, model="", data_options=dict(d.options)))
+            data = load(d.name, **d.options)  # not the trials' cache: a pool's parent need not hold the data
         except Exception as err:  # noqa: BLE001 - any loader failure is the entry's problem
             raise ConfigError(f"{where}: cannot load it: {_first_line(err)}") from None
         need = max(spec.images, max(spec.batch_sizes))
