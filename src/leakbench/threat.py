@@ -116,6 +116,40 @@ def _check_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
                "(argument x; build the model with input_shape=data.shape)")
 
 
+def _check_values(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Refuse an empty batch, non-finite or integer pixels and non-index labels; ``x`` in the model's dtype.
+
+    A float ``x`` of another precision than the model's parameters (float64 pixels, float32 model) is
+    converted to the parameters' dtype, as a client's training loop would; nothing else is converted.
+    """
+    expect(x.shape[0] > 0, f"expected a batch of at least one sample, got an empty batch of shape {tuple(x.shape)} "
+           "(argument x)")
+    expect(x.is_floating_point(), f"expected float pixels in [0, 1], got dtype {x.dtype} (argument x); "
+           "convert with x.float() / 255")
+    finite = torch.isfinite(x)
+    expect(bool(finite.all()), f"expected finite values, got {int((~finite).sum())} NaN/inf value(s) in x "
+           "(argument x); clean the batch")
+    expect(y.dim() == 1, f"expected y as class indices of shape ({x.shape[0]},), got shape {tuple(y.shape)} "
+           "(argument y); pass y.argmax(1) for one-hot labels")
+    expect(not y.is_floating_point() and y.dtype != torch.bool and not y.is_complex(),
+           f"expected integer class indices, got dtype {y.dtype} (argument y); pass y.long()")
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    return x if param is None or x.dtype == param.dtype else x.to(param.dtype)
+
+
+def _check_labels(y: torch.Tensor, outputs: int, loss: str) -> None:
+    """Labels the loss can take for a model with ``outputs`` outputs (a one-line error otherwise)."""
+    binary = loss in ("logistic", "exponential")
+    expect(not binary or outputs == 1,
+           f"loss {loss!r} takes ±1 labels and a model with 1 output, got a model with {outputs} outputs "
+           "(argument loss); use loss='ce' or build the model with classes=1")
+    high = 1 if binary else outputs - 1
+    lo, hi = int(y.min()), int(y.max())
+    expect(lo >= 0 and hi <= high, f"expected labels in 0..{high} (the model has {outputs} output"
+           f"{'s' if outputs > 1 else ''}{', labels 0/1 mean −1/+1' if binary else ''}), got range {lo}..{hi} "
+           "(argument y)")
+
+
 def _record_bn(model: nn.Module):
     stats: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -156,9 +190,13 @@ def observe(
     (an ImageDataset the other clients' batches are drawn from) and observes the
     aggregate of all L batches (``batch_size`` L·B, the target batch first).
     What the server knows about the defense is in ``extras["defense"]``.
-    The user's ``model`` is never modified.
+    The user's ``model`` is never modified.  Bad input is refused before any work with a
+    :class:`~leakbench.errors.ConfigError` naming the argument (an empty batch, NaN/inf or integer
+    pixels, labels that are not 1-D class indices of the model's outputs, a ±1 loss on a multi-output
+    model); a float ``x`` of another precision than the model is converted to the model's dtype.
     """
     _check_batch(model, x, y)
+    x = _check_values(model, x, y)
     loss_fn = get_loss(loss)
     expect(isinstance(local_steps, int) and not isinstance(local_steps, bool) and local_steps >= 0,
            f"expected local_steps ≥ 0 (0 shares the gradient), got {local_steps!r}")
@@ -167,6 +205,7 @@ def observe(
     defense_obj = parse_defense(defense)
 
     client = copy.deepcopy(model).to(x.device)
+    _check_labels(y, _out_dim(client, x), loss)
     client.train(train)
     named = [(n, p) for n, p in client.named_parameters() if p.requires_grad]
     expect(len(named) > 0, "the model has no trainable parameters")

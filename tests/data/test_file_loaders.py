@@ -274,7 +274,7 @@ def test_npz_errors(tmp_path):
     np.savez(tmp_path / "range.npz", x=np.full((2, 4, 4), 2.0), y=np.zeros(2, int))
     with pytest.raises(ConfigError, match=r"\[0, 1\]"):
         load("npz", path=tmp_path / "range.npz")
-    np.savez(tmp_path / "amb.npz", x=np.zeros((2, 5, 5, 5), np.uint8), y=np.zeros(2, int))
+    np.savez(tmp_path / "amb.npz", x=np.zeros((2, 5, 5, 5), np.uint8), y=np.arange(2))
     with pytest.raises(ConfigError, match="layout"):
         load("npz", path=tmp_path / "amb.npz")
     assert load("npz", path=tmp_path / "amb.npz", layout="nchw").shape == (5, 5, 5)

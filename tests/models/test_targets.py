@@ -178,3 +178,42 @@ def test_adaptive_training_stops_gracefully_at_float_precision(tmp_path):
     done = train_target(data, model="twolayer:50", loss="logistic", lr=0.5, steps=10_000, loss_tol=1e-2,
                         center=False, init="small")
     assert done.stop_reason == "loss_tol"
+
+
+class _Payload:
+    """Unpickling this calls os.mkdir(marker): what a crafted target file could run."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (self.marker,))
+
+
+def test_load_refuses_a_pickle_payload_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "leakbench-target-1", "config": {}, "x": _Payload(marker)}, path)
+    with pytest.raises(ConfigError, match="weights_only=True.*data only"):
+        TrainedTarget.load(path)
+    assert not marker.exists()
+    torch.load(path, weights_only=False)  # the control: the payload is live when unpickled as code
+    assert marker.is_dir()
+
+
+@pytest.mark.parametrize("content", [b"", b"not a torch file", b"PK\x03\x04truncated"])
+def test_load_refuses_a_corrupt_file_in_one_line(tmp_path, content):
+    path = tmp_path / "bad.pt"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match="bad.pt") as err:
+        TrainedTarget.load(path)
+    assert "\n" not in str(err.value)
+
+
+def test_load_refuses_a_wrong_schema(tmp_path):
+    path = tmp_path / "partial.pt"
+    torch.save({"format": "leakbench-target-1", "config": {"model": "mlp:4", "colour": 3}}, path)
+    with pytest.raises(ConfigError, match="not a complete leakbench target"):
+        TrainedTarget.load(path)

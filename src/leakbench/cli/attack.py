@@ -23,8 +23,8 @@ from ..metrics import compare
 from ..models import build, parse_spec
 from ..report import format_metric, save_grid
 from ..threat import observe
-from .common import (_print_paths, app, console, data_options, parse_assignments, parse_device, parse_indices,
-                     reports_errors, write_json)
+from .common import (_print_paths, app, check_out_dir, console, data_options, parse_assignments, parse_device,
+                     parse_indices, reports_errors, write_json)
 
 #: metrics shown by ``leakbench attack`` (keys of the compare dict, plus the attack's seconds).
 TABLE_METRICS = ("mse", "rmse", "psnr", "ssim", "label_acc", "seconds")
@@ -185,9 +185,16 @@ def attack_command(
         seed=seed, indices=chosen, loss=loss, local_steps=local_steps, labels_known=labels_known,
         defense=defense, device=device,
     )
-    result = execute(spec, progress=not quiet)
+    check_spec(spec)
     target = out if out is not None else default_out(attack, data)
-    target.mkdir(parents=True, exist_ok=True)
+    created = not target.exists()
+    check_out_dir(target, "--out")  # before the work, so a bad --out never costs an attack
+    try:
+        result = execute(spec, progress=not quiet)
+    except BaseException:
+        if created and target.is_dir() and not any(target.iterdir()):
+            target.rmdir()
+        raise
     paths = [target / "grid.png", target / "metrics.json", target / "reconstruction.npz"]
     write_grid(paths[0], result)
     write_json(paths[1], run_record(spec, result))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import collections.abc
 import functools
 import json
+import os
+import sqlite3
 import types
 import typing
 from pathlib import Path
@@ -49,7 +51,11 @@ def fail(message: str) -> NoReturn:
 
 
 def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn :class:`LeakbenchError` into one red line and exit code 2; Ctrl-C into exit code 130."""
+    """Turn :class:`LeakbenchError` into one red line and exit code 2; Ctrl-C into exit code 130.
+
+    Errors of the machine rather than the code get one line too: SQLite errors on the results store
+    (corrupt file, disk full) and file-system errors (no space, read-only, permission).
+    """
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -57,6 +63,13 @@ def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             return command(*args, **kwargs)
         except LeakbenchError as err:
             fail(str(err))
+        except sqlite3.Error as err:
+            fail(f"results store: {err} ({type(err).__name__}); free disk space, or use a new --db file, and run "
+                 "the same command again: finished trials are kept")
+        except OSError as err:
+            where = f" ({err.filename})" if err.filename else ""
+            fail(f"{err.strerror or err}{where}; free disk space or choose a writable path, then run the same "
+                 "command again")
         except KeyboardInterrupt:
             err_console.print(Text("interrupted", style="yellow"))
             raise typer.Exit(130) from None
@@ -166,6 +179,22 @@ def _json_default(value: Any) -> Any:
         return value.tolist()
     return str(value)
 
+
+
+def check_out_dir(path: Path, flag: str) -> Path:
+    """Make ``path`` a writable directory before any work (a file, /dev/null or a read-only place is refused)."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"expected a directory for {flag}, got {str(path)!r}, which is a file; choose another "
+                          f"{flag} (it is created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".leakbench-write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"cannot write into {flag} {str(path)!r} ({err.strerror or err}); choose a writable "
+                          "directory") from None
+    return path
 
 
 def write_json(path: Path, content: Any) -> None:

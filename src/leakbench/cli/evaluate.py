@@ -3,21 +3,30 @@
     leakbench evaluate examples/sweep-tiny.yaml --db results.db --workers 2
     leakbench evaluate sweep.yaml --db results.db --ray auto      # Ray tasks (pip install 'leakbench[ray]')
     leakbench report results.db --out report/                     # report/index.html, results.csv
+
+``evaluate`` checks everything before the first trial (:func:`~leakbench.evaluation.preflight.preflight`:
+size, every dataset loaded, every model built, one client round), refuses a store that holds another
+sweep (``--force`` adds to it), exits 1 when trials failed and, on Ctrl-C, prints how many trials are
+kept and the command that resumes.  ``report`` opens the store read-only.
 """
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 from typing import Annotated, Any, Mapping, Optional, Sequence
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import ConfigError
 from ..evaluation import Store, Sweep, SweepSummary, load_spec, plan, strongest
+from ..evaluation.preflight import check_size, preflight
+from ..evaluation.spec import MAX_TRIALS
 from ..evaluation.strongest import Strongest
 from ..report import write_report
-from .common import app, console, reports_errors
+from .common import app, check_out_dir, console, err_console, reports_errors
 
 
 def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
@@ -58,6 +67,18 @@ def print_failures(store: Store, keys: Mapping[str, Any], limit: int = 5) -> Non
         console.print(f"… and {len(failed) - limit} more failed trial(s); see the report", highlight=False)
 
 
+def resume_command(spec: Path, db: Path, *, workers: int, ray: Optional[str], retry_failed: bool, yes: bool,
+                   report: Optional[Path]) -> str:
+    """The exact ``leakbench evaluate`` command line that resumes this sweep."""
+    parts = ["leakbench", "evaluate", str(spec), "--db", str(db)]
+    parts += ["--workers", str(workers)] if workers != 1 else []
+    parts += ["--ray", ray] if ray is not None else []
+    parts += ["--retry-failed"] if retry_failed else []
+    parts += ["--yes"] if yes else []
+    parts += ["--report", str(report)] if report is not None else []
+    return " ".join(shlex.quote(p) for p in parts)
+
+
 @app.command("evaluate")
 @reports_errors
 def evaluate_command(
@@ -73,8 +94,15 @@ def evaluate_command(
     report: Annotated[Optional[Path], typer.Option(help="Also write the HTML report into this directory.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate the spec and count trials; run nothing.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no table.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Allow a sweep larger than the spec's max_trials "
+                                      f"(default {MAX_TRIALS:,} trials).")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Add this sweep to a store that holds another one "
+                                        "(its trials stay and are reported too).")] = False,
 ) -> None:
-    """Run (or resume) a sweep: every finished trial is committed to --db at once; done trials are skipped."""
+    """Run (or resume) a sweep: every finished trial is committed to --db at once; done trials are skipped.
+
+    Exit codes: 0 every trial finished (done or n/a), 1 some trials failed, 2 bad input, 130 interrupted.
+    """
     if workers < 1:
         raise ConfigError(f"expected --workers ≥ 1, got {workers}")
     if ray is not None and workers != 1:
@@ -87,15 +115,28 @@ def evaluate_command(
 
         spec = preset_path(preset)
     sweep_spec = load_spec(spec)
+    if yes:
+        total = check_size(sweep_spec, yes=True)
+        sweep_spec = sweep_spec.model_copy(update={"max_trials": max(total, sweep_spec.max_trials or 1)})
+    checked = preflight(sweep_spec)
     if dry_run:
-        trials = plan(sweep_spec)
-        kinds = {k: sum(1 for t in trials if t.kind == k) for k in ("attack", "utility", "bound")}
-        console.print(f"{spec}: valid; {len(trials)} trial(s) ("
-                      + ", ".join(f"{n} {k}" for k, n in kinds.items() if n) + ")", highlight=False)
+        console.print(f"{spec}: valid; {checked.summary()}", highlight=False, soft_wrap=True)
         return
-    sweep = Sweep(sweep_spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials)
+    if report is not None:
+        check_out_dir(report, "--report")  # before any trial runs
+    sweep = Sweep(sweep_spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials,
+                  force=force, check=False)
+    again = resume_command(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, yes=yes, report=report)
     try:
-        summary = sweep.run(progress=not quiet)
+        try:
+            summary = sweep.run(progress=not quiet)
+        except KeyboardInterrupt:
+            counts = sweep.store.counts(sweep.by_key)
+            kept = sum(counts.get(s, 0) for s in ("done", "failed", "n/a"))
+            err_console.print(Text(f"interrupted: {kept} of {len(sweep.trials)} trial(s) are kept in {db} "
+                                   f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}); resume with: "
+                                   f"{again}", style="yellow"), soft_wrap=True, highlight=False)
+            raise typer.Exit(130) from None
         if not quiet:
             print_summary(summary)
             print_failures(sweep.store, sweep.by_key)
@@ -105,6 +146,13 @@ def evaluate_command(
         if report is not None:
             files = write_report(sweep.store, report)
             console.print(f"report: {files.index}", highlight=False, soft_wrap=True)
+        failed = summary.counts.get("failed", 0)
+        if failed:
+            err_console.print(Text(f"{failed} of {summary.planned} trial(s) failed (errors in the store"
+                                   f"{' and the report' if report is not None else ''}); run them again with: "
+                                   f"{again if retry_failed else again + ' --retry-failed'}", style="red"),
+                              soft_wrap=True, highlight=False)
+            raise typer.Exit(1)
     finally:
         sweep.store.close()
 
@@ -115,8 +163,16 @@ def report_command(
     db: Annotated[Path, typer.Argument(help="Results store written by `leakbench evaluate`.")],
     out: Annotated[Path, typer.Option(help="Output directory of the report.")] = Path("report"),
 ) -> None:
-    """Write a static HTML report (tables, plots, image grids) and CSV/Parquet exports of a results store."""
-    files = write_report(db, out)
+    """Write a static HTML report (tables, plots, image grids) and CSV/Parquet exports of a results store.
+
+    The store is opened read-only (it may sit on read-only media or belong to another user).
+    """
+    store = Store(db, readonly=True)
+    try:
+        check_out_dir(out, "--out")
+        files = write_report(store, out)
+    finally:
+        store.close()
     extra = f", {files.parquet.name}" if files.parquet else " (Parquet: install pandas and pyarrow)"
     console.print(f"wrote {files.index}, {files.csv.name}, {files.strongest_csv.name}{extra}, "
                   f"{len(files.plots)} plot(s), {len(files.grids)} grid(s)", highlight=False, soft_wrap=True)

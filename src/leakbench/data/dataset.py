@@ -18,6 +18,8 @@ import torch
 from ..errors import ConfigError
 
 IndexLike = Sequence[int] | np.ndarray | torch.Tensor
+#: most classes a dataset may name (a label of 10⁹ would otherwise make 10⁹ class names and outputs).
+MAX_CLASSES = 100_000
 
 
 def _as_index_array(values: IndexLike, *, field: str, upper: int, what: str) -> np.ndarray:
@@ -79,6 +81,20 @@ class ImageDataset:
         self.classes = [str(c) for c in self.classes]
         if not self.classes:
             raise ConfigError("expected at least one class name, got [] (field classes)")
+        if len(self.classes) < 2:
+            raise ConfigError(
+                f"expected at least 2 classes, got 1 ({self.classes[0]!r}) in dataset {self.name!r} (field classes): "
+                "a one-output classifier's loss and gradient are exactly 0; add a second class or name the "
+                "classes the labels come from (classes=[...])"
+            )
+        if len(self.classes) > MAX_CLASSES:
+            raise ConfigError(f"expected at most {MAX_CLASSES} classes, got {len(self.classes)} (field classes)")
+        if images.is_floating_point() and images.numel() and not bool(torch.isfinite(images).all()):
+            bad = int((~torch.isfinite(images)).sum())
+            raise ConfigError(
+                f"expected finite pixel values, got {bad} NaN/inf value(s) in dataset {self.name!r} (field images); "
+                "clean or drop those samples"
+            )
         if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= len(self.classes)):
             raise ConfigError(
                 f"expected labels in 0..{len(self.classes) - 1} (one per class name), "

@@ -22,6 +22,8 @@ import shutil
 import tarfile
 import urllib.error
 import urllib.request
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Sequence
 
@@ -29,8 +31,8 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataNotFound
-from .dataset import ImageDataset
-from .offline import _choice, _int_option, apply_limit, set_channels
+from .dataset import MAX_CLASSES, ImageDataset
+from .offline import _choice, _int_option, apply_limit, check_bytes, set_channels
 
 PathLike = str | os.PathLike
 
@@ -445,12 +447,21 @@ def folder(
         for f in sorted(d.iterdir())
         if f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith(".")
     ]
+    present = {label for label, _ in files}
+    empty = [d.name for label, d in enumerate(class_dirs) if files and label not in present]
+    if empty:
+        raise ConfigError(
+            f"class folder {base / empty[0]} holds no images ({', '.join(IMAGE_SUFFIXES)}) (field root); "
+            f"put images in it or remove it{f' (also empty: {empty[1:4]})' if len(empty) > 1 else ''}"
+        )
     if not files:
         raise DataNotFound(
             f"no images found: looked for {', '.join(IMAGE_SUFFIXES)} files in the sub-folders of {base}. "
             f"Put one folder per class there ({base}/<class name>/<image>.png)."
         )
     files = files[:limit] if limit is not None else files
+    if size is not None:
+        check_bytes(len(files), 3 * size * size, field="size", value=size, fix="use a smaller size or limit=...")
     arrays = []
     for _, f in files:
         try:
@@ -505,8 +516,10 @@ def npz(
     try:
         with np.load(file, allow_pickle=False) as archive:
             stored = {k: archive[k] for k in archive.files}
-    except (OSError, ValueError, EOFError) as exc:
-        raise ConfigError(f"cannot read {file} as .npz ({exc}); expected arrays x and y") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:  # truncated, not a zip, pickled
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(f"cannot read {file} as .npz ({reason}); expected arrays x and y "
+                          "(np.savez(path, x=..., y=...)); re-create or re-download it") from None
     missing = [k for k in ("x", "y") if k not in stored]
     if missing:
         raise ConfigError(f"expected arrays 'x' and 'y' in {file}, got {sorted(stored)} (missing {missing})")
@@ -551,6 +564,10 @@ def _npz_images(x: np.ndarray, layout: str | None, file: Path) -> torch.Tensor:
         arr = arr[:, :3] if arr.shape[1] == 4 else arr  # drop alpha
     elif arr.ndim != 2:
         raise ConfigError(f"expected x of shape N×H×W×C, N×C×H×W, N×H×W or N×d, got {x.shape} in {file}")
+    finite = np.isfinite(arr)
+    if not finite.all():
+        raise ConfigError(f"expected finite pixel values, got {int((~finite).sum())} NaN/inf value(s) in x of {file} "
+                          "(field x); clean or drop those samples")
     if arr.ndim == 4 and arr.size and (arr.min() < 0 or arr.max() > 1):
         raise ConfigError(
             f"expected float images in [0, 1], got range [{arr.min():.3g}, {arr.max():.3g}] in {file}; "
@@ -576,4 +593,7 @@ def _npz_labels(y: np.ndarray, file: Path) -> tuple[torch.Tensor, list[str]]:
     if y.size and y.min() < 0:
         raise ConfigError(f"expected labels 0..K-1, got negative labels (min {y.min()}) in {file}")
     k = int(y.max()) + 1 if y.size else 1
+    if k > MAX_CLASSES:
+        raise ConfigError(f"expected labels 0..K-1 with K ≤ {MAX_CLASSES}, got label {int(y.max())} in {file} "
+                          "(field y); store class indices, not ids")
     return torch.from_numpy(y), [str(c) for c in range(k)]

@@ -32,6 +32,9 @@ PHOTO_NAMES: tuple[str, ...] = (
     "colorwheel",
 )
 
+#: largest in-memory dataset a generating loader builds (float32 bytes); larger sizes are refused up front.
+MAX_BYTES = 2 * 1024**3
+
 #: patches whose pixel standard deviation is below this are dropped (near constant).
 MIN_PATCH_STD = 0.02
 
@@ -49,6 +52,14 @@ def _float_option(value: object, *, field: str, positive: bool = False) -> float
     if not math.isfinite(float(value)) or (positive and value <= 0):
         raise ConfigError(f"expected a {'positive ' if positive else ''}finite number, got {value!r} (field {field})")
     return float(value)
+
+
+def check_bytes(samples: int, per_sample: int, *, field: str, value: object, fix: str) -> None:
+    """Refuse before allocating when ``samples × per_sample`` float32 values pass :data:`MAX_BYTES`."""
+    need = 4 * int(samples) * int(per_sample)
+    if need > MAX_BYTES:
+        raise ConfigError(f"expected a dataset of at most {MAX_BYTES / 1024**3:.0f} GiB in memory, got "
+                          f"{need / 1024**3:,.1f} GiB for {field}={value!r} (field {field}); {fix}")
 
 
 def _choice(value: object, *, field: str, allowed: tuple) -> object:
@@ -101,6 +112,9 @@ def digits(
     images = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
     labels = torch.from_numpy(bunch.target.astype(np.int64))
     images, labels = apply_limit(images, labels, limit)
+    largest = int(math.sqrt(MAX_BYTES / 4 / (channels * len(images))))
+    check_bytes(len(images), channels * size * size, field="size", value=size,
+                fix=f"use size ≤ {largest} or fewer images (limit=...)")
     if size != 8:
         images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False).clamp_(0, 1)
     images = set_channels(images, channels)
@@ -227,6 +241,7 @@ def sphere(
     _choice(rule, field="rule", allowed=SPHERE_RULES)
     seed = _int_option(seed, field="seed", minimum=0)
     rule_seed = _int_option(rule_seed, field="rule_seed", minimum=0)
+    check_bytes(2 * n, d, field="n" if n >= d else "d", value=max(n, d), fix="use a smaller n or d")
     rng = np.random.default_rng(seed)
     g = rng.standard_normal((n, d))
     norms = np.linalg.norm(g, axis=1, keepdims=True)
@@ -263,6 +278,7 @@ def gaussian_mixture(
     separation = _float_option(separation, field="separation")
     std = _float_option(std, field="std", positive=True)
     seed = _int_option(seed, field="seed", minimum=0)
+    check_bytes(3 * n, d, field="n" if n >= d else "d", value=max(n, d), fix="use a smaller n or d")
     means = np.zeros((k, d))
     if d == 1:
         means[:, 0] = (np.arange(k) - (k - 1) / 2) * separation

@@ -35,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError, LeakbenchError
+from .speccheck import MAX_SPEC_NODES, MAX_TRIALS, attack_culprit, check_rule, check_size, read_text
 
 #: keys an include/exclude rule may name.
 RULE_KEYS = ("dataset", "model", "batch_size", "attack", "defense", "seed")
@@ -339,6 +340,7 @@ class SweepSpec(_Strict):
     device: str = "cpu"
     threads: int = Field(1, ge=1)
     save_images: bool = True
+    max_trials: Optional[int] = Field(None, ge=1)  # the largest sweep this spec may plan (default MAX_TRIALS)
 
     @field_validator("batch_sizes")
     @classmethod
@@ -426,11 +428,12 @@ def _read(source: "str | Path | Mapping") -> tuple[Any, _Source]:
     if path is not None:
         if not path.is_file():
             raise ConfigError(f"expected a sweep spec file, got {str(path)!r} (no such file)")
-        text, name = path.read_text(), path.name
+        text, name = read_text(path), path.name
     else:
         text, name = str(source), "spec"
     try:
         node = yaml.compose(text)
+        check_size(node, name)
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
@@ -560,12 +563,10 @@ def check_names(spec: SweepSpec, where: "_Source | None" = None) -> None:
     for i, a in enumerate(spec.attacks):
         path = ("attacks", i)
         guard(path + ("name",), ATTACKS.get, a.name)
-        bad_option = next((k for k in a.options if k not in _attack_fields(a.name)), None)
-        if bad_option is not None:
-            path = path + ("options", bad_option)
-        elif a.preset is not None:
-            path = path + ("preset",)
-        guard(path, create_attack, a.name, preset=a.preset, **a.options)
+        try:
+            create_attack(a.name, preset=a.preset, **a.options)
+        except (LeakbenchError, ValueError, TypeError) as err:
+            raise ConfigError(f"{where.where(path + attack_culprit(a))}: {err}") from None
     labels = [a.key for a in spec.attacks]
     dup = next((k for k in labels if labels.count(k) > 1), None)
     if dup is not None:
@@ -574,6 +575,9 @@ def check_names(spec: SweepSpec, where: "_Source | None" = None) -> None:
                           "give one of them a distinct label (label: ...)")
     for i, d in enumerate(spec.defenses):
         specs = guard(("defenses", i), d.expand)
+        if not specs:
+            raise ConfigError(f"{where.where(('defenses', i))}: the grid {dict(d.grid)} gives no defense setting; "
+                              "list at least one value or remove the entry")
         for text in specs:
             guard(("defenses", i), parse_defense, text)
     guard(("threat", "loss"), LOSSES.get, spec.threat.loss)
@@ -586,6 +590,7 @@ def check_names(spec: SweepSpec, where: "_Source | None" = None) -> None:
                 if key not in RULE_KEYS:
                     raise ConfigError(f"{where.where((kind, i, key))}: unknown rule key {key!r}; "
                                       f"a rule may name: {', '.join(RULE_KEYS)}")
+            check_rule(spec, rule, kind, i, where)
     if spec.utility is not None or any(m.training.epochs for m in spec.models):
         path = ("utility",) if spec.utility is not None else ("models",)
         guard(path, _needs_utility)
@@ -667,4 +672,4 @@ def dump_spec(spec: SweepSpec) -> str:
 __all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "ServerEntry", "TargetEntry", "WeightsEntry",
            "MembershipEntry", "MEMBERSHIP_SETTINGS", "SERVER_MOVES", "server_options", "TrainingEntry", "AttackEntry", "DefenseEntry",
            "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "RULE_KEYS", "load_spec",
-           "check_names", "dump_spec"]
+           "check_names", "dump_spec", "MAX_SPEC_NODES", "MAX_TRIALS"]

@@ -17,6 +17,7 @@ Files live in ``<stem>-images/`` and trained models in ``<stem>-cache/`` beside 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import socket
@@ -72,25 +73,56 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _sqlite_message(path: Path, err: sqlite3.Error) -> str:
+    """One line for an SQLite error on opening or writing ``path``, with the fix."""
+    text = str(err)
+    if "not a database" in text or "malformed" in text or "disk I/O" in text:
+        return f"{path} is not a readable leakbench store ({text}: corrupt or truncated); use a new --db file"
+    if "full" in text:
+        return f"cannot write {path} ({text}); free disk space and run the same command again to resume"
+    if "readonly" in text or "read-only" in text or "unable to open" in text:
+        return f"cannot write {path} ({text}); choose a writable --db path (reports read it with `leakbench report`)"
+    return f"{path}: SQLite error ({text}); use a new --db file"
+
+
+def _open_readonly(path: Path, timeout: float) -> sqlite3.Connection:
+    """A connection that never writes ``path`` (``mode=ro``; ``immutable=1`` when even the WAL index is read-only)."""
+    if not path.is_file():
+        raise ConfigError(f"expected a results database written by `leakbench evaluate`, got {str(path)!r} "
+                          "(no such file)")
+    uri = path.resolve().as_uri()
+    last: sqlite3.Error | None = None
+    for query in ("?mode=ro", "?mode=ro&immutable=1"):
+        try:
+            conn = sqlite3.connect(uri + query, uri=True, timeout=timeout, isolation_level=None,
+                                   check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            except sqlite3.Error:
+                conn.close()
+                raise
+            return conn
+        except sqlite3.Error as err:
+            last = err
+    raise ConfigError(_sqlite_message(path, last)) from None
+
+
 class Store:
     """A sweep's SQLite store (see the module docstring); ``Store("results.db")``."""
 
-    def __init__(self, path: "str | Path", *, timeout: float = 60.0) -> None:
+    def __init__(self, path: "str | Path", *, timeout: float = 60.0, readonly: bool = False) -> None:
         self.path = Path(path)
+        self.readonly = readonly
         if self.path.suffix == "" or self.path.is_dir():
             raise ConfigError(f"expected a database file path like results.db, got {str(path)!r} (option --db)")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
-        self._conn.row_factory = sqlite3.Row
-        self._conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("PRAGMA synchronous = NORMAL")
-        with self._tx() as c:
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                c.execute(statement)
-            c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        version = int(self.meta("schema_version") or SCHEMA_VERSION)
-        if version != SCHEMA_VERSION:
+        if readonly:
+            self._conn = _open_readonly(self.path, timeout)
+            self._check_existing(readonly=True)
+        else:
+            self._open_writable(timeout)
+        version = self.meta("schema_version") or str(SCHEMA_VERSION)
+        if version != str(SCHEMA_VERSION):
             raise ConfigError(f"{self.path} has store schema {version}, this leakbench reads {SCHEMA_VERSION}; "
                               "use a new --db file")
 
@@ -109,7 +141,8 @@ class Store:
         try:
             yield self._conn
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._conn.in_transaction:  # SQLite already rolled back after some errors (disk full)
+                self._conn.execute("ROLLBACK")
             raise
         else:
             self._conn.execute("COMMIT")
@@ -131,6 +164,74 @@ class Store:
         with self._tx() as c:
             c.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value",
                       (name, value))
+
+    def _open_writable(self, timeout: float) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None,
+                                         check_same_thread=False)
+        except sqlite3.Error as err:
+            raise ConfigError(_sqlite_message(self.path, err)) from None
+        self._conn.row_factory = sqlite3.Row
+        self._check_existing(readonly=False)
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            with self._tx() as c:
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    c.execute(statement)
+                c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        except sqlite3.Error as err:
+            self._conn.close()
+            raise ConfigError(_sqlite_message(self.path, err)) from None
+
+    def _check_existing(self, *, readonly: bool) -> None:
+        """Refuse a file that is not SQLite, is damaged, or holds another program's tables (nothing is added)."""
+        try:
+            tables = {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and not {"meta", "trials"} <= tables:
+                raise ConfigError(f"{self.path} is an SQLite database of another program (tables: "
+                                  f"{', '.join(sorted(tables)[:5])}), not a leakbench store; use a new --db file")
+            if not tables and readonly:
+                raise ConfigError(f"{self.path} holds no leakbench results (an empty database); run "
+                                  "`leakbench evaluate SPEC --db` first")
+            if tables:
+                columns = {r[1] for r in self._conn.execute("PRAGMA table_info(trials)")}
+                missing = sorted({"key", "kind", "spec", "status"} - columns)
+                if missing:
+                    raise ConfigError(f"{self.path} has a trials table without column(s) {', '.join(missing)}: "
+                                      "not a leakbench store of this schema; use a new --db file")
+                if readonly:
+                    self._conn.execute("PRAGMA quick_check(1)").fetchone()
+        except sqlite3.Error as err:
+            self._conn.close()
+            raise ConfigError(_sqlite_message(self.path, err)) from None
+        except ConfigError:
+            self._conn.close()
+            raise
+
+    def bind(self, keys: Iterable[str], *, force: bool = False) -> None:
+        """Tie the store to one sweep: the set of its trial ``keys``; a different sweep is refused unless ``force``.
+
+        A store bound to another set of trials (or, unbound, holding trials outside ``keys``) would mix two
+        sweeps in one report; ``force=True`` re-binds it (the earlier trials stay and are reported too).
+        """
+        keys = sorted(set(keys))
+        digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:20]
+        bound = self.meta("plan")
+        if bound == digest:
+            return
+        if not force:
+            if bound is not None:
+                raise ConfigError(f"{self.path} holds another sweep (a different spec: other trials); use a new "
+                                  f"--db for this spec, or --force to add its trials to this store")
+            known = {r[0] for r in self._conn.execute("SELECT key FROM trials")}
+            extra = len(known - set(keys))
+            if extra:
+                raise ConfigError(f"{self.path} holds {extra} trial(s) of another sweep; use a new --db for this "
+                                  f"spec, or --force to add its trials to this store")
+        self.set_meta("plan", digest)
 
     # ------------------------------------------------------------------ trials
     def add(self, trials: Iterable[TrialSpec]) -> int:

@@ -5,7 +5,10 @@
 
 Re-running the same call resumes: finished trials (done or n/a) are skipped,
 failed ones are retried only with ``retry_failed=True``, and trials left
-``running`` by a process that died are run again.  Ctrl-C gives back the claims
+``running`` by a process that died are run again.  Before anything runs, the
+spec passes :func:`~.preflight.preflight` (size, every dataset loaded, every
+model built) and the store is bound to the sweep's trials: another spec on the
+same store is refused unless ``force=True``.  Ctrl-C gives back the claims
 of the trials in flight, so nothing is lost and nothing is repeated.
 """
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, Callable, Iterator, Optional
 from ..errors import ConfigError
 from .images import save_trial_files
 from .plan import plan
+from .preflight import check_size, preflight
 from .runners import Runner, make_runner
 from .spec import SweepSpec, dump_spec, load_spec
 from .store import Store
@@ -52,8 +56,12 @@ class Sweep:
     def __init__(self, spec: "SweepSpec | str | Path | dict", db: "str | Path | Store" = "results.db", *,
                  workers: int = 1, ray: Optional[str] = None, retry_failed: bool = False,
                  max_trials: Optional[int] = None, runner: Optional[Runner] = None,
-                 on_result: Optional[Callable[[TrialSpec, TrialResult], None]] = None) -> None:
+                 on_result: Optional[Callable[[TrialSpec, TrialResult], None]] = None, force: bool = False,
+                 check: bool = True) -> None:
         self.spec = load_spec(spec)
+        self.preflight = preflight(self.spec) if check else None  # every dataset, model and the size, up front
+        if not check:
+            check_size(self.spec)
         self.store = db if isinstance(db, Store) else Store(db)
         if max_trials is not None and (not isinstance(max_trials, int) or max_trials < 0):
             raise ConfigError(f"expected max_trials ≥ 0, got {max_trials!r}")
@@ -62,6 +70,7 @@ class Sweep:
         self.on_result = on_result
         self.trials = plan(self.spec)
         self.by_key = {t.key: t for t in self.trials}
+        self.store.bind(self.by_key, force=force)  # one sweep per store: another spec needs a new db or force
         self.worker = worker_id()
         self.ran = 0
         self._claimed: set[str] = set()
@@ -155,9 +164,9 @@ def _bar(total: int, done: int, name: str):
 
 def evaluate(spec: "SweepSpec | str | Path | dict", db: "str | Path" = "results.db", *, workers: int = 1,
              ray: Optional[str] = None, retry_failed: bool = False, max_trials: Optional[int] = None,
-             progress: bool = False) -> SweepSummary:
+             progress: bool = False, force: bool = False) -> SweepSummary:
     """Run (or resume) the sweep ``spec`` into the SQLite store ``db``; see :class:`Sweep`."""
-    sweep = Sweep(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials)
+    sweep = Sweep(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials, force=force)
     try:
         return sweep.run(progress=progress)
     finally:

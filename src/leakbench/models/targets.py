@@ -209,7 +209,8 @@ class TrainedTarget:
         return kkt_residual(self.model, self.inputs, self.y, kink_tol=kink_tol)
 
     def save(self, path: str | Path) -> Path:
-        """Write model weights, training set, config and history with ``torch.save``."""
+        """Write model weights, training set, config and history with ``torch.save`` (tensors and plain data only,
+        so :meth:`load` reads it with ``weights_only=True``)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({
@@ -231,15 +232,29 @@ class TrainedTarget:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"expected a saved target file, got {str(path)!r} which does not exist (argument path)")
-        blob = torch.load(path, map_location="cpu", weights_only=False)
+        try:  # weights_only: tensors, numbers, strings and containers; a pickled callable is refused unrun
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # UnpicklingError (code in the file), RuntimeError (not a torch zip), EOFError...
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            raise ConfigError(f"expected a target file written by TrainedTarget.save, got {str(path)!r}, which "
+                              f"torch.load(weights_only=True) refuses ({first}); files are read as data only, "
+                              "never as code (argument path)") from None
         if not isinstance(blob, dict) or blob.get("format") != "leakbench-target-1":
             raise ConfigError(f"expected a file written by TrainedTarget.save, got {str(path)!r}")
-        config = TargetConfig(**blob["config"])
-        model = _make_model(config, tuple(blob["input_shape"]), blob["outputs"])
-        model.load_state_dict(blob["state_dict"])
+        try:
+            config = TargetConfig(**blob["config"])
+            config.check()
+            model = _make_model(config, tuple(blob["input_shape"]), blob["outputs"])
+            model.load_state_dict(blob["state_dict"])
+            x, y, mean = blob["x"], blob["y"], blob["mean"]
+            expect(isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
+                   and (mean is None or isinstance(mean, torch.Tensor)), "x, y and mean must be tensors")
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:
+            raise ConfigError(f"{str(path)!r} is not a complete leakbench target ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:160] if str(err) else ''}); save it again with "
+                              "TrainedTarget.save (argument path)") from None
         model.to(device)
-        mean = blob["mean"]
-        return cls(model=model.eval(), x=blob["x"].to(device), y=blob["y"].to(device), config=config,
+        return cls(model=model.eval(), x=x.to(device), y=y.to(device), config=config,
                    mean=None if mean is None else mean.to(device), history=[tuple(h) for h in blob["history"]],
                    classes=blob["classes"], seconds=blob["seconds"],
                    stop_reason=blob.get("stop_reason", ""))

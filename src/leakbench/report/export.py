@@ -1,13 +1,23 @@
-"""Export a sweep's results as flat tables: CSV always, Parquet when pandas and pyarrow are installed."""
+"""Export a sweep's results as flat tables: CSV always, Parquet when pandas and pyarrow are installed.
+
+CSV cells are guarded against spreadsheet formula injection (OWASP "CSV injection"): a text cell
+that starts with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return and is not a number is
+written with a leading ``'``, so a label such as ``=HYPERLINK(...)`` shows as text in a
+spreadsheet; numbers (``-0.5`` too) stay numeric.
+"""
 from __future__ import annotations
 
 import csv
 import importlib.util
+import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..evaluation.plan import defense_family
 from ..evaluation.strongest import Strongest
+
+#: first characters that make a spreadsheet read a cell as a formula.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 
 #: columns of the results table, in order (utility metrics for utility trials, the bound for bound trials).
 RESULT_COLUMNS = ("key", "kind", "dataset", "model", "attack", "defense", "defense_family", "defense_parameter",
@@ -41,6 +51,18 @@ def strongest_records(best: Sequence[Strongest]) -> list[dict[str, Any]]:
              "attacks_not_applicable": sum(1 for a in s.scores if a.not_applicable)} for s in best]
 
 
+def safe_cell(value: Any) -> Any:
+    """``value``, with a leading ``'`` when it is text a spreadsheet would run as a formula (numbers unchanged)."""
+    if not isinstance(value, str) or not value.startswith(FORMULA_PREFIXES):
+        return value
+    try:
+        if math.isfinite(float(value)):
+            return value  # "-0.5", "+1e-3": a number, not a formula
+    except ValueError:
+        pass
+    return "'" + value
+
+
 def write_csv(records: Sequence[Mapping[str, Any]], path: "str | Path",
               columns: Optional[Sequence[str]] = None) -> Path:
     path = Path(path)
@@ -49,7 +71,7 @@ def write_csv(records: Sequence[Mapping[str, Any]], path: "str | Path",
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(records)
+        writer.writerows({k: safe_cell(v) for k, v in r.items()} for r in records)
     return path
 
 
@@ -68,5 +90,5 @@ def write_parquet(records: Sequence[Mapping[str, Any]], path: "str | Path") -> O
     return path
 
 
-__all__ = ["RESULT_COLUMNS", "result_records", "strongest_records", "write_csv", "write_parquet",
+__all__ = ["RESULT_COLUMNS", "FORMULA_PREFIXES", "safe_cell", "result_records", "strongest_records", "write_csv", "write_parquet",
            "parquet_available"]
