@@ -217,3 +217,16 @@ def test_chance_scores_are_those_of_a_flat_grey_image():
     grey = torch.full_like(x, float(data.images.mean()))
     assert math.isclose(scores["chance_rmse"], float((x - grey).pow(2).mean().sqrt()), rel_tol=1e-5)
     assert np.isclose(scores["chance_psnr"], -20 * np.log10(scores["chance_rmse"]), rtol=1e-5)
+
+
+def test_preflight_ships_the_server_model_and_checks_published_data():
+    from leakbench.evaluation.preflight import preflight
+
+    too_many_bins = {**SERVER, "models": [{"spec": "mlp:32", "server": {"imprint": {"bins": 5000}}}]}
+    with pytest.raises(ConfigError, match=r"models\[0\]\.server\.imprint.*N ≥ 5000"):
+        preflight(load_spec(too_many_bins))
+    no_nonmembers = {**SERVER, "weights": [{"target": {**TARGET, "per_class": 891}, "attacks": ["kkt"]}]}
+    with pytest.raises(ConfigError, match=r"weights\[0\]\.target\.per_class.*no non-member"):
+        preflight(load_spec(no_nonmembers))
+    checked = preflight(load_spec({**SERVER, "weights": [{"target": TARGET, "attacks": ["kkt"]}]}))
+    assert checked.kinds["weights"] == 1 and checked.kinds["attack"] == 2 * 3 * 2  # 2 attacks, 3 models, 2 seeds

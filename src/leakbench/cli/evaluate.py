@@ -59,10 +59,11 @@ def print_summary(summary: SweepSummary) -> None:
 
 
 def print_failures(store: Store, keys: Mapping[str, Any], limit: int = 5) -> None:
-    failed = [r for r in store.rows(status="failed") if r["key"] in keys]
+    failed = [r for r in store.rows() if r["status"] in ("failed", "timed out") and r["key"] in keys]
     for r in failed[:limit]:
         first = (r.get("error") or "").splitlines()[0][:200]
-        console.print(f"[yellow]failed[/yellow] {keys[r['key']].label}: {first}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]{r['status']}[/yellow] {keys[r['key']].label}: {first}", highlight=False,
+                      soft_wrap=True)
     if len(failed) > limit:
         console.print(f"… and {len(failed) - limit} more failed trial(s); see the report", highlight=False)
 
@@ -120,7 +121,7 @@ def evaluate_command(
         sweep_spec = sweep_spec.model_copy(update={"max_trials": max(total, sweep_spec.max_trials or 1)})
     checked = preflight(sweep_spec)
     if dry_run:
-        console.print(f"{spec}: valid; {checked.summary()}", highlight=False, soft_wrap=True)
+        console.print(f"{spec}: valid; {checked.summary()}", highlight=False, soft_wrap=True, markup=False)
         return
     if report is not None:
         check_out_dir(report, "--report")  # before any trial runs
@@ -132,7 +133,7 @@ def evaluate_command(
             summary = sweep.run(progress=not quiet)
         except KeyboardInterrupt:
             counts = sweep.store.counts(sweep.by_key)
-            kept = sum(counts.get(s, 0) for s in ("done", "failed", "n/a"))
+            kept = sum(counts.get(s, 0) for s in ("done", "failed", "timed out", "n/a"))
             err_console.print(Text(f"interrupted: {kept} of {len(sweep.trials)} trial(s) are kept in {db} "
                                    f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}); resume with: "
                                    f"{again}", style="yellow"), soft_wrap=True, highlight=False)
@@ -146,9 +147,11 @@ def evaluate_command(
         if report is not None:
             files = write_report(sweep.store, report)
             console.print(f"report: {files.index}", highlight=False, soft_wrap=True)
-        failed = summary.counts.get("failed", 0)
+        late = summary.counts.get("timed out", 0)
+        failed = summary.counts.get("failed", 0) + late
         if failed:
-            err_console.print(Text(f"{failed} of {summary.planned} trial(s) failed (errors in the store"
+            why = f" ({late} timed out: the attack ran past budget.trial_seconds)" if late else ""
+            err_console.print(Text(f"{failed} of {summary.planned} trial(s) failed{why} (errors in the store"
                                    f"{' and the report' if report is not None else ''}); run them again with: "
                                    f"{again if retry_failed else again + ' --retry-failed'}", style="red"),
                               soft_wrap=True, highlight=False)

@@ -51,7 +51,9 @@ def _upper_bound(spec: SweepSpec) -> int:
     settings = len(spec.datasets) * len(spec.models) * len(spec.defense_specs())
     batches = sum(max(1, spec.images // b) for b in spec.batch_sizes) * len(spec.seeds)
     per_batch = len(spec.attacks) + (1 if spec.bounds is not None and spec.bounds.cramer_rao else 0)
-    return settings * (batches * per_batch + (1 if spec.utility is not None else 0))
+    published = sum(len(e.attacks) * len(e.seeds) for e in spec.weights)
+    published += sum(len(e.attacks) * len(e.seeds) * len(e.settings) for e in spec.membership)
+    return settings * (batches * per_batch + (len(spec.batch_sizes) if spec.utility is not None else 0)) + published
 
 
 def count_trials(spec: SweepSpec) -> dict[str, int]:
@@ -125,13 +127,58 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
             except Exception as err:  # noqa: BLE001
                 raise ConfigError(f"{where}: cannot build it: {_first_line(err)}") from None
             report.models += 1
-            try:
-                observe(model, x.to(device), y.to(device), seed=0, population=data,
-                        **_threat_arguments(spec))
-            except Exception as err:  # noqa: BLE001
-                raise ConfigError(f"threat with {where}: one client round fails: {_first_line(err)}") from None
+            if m.server is not None:
+                model = _server_model(spec, m, j, model, data, where)
+            for threat in _threat_variants(spec):
+                try:
+                    observe(model, x.to(device), y.to(device), seed=0, population=data, **threat)
+                except Exception as err:  # noqa: BLE001
+                    raise ConfigError(f"threat with {where}: one client round fails: {_first_line(err)}") from None
+    for section in ("weights", "membership"):
+        for i, entry in enumerate(getattr(spec, section)):
+            _check_target_data(entry.target, f"{section}[{i}].target")
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _threat_variants(spec: SweepSpec) -> list[dict[str, Any]]:
+    """The distinct observe() arguments of the spec's threat section and of its attacks' overrides."""
+    variants: dict[str, dict[str, Any]] = {}
+    for overrides in [{}] + [a.threat for a in spec.attacks]:
+        threat = {**_threat_arguments(spec), **overrides}
+        variants.setdefault(repr(sorted(threat.items())), threat)
+    return list(variants.values())
+
+
+def _server_model(spec: SweepSpec, entry, j: int, model, data, where: str):
+    """The model the server ships, built once (a bad option value or too little public data fails here)."""
+    from .trial import TrialSpec, apply_server
+
+    name, options = entry.server.move
+    largest = max(spec.batch_sizes)
+    probe = TrialSpec(kind="attack", dataset="", model=entry.spec, batch_size=largest, images=spec.images,
+                      server={"move": name, "options": options, "public": entry.server.public})
+    try:
+        return apply_server(probe, model, data)
+    except Exception as err:  # noqa: BLE001
+        raise ConfigError(f"models[{j}].server.{name} with {where}: cannot ship it: {_first_line(err)}") from None
+
+
+def _check_target_data(target, where: str) -> None:
+    """The published model's data: loadable, its kept classes known, members and non-members available."""
+    from ..data import load
+    from .published import _kept
+
+    try:
+        data = _kept(load(target.dataset.name, **target.dataset.options), target.classes)
+    except Exception as err:  # noqa: BLE001
+        raise ConfigError(f"{where}: cannot load its data: {_first_line(err)}") from None
+    counts = torch.bincount(data.labels.cpu(), minlength=data.num_classes)
+    short = [data.classes[c] for c in range(data.num_classes) if int(counts[c]) <= target.per_class]
+    if short:
+        raise ConfigError(f"{where}.per_class: {target.per_class} training samples per class leave no non-member "
+                          f"of class {short[0]!r} ({int(counts[data.classes.index(short[0])])} samples); lower "
+                          "per_class or keep other classes")
 
 
 def _threat_arguments(spec: SweepSpec) -> dict[str, Any]:
