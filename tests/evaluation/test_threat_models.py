@@ -91,6 +91,7 @@ def test_robbing_the_fed_in_a_sweep_recovers_exactly_the_lone_samples(tmp_path):
         assert bool((per[~lone] > 1e-6).all()), (per, lone)  # a blend of two samples is not either of them
         exact_total += int(lone.sum())
         assert r["metrics"]["chance_rmse"] > 0.1  # the flat-grey control is far from exact
+        assert r["metrics"]["matching"] == "confident-first"  # RtF flags its lone samples; scored with the flags
     assert exact_total >= 4
     sweep.store.close()
 

@@ -396,11 +396,14 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     if labels is not None and labels.ndim == 2:
         labels = labels.argmax(dim=1)
     x, y = x.cpu(), y.cpu()
-    scores = compare(images if labels is None else dataclasses.replace(rec, images=images, labels=labels), x, y)
+    # the whole reconstruction, so attacks that flag exact samples are scored with their flags (confident-first)
+    confidence = None if rec.confidence is None else rec.confidence.detach().cpu()
+    scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x, y)
     clock.lap("score")
     per_sample = scores.pop("per_sample")
     order = scores.pop("order")
     metrics = {k: v for k, v in scores.items() if v is None or isinstance(v, (int, float))}
+    metrics["matching"] = str(scores.get("matching", "total-mse"))  # which pairing of Liu et al. eq. 1 scored it
     metrics.update(chance_scores(x, data))
     arrays = {}
     if spec.save_images:
