@@ -48,6 +48,8 @@ def _at_b(pairs: Sequence[tuple[int, Optional[float]]]) -> str:
 def verdict_sentence(found: Sequence[Verdict], *, upto: Optional[float] = None) -> str:
     """One plain sentence (HTML) for the verdicts of one budget over the batch sizes of a dataset and model."""
     found = sorted(found, key=lambda v: v.batch_size)
+    if not found:
+        return "No setting to judge."
     u = found[0].budget
     head = budget_text(u)
     if upto is not None and upto != u:
