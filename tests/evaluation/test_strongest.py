@@ -95,6 +95,20 @@ def test_sd_never_picks_unusable_rows_against_a_brute_force():
                 assert s.attack is None
 
 
+def test_chance_level_travels_with_the_strongest_attack():
+    rows = [{**row("ig", "none", 1, 0.1), "metrics": {"chance_rmse": 0.3}},
+            {**row("ig", "none", 1, 0.2), "metrics": {"chance_rmse": 0.5}},
+            {**row("dlg", "none", 1, 0.5), "metrics": {"chance_rmse": 0.4}},
+            {**row("ig", "noise:1", 1, 0.6), "metrics": {"chance_rmse": 0.4}},
+            row("ig", "prune:0.9", 1, 0.2)]
+    best = {s.defense: s for s in strongest(rows)}
+    assert math.isclose(best["none"].chance_rmse, 0.4) and best["none"].beats_chance is True
+    assert best["noise:1"].beats_chance is False and best["prune:0.9"].beats_chance is None
+    found = {v.budget: v for v in verdicts(privacy_utility(strongest(rows), {}), (math.inf,))}
+    assert found[math.inf].defense == "noise:1" and found[math.inf].chance_rmse == 0.4
+    assert math.isclose(found[math.inf].baseline_chance, 0.4)
+
+
 def test_threat_models_are_separate_settings():
     rows = [row("ig", "none", 1, 0.3), row("rtf", "none", 1, 0.0, threat="malicious-server"),
             row("ig", "none", 1, 0.1, threat="informed-eavesdropper"),

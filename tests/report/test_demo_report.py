@@ -41,9 +41,9 @@ def _tiny_demo() -> dict:
         if a["name"] == "tensor-features":
             a["options"] = {"trials": 2, "refine": 5, "inversion_iterations": 5}
     spec["include"] = [{**r, "batch_size": [1, 4]} for r in spec["include"]]
-    for rule in spec["include"]:  # a rule value that names no defense of the spec is refused: keep those left
-        if "defense" in rule:
-            rule["defense"] = [d for d in rule["defense"] if d in ("none", "noise")]
+    for rule in spec["include"]:  # a rule value matching no defense left is refused: keep the ones still here
+        if isinstance(rule.get("defense"), list):
+            rule["defense"] = [d for d in rule["defense"] if d in ("none", "noise", "noise:0.01")]
     for entry in spec["weights"]:
         entry["target"]["per_class"] = 4
         entry["target"]["options"]["steps"] = 300

@@ -60,7 +60,8 @@ def build(path):
                         spec = Spec(kind="attack", defense=defense, batch_size=b, seed=seed, attack=attack,
                                     attack_key=attack, threat_model=threat, **common)
                         value = base * factor * b * (1 + 0.1 * seed) * (0.8 if threat != "eavesdropper" else 1)
-                        _add(store, spec, metrics={"rmse": value, "mse": value ** 2, "psnr": -20 * math.log10(value)},
+                        _add(store, spec, metrics={"rmse": value, "mse": value ** 2, "psnr": -20 * math.log10(value),
+                                                   "chance_rmse": 0.5},
                              arrays=_images(rng, b, value), per_sample={"psnr": [-20 * math.log10(value)] * b})
         # the unusable rows: never the strongest, each listed with its reason
         _add(store, Spec(kind="attack", defense="none", batch_size=1, attack="fast", attack_key="fast",
@@ -182,7 +183,7 @@ def test_sd_never_crosses_threat_models_or_picks_unusable_rows(report):
     assert all(s.attack not in ("fast", "nanny", "rgap") for s in best.values())
     # the malicious-server rows are named as such in the summary, with what the server ships
     summary = page.split("<h2>Summary</h2>")[1].split("<section")[0]
-    assert "4 trial(s) assume a <b>malicious server</b>" in summary and "imprint" in summary
+    assert "4 trial(s) assume a <b>malicious server</b>" in summary and "the server ships: imprint (bins 8)" in summary
     assert "cocktail-party, rtf" in summary
 
 
@@ -203,6 +204,9 @@ def test_verdict_tables_and_notes(report):
     # Table 4: mean ± std over the two seeds, n/a and failed with their reasons on hover
     assert "0.021 ± 0.001" in text
     assert "Cramér–Rao bound (unbiased estimators)–0.500––" in text  # Table 4's last row: noise:0.1 only
+    # chance (a flat image at the data mean, RMSE 0.5 here): a row per table, cells at or above it flagged
+    assert "chance0.5000.5000.5000.500" in text and "not below chance (0.500, a flat image" in text
+    assert re.search(r'<td class="best chance"><span title="not below chance[^"]*">0\.630 ± 0\.042', page)
     assert "rgap inverts one sample" in text and "failed: boom" in text and "non-finite result" in text
     # weights: counts beside their controls, the evidence sentence, the failed attack's reason
     assert "6 / 20 vs 1 / 20" in text and "19 / 20 vs 20 / 20" in text and "4 / 20 vs 0 / 20" in text
@@ -252,3 +256,23 @@ def test_numbers_and_file_names():
                                                                                              "3.1 %")
     assert slug("a$b", 1) != slug("a-b", 1) and slug("=cmd").startswith("cmd-")
     assert re.fullmatch(r"[A-Za-z0-9.-]+", slug("../../etc", "x y", "$")) and slug("$$") != slug("$")
+
+
+def test_verdict_says_when_attacks_do_not_beat_chance():
+    from leakbench.evaluation.strongest import Verdict
+    from leakbench.report.attack_section import verdict_sentence
+
+    def v(b, rmse, base, chance=0.3, defense="noise:0.1"):
+        return Verdict(threat_model="eavesdropper", dataset="d", model="m", batch_size=b, budget=0.1,
+                       defense=defense, attack="ig", rmse=rmse, utility_loss=0.02, baseline_rmse=base,
+                       baseline_attack="ig", chance_rmse=chance, baseline_chance=chance)
+    text = verdict_sentence([v(1, 0.35, 0.32), v(4, 0.4, 0.36)])
+    assert text == ("At a utility loss ≤ 0.1, the strongest attack does not beat chance even without a defense "
+                    "(RMSE 0.320 at B = 1, 0.360 at B = 4 against a flat image's 0.300 at B = 1, 0.300 at B = 4), so "
+                    "the attacks as run cannot rank the defenses here.")
+    text = verdict_sentence([v(1, 0.35, 0.2), v(4, 0.4, 0.1)])
+    assert "no better than chance there: no attack run here recovers anything under it" in text
+    text = verdict_sentence([v(1, 0.2, 0.01), v(4, 0.4, 0.36)])
+    assert "no better than chance there" not in text and "not below chance at B = 4 (a flat image scores 0.300)" in text
+    text = verdict_sentence([v(1, 0.2, 0.01, chance=None)])
+    assert "chance" not in text

@@ -11,7 +11,9 @@ attack against an eavesdropper.
 A trial is *usable* when its status is ``done`` and its RMSE is finite.  Trials
 with any other status (``failed``, ``n/a``, ``timed out``, ...) or a non-finite
 value are counted beside the attack's score (``failed``, with the reasons) and
-never averaged in; an attack with no usable trial is never selected.
+never averaged in; an attack with no usable trial is never selected.  Beside each score sits its chance
+level (``chance_rmse`` of the rows: a flat image at the data mean); an RMSE not below it means the attack
+learnt nothing about the batch (:func:`beats_chance`), and the report says so.
 
 Utility (Table 5) is joined to a setting on (dataset, model, defense, batch
 size), falling back to batch size 0 (a store whose utility applies to every
@@ -110,6 +112,7 @@ class AttackScore:
     rmse_std: Optional[float] = None
     reasons: list[str] = field(default_factory=list)
     timed_out: int = 0
+    chance_rmse: Optional[float] = None
 
 
 @dataclass
@@ -126,10 +129,16 @@ class Strongest:
     ssim: Optional[float]
     scores: list[AttackScore] = field(default_factory=list)
     threat_model: str = "eavesdropper"
+    chance_rmse: Optional[float] = None
 
     @property
     def family(self) -> str:
         return defense_family(self.defense)[0]
+
+    @property
+    def beats_chance(self) -> Optional[bool]:
+        """False when the strongest attack is no closer than a flat image at the data mean (None: unknown)."""
+        return beats_chance(self.rmse, self.chance_rmse)
 
     @property
     def parameter(self) -> str:
@@ -159,6 +168,7 @@ class PrivacyUtilityPoint:
     utility_loss: Optional[float] = None
     gain: bool = False
     epsilon: Optional[float] = None
+    chance_rmse: Optional[float] = None
 
     @property
     def family(self) -> str:
@@ -182,6 +192,19 @@ class Verdict:
     baseline_attack: Optional[str]
     gain: bool = False
     epsilon: Optional[float] = None
+    chance_rmse: Optional[float] = None
+    baseline_chance: Optional[float] = None
+
+
+def beats_chance(rmse: Any, chance: Any) -> Optional[bool]:
+    """Whether a reconstruction's RMSE is below the chance level: a flat image at the data mean.
+
+    ``True`` (it beats chance), ``False`` (RMSE ≥ chance: the attack learnt nothing about the batch that a flat
+    image does not show) or ``None`` when either value is missing.
+    """
+    if not finite(rmse) or not finite(chance):
+        return None
+    return float(rmse) < float(chance)
 
 
 def _rank(score: AttackScore) -> tuple:
@@ -216,7 +239,8 @@ def attack_scores(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[AttackS
                 not_applicable=(na[0].get("error") or "not applicable") if na and not good else None,
                 rmse_std=statistics.stdev(rmses) if len(rmses) > 1 else None,
                 reasons=list(dict.fromkeys(_reason(t) for t in bad)),
-                timed_out=sum(t.get("status") == "timed out" for t in trials)))
+                timed_out=sum(t.get("status") == "timed out" for t in trials),
+                chance_rmse=_mean((t.get("metrics") or {}).get("chance_rmse") for t in good)))
         out[setting] = sorted(scores, key=_rank)
     return out
 
@@ -230,7 +254,8 @@ def strongest(rows: Iterable[Mapping[str, Any]]) -> list[Strongest]:
         result.append(Strongest(dataset=dataset, model=model, defense=defense, batch_size=size,
                                 attack=best.attack if best else None, rmse=best.rmse if best else math.nan,
                                 psnr=best.psnr if best else math.nan, ssim=best.ssim if best else None,
-                                scores=scores, threat_model=threat))
+                                scores=scores, threat_model=threat,
+                                chance_rmse=best.chance_rmse if best else None))
     return result
 
 
@@ -308,7 +333,7 @@ def privacy_utility(best: Iterable[Strongest], utility: Mapping[tuple, Mapping[s
             test_accuracy=u.get("test_accuracy"), accuracy_drop=diff("test_accuracy", -1.0),
             bound=(bounds or {}).get((s.threat_model, s.dataset, s.model, s.defense, s.batch_size)),
             threat_model=s.threat_model, utility_loss=loss, gain=gain,
-            epsilon=u.get("epsilon")))
+            epsilon=u.get("epsilon"), chance_rmse=s.chance_rmse))
     return points
 
 
@@ -351,7 +376,9 @@ def verdicts(points: Iterable[PrivacyUtilityPoint], budgets: Sequence[float] = B
                                rmse=pick.rmse if pick else None, utility_loss=pick.utility_loss if pick else None,
                                baseline_rmse=base.rmse if base else None,
                                baseline_attack=base.attack if base else None,
-                               gain=bool(pick and pick.gain), epsilon=pick.epsilon if pick else None))
+                               gain=bool(pick and pick.gain), epsilon=pick.epsilon if pick else None,
+                               chance_rmse=pick.chance_rmse if pick else None,
+                               baseline_chance=base.chance_rmse if base else None))
     return out
 
 
@@ -492,6 +519,6 @@ def roc_curve(scores: Any, is_member: Any) -> tuple[np.ndarray, np.ndarray]:
 
 __all__ = ["THREAT_MODELS", "BUDGETS", "SSIM_THRESHOLDS", "UTILITY_METRICS", "AttackScore", "Strongest",
            "PrivacyUtilityPoint", "Verdict", "WeightsSummary", "MembershipScore", "finite", "threat_model",
-           "batch_size", "usable", "npz_path", "attack_scores", "strongest", "utility_table", "utility_for",
-           "bounds_table", "utility_loss", "privacy_utility", "dominates", "pareto_front", "verdicts",
-           "weights_table", "membership_setting", "membership_table", "roc_curve"]
+           "batch_size", "usable", "npz_path", "beats_chance", "attack_scores", "strongest", "utility_table",
+           "utility_for", "bounds_table", "utility_loss", "privacy_utility", "dominates", "pareto_front",
+           "verdicts", "weights_table", "membership_setting", "membership_table", "roc_curve"]

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..evaluation.plan import defense_family
 from ..evaluation.strongest import (BUDGETS, AttackScore, PrivacyUtilityPoint, Strongest, Verdict, batch_size,
-                                    finite, npz_path, threat_model, usable, utility_for, utility_loss, verdicts)
+                                    beats_chance, finite, npz_path, threat_model, usable, utility_for, utility_loss, verdicts)
 from .grid import save_grid
 from .markup import MISSING, esc, figure, hover, muted, num, slug, table
 from .plots import CRAMER_RAO, pareto_plot, sd_heatmap
@@ -48,11 +48,19 @@ def _at_b(pairs: Sequence[tuple[int, Optional[float]]]) -> str:
 def verdict_sentence(found: Sequence[Verdict], *, upto: Optional[float] = None) -> str:
     """One plain sentence (HTML) for the verdicts of one budget over the batch sizes of a dataset and model."""
     found = sorted(found, key=lambda v: v.batch_size)
+    if not found:
+        return "No setting to judge."
     u = found[0].budget
     head = budget_text(u)
     if upto is not None and upto != u:
         head += f" (the same up to {'any cost' if math.isinf(upto) else f'{upto:g}'})"
     picked = [v for v in found if v.defense is not None]
+    blind = [v for v in found if beats_chance(v.baseline_rmse, v.baseline_chance) is False]
+    if found and len(blind) == len(found):
+        return (f"{head[0].upper()}{head[1:]}, the strongest attack does not beat chance even without a defense "
+                f"(RMSE {_at_b([(v.batch_size, v.baseline_rmse) for v in found])} against a flat image's "
+                f"{_at_b([(v.batch_size, v.baseline_chance) for v in found])}), so the attacks as run cannot rank "
+                "the defenses here.")
     if not picked:
         answer = "no defense setting with a usable attack result fits this budget"
     else:
@@ -76,9 +84,16 @@ def verdict_sentence(found: Sequence[Verdict], *, upto: Optional[float] = None) 
         else:
             answer = "the defense that leaks least against the strongest attack is " + "; ".join(
                 f"{name(v.defense)} at B = {v.batch_size} (RMSE {num(v.rmse)}{cost([v])})" for v in picked)
+    if picked and all(beats_chance(v.rmse, v.chance_rmse) is False for v in picked) and names != ["none"]:
+        answer += " — no better than chance there: no attack run here recovers anything under it"
     base = [(v.batch_size, v.baseline_rmse) for v in found if v.baseline_rmse is not None]
     tail = (f"; without a defense the strongest attack reaches {_at_b(base)}" if base
             else "; the sweep ran no undefended setting to compare with")
+    if blind:
+        where = " at B = " + ", ".join(str(v.batch_size) for v in blind)
+        flat = _at_b([(v.batch_size, v.baseline_chance) for v in blind])
+        tail += (f" — not below chance{where} (a flat image scores {flat}): the attacks as run learn nothing "
+                 "even without a defense, so they cannot rank the defenses there")
     return f"{head[0].upper()}{head[1:]}, {answer}{tail}."
 
 
@@ -120,7 +135,11 @@ def _score_cell(a: Optional[AttackScore], best: bool) -> Any:
     if a.failed:
         text = hover(f"{text} †", f"{a.failed} of {a.failed + a.trials} trials not usable (averaged over the "
                                   f"rest): {'; '.join(a.reasons)}")
-    return (text, "best" if best else "")
+    chance = beats_chance(a.rmse, a.chance_rmse) is False
+    if chance:
+        text = hover(text, f"not below chance ({num(a.chance_rmse)}, a flat image at the data mean): the attack "
+                           "learnt nothing about the batch")
+    return (text, " ".join(c for c in ("best" if best else "", "chance" if chance else "") if c))
 
 
 def table4(best: Sequence[Strongest], size: int, bounds: Optional[Mapping[tuple, float]] = None) -> str:
@@ -143,6 +162,10 @@ def table4(best: Sequence[Strongest], size: int, bounds: Optional[Mapping[tuple,
             row.append(_score_cell(next((a for a in s.scores if a.attack == name), None), s.attack == name))
         rows.append(row)
     footer = [["<b>strongest</b>"] + [esc(here[d].attack or "none ran") for d in columns]]
+    chance = [here[d].chance_rmse for d in columns]
+    if any(finite(v) for v in chance):
+        footer.append([hover("chance", "RMSE of a flat image at the data mean: an attack not below it learnt "
+                                       "nothing about the batch")] + [num(v) for v in chance])
     cr = [(bounds or {}).get((here[d].threat_model, here[d].dataset, here[d].model, d, size)) for d in columns]
     if any(finite(v) for v in cr):
         footer.append([hover(esc(CRAMER_RAO), "bounds the RMSE of unbiased estimators only; box-clamped attacks "

@@ -146,6 +146,20 @@ def _problems_section(rows: Sequence[Mapping[str, Any]]) -> str:
     return "".join(parts)
 
 
+def _move_text(server: Any) -> str:
+    """``{"move": "imprint", "options": {"bins": 64}, "public": 256}`` → ``imprint (bins 64, public 256)``."""
+    if not isinstance(server, Mapping):
+        return json.dumps(server, sort_keys=True, default=str)
+    flat = {**(server.get("options") or {}), **{k: v for k, v in server.items() if k not in ("move", "options")}}
+    name = server.get("move")
+    if name is None and len(server) == 1:  # the spec's form {imprint: {bins: K}}
+        name, flat = next(iter(server.items()))
+        flat = flat if isinstance(flat, Mapping) else {"value": flat}
+    args = ", ".join(f"{k} {json.dumps(v, default=str) if isinstance(v, (Mapping, list)) else v}"
+                     for k, v in sorted(flat.items()))
+    return f"{name or 'server'} ({args})" if args else str(name or "server")
+
+
 def _server_moves(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """What the server ships in the malicious-server rows (the ``server`` entries of their specs)."""
     moves = []
@@ -153,7 +167,7 @@ def _server_moves(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         spec = r.get("spec") or {}
         for holder in (spec, spec.get("options") or {}, spec.get("model_options") or {}, spec.get("threat") or {}):
             if isinstance(holder, Mapping) and holder.get("server"):
-                moves.append(json.dumps(holder["server"], sort_keys=True, default=str))
+                moves.append(_move_text(holder["server"]))
     return list(dict.fromkeys(moves))
 
 
@@ -180,11 +194,12 @@ def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, 
                                              and v.budget == budget])
                 texts.append(f"{esc(dataset)} · {esc(model)}: {sentence}"
                              + ("" if measured else " (utility not measured)"))
-        lines.append(f'<li><b><a href="#threat-{esc(t)}">{esc(title)}</a></b> — ' + " ".join(texts) + "</li>")
+        body = texts[0] if len(texts) == 1 else "<ul>" + "".join(f"<li>{x}</li>" for x in texts) + "</ul>"
+        lines.append(f'<li><b><a href="#threat-{esc(t)}">{esc(title)}</a></b> — {body}</li>')
     parts = [f"<p>This sweep covers these threat models: <b>{esc(covered)}</b>"
              + (f"; not covered: {esc(', '.join(missing))}" if missing else "") + ".</p>",
              '<ul class="verdict">' + "".join(lines) + "</ul>"]
-    server = [r for r in rows if threat_model(r) == "malicious-server"]
+    server = [r for r in rows if threat_model(r) == "malicious-server" and (r.get("kind") or "attack") == "attack"]
     if server:
         attacks = ", ".join(sorted({str(r.get("attack") or r.get("kind")) for r in server}))
         moves = _server_moves(server)

@@ -45,7 +45,8 @@ def sd_heatmap(best: Sequence[Strongest], path: "str | Path", *, title: str = ""
     Red = low RMSE (the strongest attack reconstructs well: the setting leaks), green = high; the scale runs
     from 0 to :data:`HEAT_TOP` (about what an uninformed guess scores on images in [0, 1]) or the largest
     value, so a sweep where every setting leaks stays red.  A setting where no attack produced a usable
-    result is grey and reads "none ran".  ``None`` when ``best`` is empty.
+    result is grey and reads "none ran"; "(≥ chance)" marks a strongest attack no closer than a flat image at
+    the data mean.  ``None`` when ``best`` is empty.
     """
     if not best:
         return None
@@ -57,7 +58,7 @@ def sd_heatmap(best: Sequence[Strongest], path: "str | Path", *, title: str = ""
         i, j = defenses.index(s.defense), sizes.index(s.batch_size)
         if finite(s.rmse):
             grid[i, j] = s.rmse
-            names[i, j] = s.attack or ""
+            names[i, j] = plain(s.attack or "") + ("\n(≥ chance)" if s.beats_chance is False else "")
     top = max(HEAT_TOP, float(np.nanmax(grid)) if np.isfinite(grid).any() else 0.0)
     fig = Figure(figsize=(max(4.5, 1.6 * len(sizes) + 2.6), max(2.8, 0.42 * len(defenses) + 1.4)))
     ax = fig.add_subplot(1, 1, 1)
@@ -66,7 +67,7 @@ def sd_heatmap(best: Sequence[Strongest], path: "str | Path", *, title: str = ""
     for i in range(len(defenses)):
         for j in range(len(sizes)):
             v = grid[i, j]
-            text = f"{v:.3f}\n{plain(names[i, j])}" if math.isfinite(v) else "none ran"
+            text = f"{v:.3f}\n{names[i, j]}" if math.isfinite(v) else "none ran"
             dark = math.isfinite(v) and not 0.2 < v / top < 0.8  # the ends of RdYlGn are dark
             ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     ax.set_xticks(range(len(sizes)))
