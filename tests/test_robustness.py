@@ -402,8 +402,12 @@ API_CASES = [
     ("observe-empty-batch", _observe(x=torch.zeros(0, 1, 8, 8), y=torch.zeros(0, dtype=torch.long)), "empty batch"),
     ("observe-label-10", _observe(y=torch.tensor([3, 10])), "argument y"),
     ("observe-label-negative", _observe(y=torch.tensor([-1, 3])), "argument y"),
-    ("observe-2d-labels", _observe(y=torch.eye(10)[:2]), "argument y"),
+    ("observe-2d-int-labels", _observe(y=torch.zeros(2, 10, dtype=torch.long)), "argument y"),
+    ("observe-2d-soft-wrong-width", _observe(y=torch.full((2, 3), 1 / 3)), "argument y"),
     ("observe-float-labels", _observe(y=torch.tensor([1.0, 2.0])), "argument y"),
+    ("observe-nan-soft-targets", _observe(y=torch.full((2, 10), float("nan"))), "argument y"),
+    ("observe-logistic-label-2", lambda w: lb.observe(lb.build("mlp:8", input_shape=(1, 8, 8), classes=1, seed=0),
+                                                      _xy()[0], torch.tensor([0, 2]), loss="logistic"), "0..1"),
     ("observe-bool-labels", _observe(y=torch.tensor([True, False])), "argument y"),
     ("observe-uint8-x", _observe(x=torch.zeros(2, 1, 8, 8, dtype=torch.uint8)), "argument x"),
     ("observe-logistic-10-class", _observe(loss="logistic"), "argument loss"),
@@ -461,6 +465,15 @@ def test_float64_x_is_converted_to_the_model_dtype():
     obs64 = lb.observe(model, x.double(), y)  # converted, as a client's training loop would
     assert all(g.dtype == torch.float32 for g in obs64.shared)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(obs32.shared, obs64.shared))
+
+
+def test_soft_and_signed_targets_still_pass():
+    x, y = _xy()
+    soft = lb.observe(_model(), x, torch.eye(10)[y])  # soft targets B×K, as DLG optimises them
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(soft.shared, lb.observe(_model(), x, y).shared))
+    single = lb.build("mlp:8", input_shape=(1, 8, 8), classes=1, seed=0)
+    signed = lb.observe(single, x, (2 * (y % 2) - 1).float(), loss="logistic")
+    assert all(torch.allclose(a, b) for a, b in zip(signed.shared, lb.observe(single, x, y % 2, loss="logistic").shared))
 
 
 def test_foreign_sqlite_file_gets_no_leakbench_tables(w):
