@@ -559,3 +559,14 @@ def test_ctrl_c_prints_the_kept_trials_and_the_command_that_resumes(tmp_path):
     assert done.returncode == 0, done.stderr
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT count(*), max(attempts) FROM trials WHERE status = 'done'").fetchone() == (8, 1)
+
+
+def test_dry_run_of_a_good_spec_says_valid_and_what_it_checked(w):
+    from typer.testing import CliRunner
+
+    from leakbench.cli import app
+
+    result = CliRunner().invoke(app, ["evaluate", str(w / "good.yaml"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "valid; 2 trial(s) (2 attack); checked 1 dataset(s) (digits: 1797 × 1×8×8, 10 classes) and 1 model" \
+        in " ".join(result.output.split())

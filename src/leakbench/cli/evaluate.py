@@ -109,7 +109,7 @@ def evaluate_command(
         sweep_spec = sweep_spec.model_copy(update={"max_trials": max(total, sweep_spec.max_trials or 1)})
     checked = preflight(sweep_spec)
     if dry_run:
-        console.print(f"{spec}: valid; {checked.summary()}", highlight=False, soft_wrap=True)
+        console.print(f"{spec}: valid; {checked.summary()}", highlight=False, soft_wrap=True, markup=False)
         return
     if report is not None:
         check_out_dir(report, "--report")  # before any trial runs

@@ -42,7 +42,7 @@ class Preflight:
         kinds = ", ".join(f"{n} {k}" for k, n in self.kinds.items() if n)
         data = "; ".join(f"{k}: {v[1]} × {'×'.join(map(str, v[0]))}, {v[2]} classes"
                          for k, v in self.datasets.items())
-        return (f"{self.trials} trial(s) ({kinds}); checked {len(self.datasets)} dataset(s) [{data}] and "
+        return (f"{self.trials} trial(s) ({kinds}); checked {len(self.datasets)} dataset(s) ({data}) and "
                 f"{self.models} model build(s) in {self.seconds:.1f} s")
 
 
