@@ -174,6 +174,8 @@ CLI_CASES = [
     ("attack-out-dev-null", "attack --data digits --model mlp:8 --attack fc-inversion --out /dev/null", "--out"),
     ("attack-out-under-file", "attack --data digits --model mlp:8 --attack fc-inversion --out {w}/afile/sub",
      "--out"),
+    ("attack-out-not-writable", "attack --data digits --model mlp:8 --attack fc-inversion --out /sys/leakbench-out",
+     "cannot write into --out"),
     ("evaluate-report-is-file", "evaluate {w}/good.yaml --db {w}/store.db --report {w}/afile", "--report"),
     ("report-out-is-file", "report {w}/store.db --out {w}/afile", "--out"),
     ("report-out-dev-null", "report {w}/store.db --out /dev/null", "--out"),
@@ -571,3 +573,17 @@ def test_dry_run_of_a_good_spec_says_valid_and_what_it_checked(w):
     assert result.exit_code == 0, result.output
     assert "valid; 2 trial(s) (2 attack); checked 1 dataset(s) (digits: 1797 × 1×8×8, 10 classes) and 1 model" \
         in " ".join(result.output.split())
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_out_is_refused_before_work(tmp_path):
+    from leakbench.cli.common import check_out_dir
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o555)
+    try:
+        with pytest.raises(ConfigError, match="cannot write into --out"):
+            check_out_dir(locked, "--out")
+    finally:
+        os.chmod(locked, 0o755)
