@@ -18,6 +18,7 @@ Errors are :class:`~leakbench.errors.ConfigError` lines naming the spec field
 """
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,8 +136,11 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
 
 
 def _threat_arguments(spec: SweepSpec) -> dict[str, Any]:
-    """The observe() arguments of the spec's threat section (as the trials pass them)."""
-    return dict(spec.threat.model_dump())
+    """The observe() arguments of the spec's threat section (as the trials pass them; other keys are left out)."""
+    from ..threat import observe
+
+    accepted = inspect.signature(observe).parameters
+    return {k: v for k, v in spec.threat.model_dump().items() if k in accepted}
 
 
 def _first_line(err: BaseException) -> str:
