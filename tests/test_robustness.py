@@ -174,6 +174,8 @@ CLI_CASES = [
     ("attack-out-dev-null", "attack --data digits --model mlp:8 --attack fc-inversion --out /dev/null", "--out"),
     ("attack-out-under-file", "attack --data digits --model mlp:8 --attack fc-inversion --out {w}/afile/sub",
      "--out"),
+    ("attack-out-not-writable", "attack --data digits --model mlp:8 --attack fc-inversion --out /sys/leakbench-out",
+     "cannot write into --out"),
     ("evaluate-report-is-file", "evaluate {w}/good.yaml --db {w}/store.db --report {w}/afile", "--report"),
     ("report-out-is-file", "report {w}/store.db --out {w}/afile", "--out"),
     ("report-out-dev-null", "report {w}/store.db --out /dev/null", "--out"),
@@ -402,8 +404,12 @@ API_CASES = [
     ("observe-empty-batch", _observe(x=torch.zeros(0, 1, 8, 8), y=torch.zeros(0, dtype=torch.long)), "empty batch"),
     ("observe-label-10", _observe(y=torch.tensor([3, 10])), "argument y"),
     ("observe-label-negative", _observe(y=torch.tensor([-1, 3])), "argument y"),
-    ("observe-2d-labels", _observe(y=torch.eye(10)[:2]), "argument y"),
+    ("observe-2d-int-labels", _observe(y=torch.zeros(2, 10, dtype=torch.long)), "argument y"),
+    ("observe-2d-soft-wrong-width", _observe(y=torch.full((2, 3), 1 / 3)), "argument y"),
     ("observe-float-labels", _observe(y=torch.tensor([1.0, 2.0])), "argument y"),
+    ("observe-nan-soft-targets", _observe(y=torch.full((2, 10), float("nan"))), "argument y"),
+    ("observe-logistic-label-2", lambda w: lb.observe(lb.build("mlp:8", input_shape=(1, 8, 8), classes=1, seed=0),
+                                                      _xy()[0], torch.tensor([0, 2]), loss="logistic"), "0..1"),
     ("observe-bool-labels", _observe(y=torch.tensor([True, False])), "argument y"),
     ("observe-uint8-x", _observe(x=torch.zeros(2, 1, 8, 8, dtype=torch.uint8)), "argument x"),
     ("observe-logistic-10-class", _observe(loss="logistic"), "argument loss"),
@@ -461,6 +467,16 @@ def test_float64_x_is_converted_to_the_model_dtype():
     obs64 = lb.observe(model, x.double(), y)  # converted, as a client's training loop would
     assert all(g.dtype == torch.float32 for g in obs64.shared)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(obs32.shared, obs64.shared))
+
+
+def test_soft_and_signed_targets_still_pass():
+    x, y = _xy()
+    soft = lb.observe(_model(), x, torch.eye(10)[y])  # soft targets B×K, as DLG optimises them
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(soft.shared, lb.observe(_model(), x, y).shared))
+    single = lb.build("mlp:8", input_shape=(1, 8, 8), classes=1, seed=0)
+    signed = lb.observe(single, x, (2 * (y % 2) - 1).float(), loss="logistic")
+    indices = lb.observe(single, x, y % 2, loss="logistic")
+    assert all(torch.allclose(a, b) for a, b in zip(signed.shared, indices.shared))
 
 
 def test_foreign_sqlite_file_gets_no_leakbench_tables(w):
@@ -546,3 +562,28 @@ def test_ctrl_c_prints_the_kept_trials_and_the_command_that_resumes(tmp_path):
     assert done.returncode == 0, done.stderr
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT count(*), max(attempts) FROM trials WHERE status = 'done'").fetchone() == (8, 1)
+
+
+def test_dry_run_of_a_good_spec_says_valid_and_what_it_checked(w):
+    from typer.testing import CliRunner
+
+    from leakbench.cli import app
+
+    result = CliRunner().invoke(app, ["evaluate", str(w / "good.yaml"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "valid; 2 trial(s) (2 attack); checked 1 dataset(s) (digits: 1797 × 1×8×8, 10 classes) and 1 model" \
+        in " ".join(result.output.split())
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_out_is_refused_before_work(tmp_path):
+    from leakbench.cli.common import check_out_dir
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o555)
+    try:
+        with pytest.raises(ConfigError, match="cannot write into --out"):
+            check_out_dir(locked, "--out")
+    finally:
+        os.chmod(locked, 0o755)

@@ -129,20 +129,39 @@ def _check_values(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
     finite = torch.isfinite(x)
     expect(bool(finite.all()), f"expected finite values, got {int((~finite).sum())} NaN/inf value(s) in x "
            "(argument x); clean the batch")
-    expect(y.dim() == 1, f"expected y as class indices of shape ({x.shape[0]},), got shape {tuple(y.shape)} "
-           "(argument y); pass y.argmax(1) for one-hot labels")
-    expect(not y.is_floating_point() and y.dtype != torch.bool and not y.is_complex(),
+    expect(y.dtype != torch.bool and not y.is_complex(),
            f"expected integer class indices, got dtype {y.dtype} (argument y); pass y.long()")
+    expect(y.is_floating_point() or y.dim() == 1,
+           f"expected class indices of shape ({x.shape[0]},), got shape {tuple(y.shape)} (argument y)")
+    if y.is_floating_point():
+        finite = torch.isfinite(y)
+        expect(bool(finite.all()), f"expected finite targets, got {int((~finite).sum())} NaN/inf value(s) in y "
+               "(argument y)")
     param = next((p for p in model.parameters() if p.is_floating_point()), None)
     return x if param is None or x.dtype == param.dtype else x.to(param.dtype)
 
 
 def _check_labels(y: torch.Tensor, outputs: int, loss: str) -> None:
-    """Labels the loss can take for a model with ``outputs`` outputs (a one-line error otherwise)."""
+    """Labels the loss can take for a model with ``outputs`` outputs (a one-line error otherwise).
+
+    Class indices 0..K−1 (0/1 for the ±1 losses); float targets only where :mod:`leakbench.losses`
+    takes them: soft targets B×K for ``ce``/``mse``, values ±1 (B or B×1) for ``logistic``/``exponential``.
+    """
     binary = loss in ("logistic", "exponential")
     expect(not binary or outputs == 1,
            f"loss {loss!r} takes ±1 labels and a model with 1 output, got a model with {outputs} outputs "
            "(argument loss); use loss='ce' or build the model with classes=1")
+    if y.is_floating_point():
+        b = y.shape[0]
+        if binary:
+            expect(y.numel() == b and bool((y.abs() == 1).all()),
+                   f"expected float targets ±1 of shape ({b},) for loss {loss!r}, got shape {tuple(y.shape)} "
+                   "with other values (argument y); pass class indices 0/1")
+        else:
+            expect(y.dim() == 2 and y.shape[1] == outputs,
+                   f"expected class indices (integers) or soft targets of shape ({b}, {outputs}), got float "
+                   f"targets of shape {tuple(y.shape)} (argument y); pass y.long() for class indices")
+        return
     high = 1 if binary else outputs - 1
     lo, hi = int(y.min()), int(y.max())
     expect(lo >= 0 and hi <= high, f"expected labels in 0..{high} (the model has {outputs} output"
@@ -192,8 +211,9 @@ def observe(
     What the server knows about the defense is in ``extras["defense"]``.
     The user's ``model`` is never modified.  Bad input is refused before any work with a
     :class:`~leakbench.errors.ConfigError` naming the argument (an empty batch, NaN/inf or integer
-    pixels, labels that are not 1-D class indices of the model's outputs, a ±1 loss on a multi-output
-    model); a float ``x`` of another precision than the model is converted to the model's dtype.
+    pixels, labels that are neither class indices of the model's outputs nor the float targets the
+    loss takes, a ±1 loss on a multi-output model); a float ``x`` of another precision than the model
+    is converted to the model's dtype.
     """
     _check_batch(model, x, y)
     x = _check_values(model, x, y)

@@ -450,10 +450,8 @@ def folder(
     present = {label for label, _ in files}
     empty = [d.name for label, d in enumerate(class_dirs) if files and label not in present]
     if empty:
-        raise ConfigError(
-            f"class folder {base / empty[0]} holds no images ({', '.join(IMAGE_SUFFIXES)}) (field root); "
-            f"put images in it or remove it{f' (also empty: {empty[1:4]})' if len(empty) > 1 else ''}"
-        )
+        raise ConfigError(f"class folder {base / empty[0]} holds no images ({', '.join(IMAGE_SUFFIXES)}) (field root); "
+                          f"put images in it or remove it{f' (also empty: {empty[1:4]})' if len(empty) > 1 else ''}")
     if not files:
         raise DataNotFound(
             f"no images found: looked for {', '.join(IMAGE_SUFFIXES)} files in the sub-folders of {base}. "
@@ -564,10 +562,9 @@ def _npz_images(x: np.ndarray, layout: str | None, file: Path) -> torch.Tensor:
         arr = arr[:, :3] if arr.shape[1] == 4 else arr  # drop alpha
     elif arr.ndim != 2:
         raise ConfigError(f"expected x of shape N×H×W×C, N×C×H×W, N×H×W or N×d, got {x.shape} in {file}")
-    finite = np.isfinite(arr)
-    if not finite.all():
-        raise ConfigError(f"expected finite pixel values, got {int((~finite).sum())} NaN/inf value(s) in x of {file} "
-                          "(field x); clean or drop those samples")
+    if not np.isfinite(arr).all():
+        raise ConfigError(f"expected finite pixel values, got {int((~np.isfinite(arr)).sum())} NaN/inf value(s) in x "
+                          f"of {file} (field x); clean or drop those samples")
     if arr.ndim == 4 and arr.size and (arr.min() < 0 or arr.max() > 1):
         raise ConfigError(
             f"expected float images in [0, 1], got range [{arr.min():.3g}, {arr.max():.3g}] in {file}; "

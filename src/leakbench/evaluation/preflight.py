@@ -18,6 +18,7 @@ Errors are :class:`~leakbench.errors.ConfigError` lines naming the spec field
 """
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ class Preflight:
         kinds = ", ".join(f"{n} {k}" for k, n in self.kinds.items() if n)
         data = "; ".join(f"{k}: {v[1]} × {'×'.join(map(str, v[0]))}, {v[2]} classes"
                          for k, v in self.datasets.items())
-        return (f"{self.trials} trial(s) ({kinds}); checked {len(self.datasets)} dataset(s) [{data}] and "
+        return (f"{self.trials} trial(s) ({kinds}); checked {len(self.datasets)} dataset(s) ({data}) and "
                 f"{self.models} model build(s) in {self.seconds:.1f} s")
 
 
@@ -182,8 +183,11 @@ def _check_target_data(target, where: str) -> None:
 
 
 def _threat_arguments(spec: SweepSpec) -> dict[str, Any]:
-    """The observe() arguments of the spec's threat section (as the trials pass them)."""
-    return dict(spec.threat.model_dump())
+    """The observe() arguments of the spec's threat section (as the trials pass them; other keys are left out)."""
+    from ..threat import observe
+
+    accepted = inspect.signature(observe).parameters
+    return {k: v for k, v in spec.threat.model_dump().items() if k in accepted}
 
 
 def _first_line(err: BaseException) -> str:
