@@ -43,8 +43,9 @@ STEP_UNITS = ("data", "normalised")
 SCHEDULES = ("multistep", "cosine", "none")
 INITS = ("gaussian", "uniform", "grey", "randn")
 FACTORISE = ("auto", "on", "off")
-#: ``factorise="auto"`` factorises linear layers with at least this many weights (measured crossover:
-#: benchmarks/bench_factorised.py) whose input rows n are fewer than half of min(v, d).
+#: ``factorise="auto"`` factorises linear layers with at least this many weights whose input rows n are
+#: fewer than half of min(v, d) (measured on a bare linear layer: ×0.7–0.8 at 12–50k weights, ×1.0 at
+#: 200k, ×2–2.8 at 790k; docs/feature-attacks.md).
 FACTORISE_MIN = 1 << 18
 
 
@@ -265,8 +266,9 @@ class GradientMatcher:
     def forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.model, params, (x,), strict=False)
 
-    def shared_of(self, x: torch.Tensor, target: torch.Tensor) -> list[torch.Tensor]:
-        """The gradient (or local update) the client would share for inputs ``x`` and targets ``target``."""
+    def shared_of(self, x: torch.Tensor, target: torch.Tensor) -> list[torch.Tensor | LinearFactors]:
+        """The gradient (or local update) the client would share for inputs ``x`` and targets ``target``
+        (wide linear weights as :class:`LinearFactors`, see :attr:`factorised`)."""
         obs = self.obs
         if self._linear:  # gradient, or an update of one local step: θ₁ − θ₀ = −η∇θ
             grads = self._factorised_gradient(x, target)
