@@ -169,8 +169,8 @@ class GradientMatcher:
         layers = []
         for name, m in self.model.named_modules():
             k = index.get(f"{name}.weight" if name else "weight")
-            if not isinstance(m, nn.Linear) or k is None or uses[id(m.weight)] != 1 or self.distance.weights[k] == 0:
-                continue
+            if not isinstance(m, nn.Linear) or k is None or uses[id(m.weight)] != 1:
+                continue  # (a zero-weight layer is factorised too: its δ is cheap, its δᵀz is never read)
             if self.s.factorise == "auto" and m.weight.numel() < FACTORISE_MIN:
                 continue
             m.register_forward_hook(lambda mod, inputs, out, k=k: self._capture(k, inputs[0], out))
