@@ -111,7 +111,8 @@ def test_factorised_linear_layers_give_the_dense_reconstruction(options):
     fact_m, fact = _match(obs, y, factorise="on", **options)
     assert dense_m.factorised == [] and "fc.random.weight" in fact_m.factorised
     assert fact.trace["factorised"] == fact_m.factorised
-    torch.testing.assert_close(torch.tensor(fact.trace["loss"]), torch.tensor(dense.trace["loss"]), rtol=1e-9, atol=1e-12)
+    curves = torch.tensor(fact.trace["loss"]), torch.tensor(dense.trace["loss"])
+    torch.testing.assert_close(*curves, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(fact.images, dense.images, rtol=0, atol=1e-9)
 
 

@@ -116,8 +116,8 @@ class LayerSystem:
             with warnings.catch_warnings():  # torch calls its CSR support beta
                 warnings.simplefilter("ignore", UserWarning)
                 m = self.matrix
-                self._torch = torch.sparse_csr_tensor(torch.from_numpy(m.indptr).long(), torch.from_numpy(m.indices).long(),
-                                                      torch.from_numpy(m.data), m.shape, device=x.device)
+                rows, cols = torch.from_numpy(m.indptr).long(), torch.from_numpy(m.indices).long()
+                self._torch = torch.sparse_csr_tensor(rows, cols, torch.from_numpy(m.data), m.shape, device=x.device)
         return self._torch @ x.reshape(-1).to(torch.float64)
 
 
