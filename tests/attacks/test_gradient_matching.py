@@ -71,3 +71,93 @@ def test_update_observation_is_inverted_by_simulating_local_steps():
     obs = lb.observe(model, x, y, local_steps=3, local_lr=0.01, labels_known=True)
     rec = lb.attack("dlg", obs, preset="idlg", iterations=60)
     assert lb.compare(rec, x, y)["mse"] < 1e-3
+
+
+# -- factorised linear layers ---------------------------------------------------------------------------------
+
+def _head_observation(*, train: bool = False, width: int = 600, spec: str = "convnet-2", **observe):
+    """A float64 model (convnet-2: BN) at 12 px with a random head of ``width`` neurons: its wide linear layer."""
+    from leakbench.models.malicious import random_head
+
+    ds = lb.load("photos", size=12)
+    x, y = ds.batch(2, seed=0)
+    model = lb.build(spec, input_shape=ds.shape, classes=ds.num_classes, seed=0, dtype=torch.float64)
+    shipped = random_head(model, width=width, seed=0)
+    return lb.observe(shipped, x.double(), y, labels_known=True, train=train, bn_stats=train, **observe), y
+
+
+def _match(obs, labels, **settings):
+    from leakbench.attacks.matching import GradientMatcher, MatchingSettings
+
+    matcher = GradientMatcher(obs, MatchingSettings(iterations=6, trace_every=1, **settings))
+    return matcher, matcher.run(labels, seed=0)
+
+
+@pytest.mark.parametrize("options", [
+    dict(distance="cosine"),
+    dict(distance="l2", signed=False, lr=1e-3),
+    dict(distance="cosine-layer", weights="l0"),
+    dict(distance="cosine", train=True, bn=0.01, tv=0.01),     # BN in training mode, the BN prior, TV
+    dict(distance="cosine", local_steps=1, local_lr=0.1),       # an update of one local step
+    # one inner iteration: L-BFGS's absolute tolerance_change (1e-9) lets longer inner loops branch on 1e-12 differences
+    dict(distance="l2", optimizer="lbfgs", lbfgs_max_iter=1),
+])
+def test_factorised_linear_layers_give_the_dense_reconstruction(options):
+    """δᵀz never formed: the same loss curve and the same images as the dense path (float64)."""
+    options = dict(options)
+    observe = {k: options.pop(k) for k in ("train", "local_steps", "local_lr") if k in options}
+    obs, y = _head_observation(**observe)
+    dense_m, dense = _match(obs, y, factorise="off", **options)
+    fact_m, fact = _match(obs, y, factorise="on", **options)
+    assert dense_m.factorised == [] and "fc.random.weight" in fact_m.factorised
+    assert fact.trace["factorised"] == fact_m.factorised
+    curves = torch.tensor(fact.trace["loss"]), torch.tensor(dense.trace["loss"])
+    torch.testing.assert_close(*curves, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(fact.images, dense.images, rtol=0, atol=1e-9)
+
+
+def test_factorising_falls_back_to_dense_where_it_cannot_stand_for_the_gradient():
+    """Several local steps, a weight also used outside its module's call, a tied weight: dense, same results."""
+    from torch import nn
+
+    from leakbench.attacks.matching import GradientMatcher, MatchingSettings
+
+    obs, _ = _head_observation(local_steps=2, local_lr=0.1)
+    assert GradientMatcher(obs, MatchingSettings(factorise="on")).factorised == []
+
+    class Reused(nn.Module):  # fc.weight also enters through F.linear: δᵀz of fc's own call is not its gradient
+        def __init__(self):
+            super().__init__()
+            self.flat, self.fc, self.out = nn.Flatten(), nn.Linear(48, 40), nn.Linear(40, 3)
+
+        def forward(self, x):
+            h = self.flat(x)
+            return self.out(torch.tanh(self.fc(h)) + 0.5 * torch.nn.functional.linear(h, self.fc.weight))
+
+    torch.manual_seed(0)
+    tied = nn.Sequential(nn.Flatten(), nn.Linear(48, 48), nn.Tanh(), nn.Linear(48, 48), nn.Tanh(), nn.Linear(48, 3))
+    tied[3].weight = tied[1].weight
+    x = torch.rand(2, 3, 4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for model, wide, eligible in ((Reused().double(), "fc.weight", True), (tied.double(), "1.weight", False)):
+        model.input_shape, model.classes = (3, 4, 4), 3
+        labels = torch.tensor([0, 2])
+        obs = lb.observe(model, x, labels, labels_known=True)
+        dense = _match(obs, labels, factorise="off")[1]
+        fact_m = GradientMatcher(obs, MatchingSettings(iterations=6, trace_every=1, factorise="on"))
+        assert (wide in fact_m.factorised) == eligible  # tied weights are never factorised
+        fact = fact_m.run(labels, seed=0)
+        assert wide not in fact_m.factorised  # the first step's check against autograd dropped it
+        torch.testing.assert_close(fact.images, dense.images, rtol=0, atol=1e-9)
+
+
+def test_auto_factorises_only_wide_layers_and_batched_restarts_stay_dense():
+    from leakbench.attacks.matching import FACTORISE_MIN
+
+    obs, y = _head_observation(width=5000, spec="mlp:64")
+    matcher, _ = _match(obs, y)  # factorise="auto"
+    params = obs.params()
+    assert matcher.factorised == [n for n in obs.param_names if n.endswith("weight") and params[n].dim() == 2
+                                  and params[n].numel() >= FACTORISE_MIN] == ["fc.random.weight"]
+    dense = _match(obs, y, factorise="off", restarts=2, batched_restarts=True)[1]
+    fact = _match(obs, y, factorise="on", restarts=2, batched_restarts=True)[1]
+    torch.testing.assert_close(fact.images, dense.images, rtol=0, atol=0)

@@ -154,3 +154,40 @@ def test_bn_statistics_equals_hand_computation():
         expected += np.sqrt(((m.numpy() - mt.numpy()) ** 2).sum()) + np.sqrt(((v.numpy() - vt.numpy()) ** 2).sum())
     assert bn_statistics(dummy, target).item() == pytest.approx(expected, rel=1e-6)
     assert bn_statistics(target, target).item() == 0.0
+
+
+@pytest.mark.parametrize("kind", DISTANCES)
+@pytest.mark.parametrize("weights", [None, [0.5, 2.0, 3.0]])
+def test_linear_factors_give_the_dense_distance(kind, weights):
+    """⟨δᵀz, T⟩ = Σ(δ ∘ zTᵀ) and ‖δᵀz‖² = Σ(δδᵀ ∘ zzᵀ): every distance equals its value on δᵀz formed."""
+    from leakbench.attacks.objectives import LinearFactors
+
+    g = torch.Generator().manual_seed(3)
+    delta = torch.randn(5, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(5, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    other = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    target = [torch.randn(7, 11, generator=g, dtype=torch.float64), torch.randn(4, generator=g, dtype=torch.float64),
+              torch.randn(7, 11, generator=g, dtype=torch.float64)]
+    dist = GradientDistance(target, kind=kind, weights=weights)
+    factors = LinearFactors(delta, z)
+    dense = dist([delta.T @ z, other, 0.3 * delta.T @ z])
+    fact = dist([factors, other, factors.scaled(0.3)])
+    assert fact.item() == pytest.approx(dense.item(), rel=1e-12)
+    grads = [torch.autograd.grad(v, [delta, z, other]) for v in (dense, fact)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_linear_factors_l2_keeps_precision_near_a_match():
+    """The L2 expansion cancels near a match; accumulated in float64 it still equals the float32 dense value."""
+    from leakbench.attacks.objectives import LinearFactors
+
+    g = torch.Generator().manual_seed(4)
+    delta, z = torch.randn(4, 300, generator=g), torch.randn(4, 200, generator=g)
+    target = delta.double().T @ z.double()
+    near = delta * (1 + 1e-4 * torch.randn(4, 300, generator=g))
+    exact = float(((near.double().T @ z.double() - target) ** 2).sum())
+    got = GradientDistance([target.float()], kind="l2")([LinearFactors(near, z)]).item()
+    assert got == pytest.approx(exact, rel=1e-3)
+    with pytest.raises(ConfigError, match="same rows"):
+        LinearFactors(delta, z[:3])

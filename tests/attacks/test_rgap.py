@@ -58,25 +58,61 @@ def test_solvers_agree_and_pinv_runs_anywhere(sample):
     torch.testing.assert_close(a.images, b.images, rtol=1e-6, atol=1e-6)
 
 
-def test_default_solver_rank_and_residual_match_an_svd(sample, monkeypatch):
-    from leakbench.attacks.gradient import rgap
+@pytest.mark.parametrize("spec,act", [
+    ("cnn:3-6-1-0", "tanh"),                      # CNN2 V1: full rank, tall
+    ("cnn:4-6-2-0", "tanh"),                      # CNN2 V2: rank deficient, wide, dependent rows
+    ("cnn:4-6-2-0,3-3-2-0", "tanh"),              # CNN3 V2: two rank-deficient layers
+    ("cnn:3-1-1-0,3-6-1-0", "leaky-relu"),        # CNN3 V4: a one-channel layer, rank-deficient input layer
+    ("cnn:3-6-1-0,3-9-1-0", "relu"),              # ReLU: only active rows
+])
+def test_gram_solver_equals_the_svd_path(sample, spec, act):
+    """The default solver (pivoted Cholesky of the sparse Gram) gives gelsd's reconstruction and ranks."""
+    data, x, y = sample
+    ref = run(data, x, y, spec, act=act, solver="gelsd")
+    new = run(data, x, y, spec, act=act)
+    torch.testing.assert_close(new.images, ref.images, rtol=1e-9, atol=1e-9 * float(ref.images.abs().max()))
+    for a, b in zip(new.trace["layers"], ref.trace["layers"]):
+        assert a.get("rank") == b.get("rank") and a.get("solver", "gram") == "gram"
+    if spec != "cnn:3-6-1-0":
+        assert any(layer.get("rank_deficiency", 0) < 0 for layer in new.trace["layers"])
 
-    data = sample[0]
-    x, y = data.batch(1, seed=0)
-    x = x.double()
-    seen = {}
-    solve = rgap.least_squares
 
-    def spy(a, b, **kw):
-        seen["a"], seen["b"] = a, b
-        return solve(a, b, **kw)
+def test_gram_solver_is_the_minimum_norm_solution_of_random_rank_deficient_systems():
+    """Against numpy's SVD pseudo-inverse: tall and wide, consistent and not, rank-deficient sparse systems."""
+    import numpy as np
+    import scipy.sparse as sp
 
-    monkeypatch.setattr(rgap, "least_squares", spy)
-    rec = run(data, x, y, "cnn:4-6-2-0")  # rank deficient: gelsy's rank estimate missed here
-    conv = rec.trace["layers"][0]
-    s = torch.linalg.svdvals(seen["a"])
-    assert conv["rank"] == int((s > 1e-10 * s[0]).sum()) < conv["unknowns"]
-    assert conv["residual"] < 1e-10  # the true image solves the system, so least squares must too
+    from leakbench.attacks.gradient.rgap import least_squares
+
+    rng = np.random.default_rng(0)
+    for m, n, r in ((300, 120, 100), (80, 200, 60), (150, 150, 150)):
+        low = sp.random(m, r, density=0.1, random_state=rng) @ sp.random(r, n, density=0.2, random_state=rng)
+        a = sp.csr_matrix(low + sp.csr_matrix((m, n)))
+        rank = np.linalg.matrix_rank(a.toarray())
+        b = rng.standard_normal(m)  # generally inconsistent
+        found = least_squares(a, torch.from_numpy(b))
+        expected = np.linalg.pinv(a.toarray(), rcond=1e-10) @ b
+        assert found.solver == "gram" and found.rank == rank
+        np.testing.assert_allclose(found.solution.numpy(), expected, rtol=1e-8, atol=1e-10 * np.abs(expected).max())
+
+
+def test_gram_solver_hands_unclear_ranks_to_gelsd():
+    """A singular value between the rank tolerance and its safety gap: the SVD solver decides."""
+    import numpy as np
+
+    from leakbench.attacks.gradient.rgap import least_squares
+
+    rng = np.random.default_rng(1)
+    u, _ = np.linalg.qr(rng.standard_normal((60, 40)))
+    v, _ = np.linalg.qr(rng.standard_normal((40, 40)))
+    s = np.ones(40)
+    s[-1] = 1e-6  # σ²/σ₁² = 1e-12: above dpstrf's tolerance (~4e-15), inside the 1e4 gap
+    a = torch.from_numpy((u * s) @ v.T)
+    b = torch.from_numpy(rng.standard_normal(60))
+    found = least_squares(a, b)
+    ref = torch.linalg.lstsq(a, b[:, None], rcond=1e-10, driver="gelsd")
+    assert found.solver.startswith("gelsd") and found.rank == int(ref.rank) == 40
+    torch.testing.assert_close(found.solution, ref.solution[:, 0])
 
 
 def test_float32_observation_and_plain_module(sample):

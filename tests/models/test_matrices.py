@@ -8,7 +8,7 @@ from torch import nn
 
 import leakbench as lb
 from leakbench.errors import ConfigError, UnsupportedThreatModel
-from leakbench.models.matrices import (bias_vector, conv_geometry, gradient_matrix, layer_chain,
+from leakbench.models.matrices import (bias_vector, conv_geometry, conv_system, gradient_matrix, layer_chain,
                                        weight_matrix)
 
 
@@ -60,6 +60,19 @@ def test_gradient_matrix_equals_autograd(case):
     torch.testing.assert_close(kmat @ x.reshape(-1), grad_w.reshape(-1), rtol=1e-12, atol=1e-12)
     ksparse = gradient_matrix(conv, (c, h, w), delta, sparse=True)
     torch.testing.assert_close(ksparse.to_dense(), kmat)
+
+
+@pytest.mark.parametrize("case", CASES[::4])
+def test_conv_system_equals_the_torch_builders(case):
+    """The scipy CSR pair R-GAP solves with is exactly the dense weight and gradient matrices."""
+    c, h, w, o, k, s, p, d = case
+    conv = nn.Conv2d(c, o, k, stride=s, padding=p, dilation=d, bias=False).double()
+    delta = torch.randn_like(conv(torch.zeros(1, c, h, w, dtype=torch.float64)))
+    wmat, kmat = conv_system(conv, (c, h, w), delta)
+    assert torch.equal(torch.from_numpy(wmat.toarray()), weight_matrix(conv, (c, h, w)))
+    assert torch.equal(torch.from_numpy(kmat.toarray()), gradient_matrix(conv, (c, h, w), delta))
+    with pytest.raises(ConfigError, match="upstream gradient"):
+        conv_system(conv, (c, h, w), delta.reshape(-1)[:-1])
 
 
 def test_same_padding_and_linear_layers():

@@ -13,6 +13,13 @@ the box constraint enforced after every step (Geiping et al.), L-BFGS (Zhu et
 al.), or plain SGD; step decay ×0.1 at 3/8, 5/8, 7/8 of the run; several
 restarts keeping the best final match, optionally run as one batched
 computation with ``torch.func.vmap``.
+
+Wide linear layers (``factorise``): the simulated weight gradient of a linear layer is δᵀz (input
+rows z, upstream rows δ = ∂L/∂(its output)).  The engine asks autograd for δ instead of δᵀz and
+hands the distance the pair (:class:`~.objectives.LinearFactors`), whose terms cost one n×v×d
+matrix product instead of several passes over a v×d outer product: s/step grows linearly with the
+width.  Same objective to float rounding (tested); gradient observations and one-step updates,
+not the batched (vmap) restarts or several local steps, which stay dense.
 """
 from __future__ import annotations
 
@@ -29,12 +36,17 @@ from torch.func import functional_call
 from ..errors import ConfigError, expect
 from ..losses import get_loss
 from ..threat import Observation
-from .objectives import DISTANCES, GradientDistance, bn_statistics, layer_weights, total_variation
+from .objectives import DISTANCES, GradientDistance, LinearFactors, bn_statistics, layer_weights, total_variation
 
 OPTIMIZERS = ("adam", "lbfgs", "sgd")
 STEP_UNITS = ("data", "normalised")
 SCHEDULES = ("multistep", "cosine", "none")
 INITS = ("gaussian", "uniform", "grey", "randn")
+FACTORISE = ("auto", "on", "off")
+#: ``factorise="auto"`` factorises linear layers with at least this many weights whose input rows n are
+#: fewer than half of min(v, d) (measured on a bare linear layer: ×0.7–0.8 at 12–50k weights, ×1.0 at
+#: 200k, ×2–2.8 at 790k; docs/feature-attacks.md).
+FACTORISE_MIN = 1 << 18
 
 
 @dataclass
@@ -59,6 +71,7 @@ class MatchingSettings:
     soft_labels: bool = False
     lbfgs_max_iter: int = 20
     trace_every: int = 50
+    factorise: str = "auto"
 
     def check(self) -> None:
         expect(self.iterations >= 1, f"expected iterations ≥ 1, got {self.iterations}")
@@ -69,7 +82,8 @@ class MatchingSettings:
         expect(self.trace_every >= 1, f"expected trace_every ≥ 1, got {self.trace_every}")
         for name, value, allowed in (("distance", self.distance, DISTANCES), ("optimizer", self.optimizer, OPTIMIZERS),
                                      ("schedule", self.schedule, SCHEDULES), ("init", self.init, INITS),
-                                     ("step_unit", self.step_unit, STEP_UNITS)):
+                                     ("step_unit", self.step_unit, STEP_UNITS),
+                                     ("factorise", self.factorise, FACTORISE)):
             expect(value in allowed, f"expected {name} in {allowed}, got {value!r} (option {name})")
         expect(not (self.batched_restarts and self.optimizer == "lbfgs"),
                "batched_restarts works with adam or sgd, not lbfgs (option batched_restarts)")
@@ -138,6 +152,100 @@ class GradientMatcher:
             for m in self._bn_layers:  # no running-stat side effects on the attacker's copy
                 m.track_running_stats = False
                 m.running_mean = m.running_var = None
+        self._linear = self._factorisable()
+        self._captures: dict[int, list] | None = None
+        self._verified = False
+
+    # -- factorised linear layers ----------------------------------------------------------
+    def _factorisable(self) -> list[tuple[int, nn.Linear]]:
+        """(index in ``names``, module) of the linear layers whose weight gradient may stay factorised."""
+        obs = self.obs
+        if self.s.factorise == "off" or (obs.kind == "update" and obs.local_steps != 1):
+            return []
+        uses: dict[int, int] = {}
+        for _, p in self.model.named_parameters(remove_duplicate=False):
+            uses[id(p)] = uses.get(id(p), 0) + 1
+        index = {n: i for i, n in enumerate(self.names)}
+        layers = []
+        for name, m in self.model.named_modules():
+            k = index.get(f"{name}.weight" if name else "weight")
+            if not isinstance(m, nn.Linear) or k is None or uses[id(m.weight)] != 1:
+                continue  # (a zero-weight layer is factorised too: its δ is cheap, its δᵀz is never read)
+            if self.s.factorise == "auto" and m.weight.numel() < FACTORISE_MIN:
+                continue
+            m.register_forward_hook(lambda mod, inputs, out, k=k: self._capture(k, inputs[0], out))
+            layers.append((k, m))
+        return layers
+
+    def _capture(self, k: int, z: torch.Tensor, out: torch.Tensor) -> None:
+        if self._captures is not None and k in self._captures:
+            self._captures[k].append((z, out, z._version, out._version))
+
+    @property
+    def factorised(self) -> list[str]:
+        """Names of the weights whose gradients the engine keeps factorised."""
+        return [self.names[k] for k, _ in self._linear]
+
+    def _usable(self, captures: dict[int, list]) -> dict[int, list]:
+        """Captured calls per layer that can stand for the weight gradient (inputs not changed in place)."""
+        use = {}
+        for k, m in self._linear:
+            seen = captures[k]
+            if not seen or any(z._version != vz or o._version != vo for z, o, vz, vo in seen):
+                continue
+            rows = sum(z.numel() // m.in_features for z, *_ in seen)
+            if self.s.factorise == "auto" and 2 * rows >= min(m.in_features, m.out_features):
+                continue
+            use[k] = seen
+        return use
+
+    def _factorised_gradient(self, x: torch.Tensor, target: torch.Tensor) -> list:
+        """The gradient with the weights of wide linear layers as :class:`LinearFactors` (δ, z)."""
+        self._captures = {k: [] for k, _ in self._linear}
+        try:
+            loss = self.loss_fn(self.forward(self.params, x), target)
+        finally:
+            captures, self._captures = self._captures, None
+        use = self._usable(captures)
+        if use and not self._verified:
+            use = self._verify(loss, use)
+        dense = [i for i in range(len(self.names)) if i not in use]
+        outs = [o for k in use for _, o, _, _ in use[k]]
+        grads = torch.autograd.grad(loss, [self.params[self.names[i]] for i in dense] + outs, create_graph=True)
+        result: list = [None] * len(self.names)
+        for i, g in zip(dense, grads):
+            result[i] = g
+        pos = len(dense)
+        for k, seen in use.items():
+            v, d = self._linear_module(k).out_features, self._linear_module(k).in_features
+            deltas = grads[pos:pos + len(seen)]
+            pos += len(seen)
+            result[k] = LinearFactors(torch.cat([g.reshape(-1, v) for g in deltas]),
+                                      torch.cat([z.reshape(-1, d) for z, *_ in seen]))
+        return result
+
+    def _linear_module(self, k: int) -> nn.Linear:
+        return next(m for j, m in self._linear if j == k)
+
+    def _verify(self, loss: torch.Tensor, use: dict[int, list]) -> dict[int, list]:
+        """Once: δᵀz against autograd's weight gradient; a layer that disagrees (its weight is used outside
+        the module's own call) stays dense from then on."""
+        self._verified = True
+        keys = list(use)
+        outs = [o for k in keys for _, o, _, _ in use[k]]
+        grads = torch.autograd.grad(loss, [self.params[self.names[k]] for k in keys] + outs, retain_graph=True)
+        pos, wrong = len(keys), set()
+        for j, k in enumerate(keys):
+            m, seen = self._linear_module(k), use[k]
+            delta = torch.cat([g.reshape(-1, m.out_features) for g in grads[pos:pos + len(seen)]])
+            pos += len(seen)
+            z = torch.cat([z.detach().reshape(-1, m.in_features) for z, *_ in seen])
+            ref = grads[j]
+            scale = float(ref.abs().max()) if ref.numel() else 0.0
+            if not torch.allclose(delta.T @ z, ref, rtol=1e-3, atol=1e-4 * scale + 1e-30):
+                wrong.add(k)
+        self._linear = [(k, m) for k, m in self._linear if k not in wrong]
+        return {k: seen for k, seen in use.items() if k not in wrong}
 
     def _record_bn(self, module, inputs, _output) -> None:
         (inp,) = inputs
@@ -158,9 +266,16 @@ class GradientMatcher:
     def forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.model, params, (x,), strict=False)
 
-    def shared_of(self, x: torch.Tensor, target: torch.Tensor) -> list[torch.Tensor]:
-        """The gradient (or local update) the client would share for inputs ``x`` and targets ``target``."""
+    def shared_of(self, x: torch.Tensor, target: torch.Tensor) -> list[torch.Tensor | LinearFactors]:
+        """The gradient (or local update) the client would share for inputs ``x`` and targets ``target``
+        (wide linear weights as :class:`LinearFactors`, see :attr:`factorised`)."""
         obs = self.obs
+        if self._linear:  # gradient, or an update of one local step: θ₁ − θ₀ = −η∇θ
+            grads = self._factorised_gradient(x, target)
+            if obs.kind == "gradient":
+                return grads
+            return [g.scaled(-obs.local_lr) if isinstance(g, LinearFactors)
+                    else (self.params[n] - obs.local_lr * g) - self.params[n] for n, g in zip(self.names, grads)]
         if obs.kind == "gradient":
             loss = self.loss_fn(self.forward(self.params, x), target)
             return list(torch.autograd.grad(loss, list(self.params.values()), create_graph=True))
@@ -227,6 +342,8 @@ class GradientMatcher:
         else:
             result = self._run_sequential(labels, gen, shape, init, callback, progress)
         result.trace["seconds"] = time.perf_counter() - start
+        if self._linear:
+            result.trace["factorised"] = self.factorised
         return result
 
     def _start(self, gen, shape, init) -> torch.Tensor:

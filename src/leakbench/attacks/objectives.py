@@ -10,6 +10,13 @@
   difference of neighbouring pixels, both axes).
 * ``bn_statistics`` — the batch-norm prior of Yin et al. 2021 / Liu et al. 2024 eq. (4):
   Σ_l ‖μ_l(x̂) − μ_l‖₂ + ‖σ²_l(x̂) − σ²_l‖₂.
+
+A dummy gradient may be given as :class:`LinearFactors` (δ, z) instead of a tensor: the weight
+gradient δᵀz of a linear layer with input rows z (n×d) and upstream rows δ (n×v), never formed.
+Its terms are ⟨δᵀz, T⟩ = Σ_b δ_bᵀ T z_b = Σ (δ ∘ z Tᵀ) and ‖δᵀz‖² = Σ (δδᵀ ∘ zzᵀ) — O(n·v·d) in
+one matrix product and O(n²(v + d)) instead of the v×d outer product and its passes.  The n×n Gram
+matrices and the L2 expansion ‖δᵀz‖² − 2⟨δᵀz, T⟩ + ‖T‖² are accumulated in float64: the expansion
+cancels where the match is close, the elementwise form does not.
 """
 from __future__ import annotations
 
@@ -37,6 +44,41 @@ def layer_weights(kind: "str | Sequence[float]", params: Sequence[torch.Tensor])
     return weights
 
 
+class LinearFactors:
+    """The weight gradient δᵀz of a linear layer (δ: n×v upstream rows, z: n×d input rows), unformed."""
+
+    def __init__(self, delta: torch.Tensor, z: torch.Tensor) -> None:
+        if delta.dim() != 2 or z.dim() != 2 or delta.shape[0] != z.shape[0]:
+            raise ConfigError(f"expected δ (n×v) and z (n×d) with the same rows, got {tuple(delta.shape)} and "
+                              f"{tuple(z.shape)}")
+        self.delta, self.z = delta, z
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.delta.shape[1], self.z.shape[1]))
+
+    def dense(self) -> torch.Tensor:
+        """δᵀz formed (for checks)."""
+        return self.delta.T @ self.z
+
+    def scaled(self, factor: float) -> "LinearFactors":
+        return LinearFactors(self.delta * factor, self.z)
+
+    def dot(self, target: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """⟨δᵀz, T⟩ = Σ (δ ∘ z Tᵀ) for T of shape v×d (in ``dtype`` when given)."""
+        delta, z = (self.delta, self.z) if dtype is None else (self.delta.to(dtype), self.z.to(dtype))
+        return (delta * (z @ target.to(z.dtype).T)).sum()
+
+    def sq(self) -> torch.Tensor:
+        """‖δᵀz‖² = Σ (δδᵀ ∘ zzᵀ), accumulated in float64 (at least)."""
+        wide = torch.promote_types(self.delta.dtype, torch.float64)
+        delta, z = self.delta.to(wide), self.z.to(wide)
+        return ((delta @ delta.T) * (z @ z.T)).sum().clamp_min(0.0)
+
+
+Gradient = "torch.Tensor | LinearFactors"
+
+
 class GradientDistance:
     """A distance to a fixed target gradient; target norms are computed once."""
 
@@ -52,18 +94,42 @@ class GradientDistance:
             self.target_sq = [t.pow(2).sum() for t in self.target]
             self.target_norm_all = torch.sqrt(sum(self.weights[i] * self.target_sq[i] for i in self.active))
             self.weight_sum = float(sum(self.weights[i] for i in self.active))
+        self._wide: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # float64 T and ‖T‖² of factorised L2 terms
 
-    def __call__(self, dummy: Sequence[torch.Tensor]) -> torch.Tensor:
+    def _terms(self, i: int, d: "Gradient") -> tuple[torch.Tensor, torch.Tensor]:
+        """(⟨d, t_i⟩, ‖d‖²) of a factorised entry."""
+        return d.dot(self.target[i]), d.sq().to(d.delta.dtype)
+
+    def _l2(self, i: int, d: "Gradient") -> torch.Tensor:
+        if not isinstance(d, LinearFactors):
+            return (d - self.target[i]).pow(2).sum()
+        wide = torch.promote_types(d.delta.dtype, torch.float64)
+        if i not in self._wide:
+            t = self.target[i].to(wide)
+            self._wide[i] = (t, t.pow(2).sum())
+        t, t_sq = self._wide[i]
+        return (d.sq() - 2 * d.dot(t, wide) + t_sq).to(d.delta.dtype)
+
+    def __call__(self, dummy: "Sequence[Gradient]") -> torch.Tensor:
         w, t = self.weights, self.target
         if self.kind == "l2":
-            return sum(w[i] * (dummy[i] - t[i]).pow(2).sum() for i in self.active)
+            return sum(w[i] * self._l2(i, dummy[i]) for i in self.active)
+        dots, sqs = {}, {}
+        for i in self.active:
+            d = dummy[i]
+            if isinstance(d, LinearFactors):
+                dots[i], sqs[i] = self._terms(i, d)
+            else:
+                dots[i] = (d * t[i]).sum()
+                sqs[i] = d.pow(2).sum() if self.kind == "cosine" else None
         if self.kind == "cosine":
-            dot = sum(w[i] * (dummy[i] * t[i]).sum() for i in self.active)
-            norm = torch.sqrt(sum(w[i] * dummy[i].pow(2).sum() for i in self.active))
+            dot = sum(w[i] * dots[i] for i in self.active)
+            norm = torch.sqrt(sum(w[i] * sqs[i] for i in self.active))
             return 1.0 - dot / (norm * self.target_norm_all + 1e-20)
         total = 0.0
         for i in self.active:
-            cos = (dummy[i] * t[i]).sum() / (dummy[i].norm() * self.target_sq[i].sqrt() + 1e-20)
+            norm = dummy[i].norm() if sqs[i] is None else sqs[i].sqrt()
+            cos = dots[i] / (norm * self.target_sq[i].sqrt() + 1e-20)
             total = total + w[i] * (1.0 - cos)
         return total / self.weight_sum
 

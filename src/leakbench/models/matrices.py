@@ -35,7 +35,7 @@ from ..errors import ConfigError, UnsupportedThreatModel
 from .layers import activation_name
 
 __all__ = [
-    "ConvGeometry", "conv_geometry", "conv_indices", "weight_matrix", "gradient_matrix", "bias_vector",
+    "ConvGeometry", "conv_geometry", "conv_indices", "weight_matrix", "gradient_matrix", "bias_vector", "conv_system",
     "ChainBlock", "layer_chain", "SUPPORTED_LAYERS",
 ]
 
@@ -176,6 +176,24 @@ def gradient_matrix(layer: nn.Module, input_shape: Sequence[int], upstream: torc
                           f"({geo.out_channels}×{geo.out_height}×{geo.out_width}), got {delta.numel()}")
     out, ker, inp = conv_indices(geo, delta.device)
     return _assemble(ker, inp, delta[out], (geo.weight_numel, geo.in_dim), sparse)
+
+
+def conv_system(layer: nn.Conv2d, input_shape: Sequence[int], upstream: torch.Tensor):
+    """(W_circ, K(δ)) of a convolution as float64 scipy CSR matrices from one index computation (eqs. 1a, 1b)."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    geo = conv_geometry(layer, input_shape)
+    delta = upstream.detach().reshape(-1)
+    if delta.numel() != geo.out_dim:
+        raise ConfigError(f"expected an upstream gradient with {geo.out_dim} entries "
+                          f"({geo.out_channels}×{geo.out_height}×{geo.out_width}), got {delta.numel()}")
+    out, ker, inp = (t.numpy() for t in conv_indices(geo, "cpu"))
+    w = layer.weight.detach().double().cpu().reshape(-1).numpy()
+    weight = sp.csr_matrix((w[ker], (out, inp)), shape=(geo.out_dim, geo.in_dim), dtype=np.float64)
+    grad = sp.csr_matrix((delta.double().cpu().numpy()[out], (ker, inp)), shape=(geo.weight_numel, geo.in_dim),
+                         dtype=np.float64)
+    return weight, grad
 
 
 def bias_vector(layer: nn.Module, input_shape: Sequence[int], *, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -104,7 +104,7 @@ class Corrector:
         targets = [self.grads[self.index[id(p)]].double() for _, p in named]
         distance = GradientDistance(targets, kind="cosine-layer")
         count = float(len(targets))
-        a, v = system.matrix, system.rhs
+        v = system.rhs
         x = x0.detach().clone().reshape(1, *info.input_shape).requires_grad_(True)
         opt = torch.optim.Adam([x], lr=self.s.lr)
         lo, hi = self.obs.data_range
@@ -114,7 +114,7 @@ class Corrector:
             out = functional_call(tail, params, (x,))
             grads = torch.autograd.grad(self.loss_fn(out, self.labels), list(params.values()), create_graph=True)
             match = distance(list(grads)) * count  # Σ_j (1 − cos_j)
-            residual = (a @ x.reshape(-1) - v).pow(2).sum()
+            residual = (system.apply(x) - v).pow(2).sum()
             loss = w_cos * match + w_tv * total_variation(x) + w_sq * residual
             (g,) = torch.autograd.grad(loss, [x])
             x.grad = g
