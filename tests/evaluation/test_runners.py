@@ -22,8 +22,8 @@ SHORT = {
     "attacks": [{"name": "inverting-gradients", "options": {"iterations": 5}}],
     "defenses": ["none"],
 }
-LONG = {**SHORT, "name": "long", "images": 2, "attacks": [{"name": "inverting-gradients",
-                                                          "options": {"iterations": 2000}}]}
+LONG = {**SHORT, "name": "long", "images": 4, "attacks": [{"name": "inverting-gradients",
+                                                          "options": {"iterations": 1500}}]}
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +80,9 @@ def test_warm_pool_in_chunks_matches_local_and_commits_each_trial_once(tmp_path,
     assert {int(r["worker"].rpartition(":")[2]) for r in rb.values()} <= set(pids)
 
 
-def test_a_worker_that_dies_fails_only_its_trials_and_is_replaced(pool):
-    pool.sizer = ChunkSizer(0.25)  # one trial per worker
+@pytest.mark.slow
+def test_a_worker_that_dies_fails_only_its_trial_and_is_replaced(pool):
+    pool.sizer = ChunkSizer(0.25)  # one trial at a time: each worker holds one running and one queued
     trials = plan(load_spec(LONG))
     victim = pool.pids[0]
     timer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))
@@ -92,7 +93,8 @@ def test_a_worker_that_dies_fails_only_its_trials_and_is_replaced(pool):
         timer.cancel()
     assert results.keys() == {t.key for t in trials}
     statuses = sorted(r.status for r in results.values())
-    assert statuses == ["done", "failed"], [r.error for r in results.values()]
+    # the trial it was running failed; the one queued behind it never started and ran on another worker
+    assert statuses == ["done", "done", "done", "failed"], [r.error for r in results.values()]
     failed = next(r for r in results.values() if r.status == "failed")
     assert "worker process died" in failed.error and "-9" in failed.error
     assert victim not in pool.pids and len(pool.pids) == 2

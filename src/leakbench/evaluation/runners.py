@@ -36,7 +36,8 @@ class Runner(abc.ABC):
     name = "runner"
 
     def __init__(self, *, cache_dir: "str | Path | None" = None) -> None:
-        self.cache_dir = None if cache_dir is None else str(cache_dir)
+        # absolute: a Ray actor's working directory is not the driver's
+        self.cache_dir = None if cache_dir is None else os.path.abspath(cache_dir)
         self.submitted = 0
         self.finished = 0
 
@@ -113,12 +114,11 @@ class _Worker:
                                    name=f"leakbench-worker-{index}")
         self.process.start()
         child.close()
-        self.pending: collections.OrderedDict[str, TrialSpec] = collections.OrderedDict()
+        self.pending: list[TrialSpec] = []
         self.ready = False
 
     def send(self, chunk: list[TrialSpec]) -> None:
-        for trial in chunk:
-            self.pending[trial.key] = trial
+        self.pending.extend(chunk)
         self.conn.send(chunk)
 
     def receive(self) -> list[TrialResult]:
@@ -133,8 +133,11 @@ class _Worker:
                 break
             if kind == "ready":
                 self.ready = True
-            elif self.pending.pop(payload.key, None) is not None:
-                out.append(payload)
+            else:
+                index = next((i for i, t in enumerate(self.pending) if t.key == payload.key), None)
+                if index is not None:
+                    del self.pending[index]
+                    out.append(payload)
         return out
 
     def kill(self) -> None:
@@ -158,6 +161,7 @@ class PoolRunner(Runner):
         self._ctx = multiprocessing.get_context("spawn")
         self._pool: list[_Worker] = []
         self._spawned = 0
+        self._requeued: collections.deque[TrialSpec] = collections.deque()
 
     def _spawn(self) -> _Worker:
         self._spawned += 1
@@ -181,18 +185,23 @@ class PoolRunner(Runner):
 
     def run(self, trials: Iterable[TrialSpec]) -> Iterator[TrialResult]:
         self.start()
+        self._requeued.clear()
         source = iter(trials)
         exhausted = False
         try:
             while True:
-                while not exhausted:  # top up the least-loaded worker, one chunk at a time
+                while not exhausted or self._requeued:  # top up the least-loaded worker, a chunk at a time
                     n = self.sizer.size()
                     worker = min(self._pool, key=lambda w: len(w.pending))
                     if len(worker.pending) > n:
                         break
-                    chunk = _take(source, n)
+                    chunk = [self._requeued.popleft() for _ in range(min(n, len(self._requeued)))]
+                    want = n - len(chunk)
+                    if want and not exhausted:
+                        more = _take(source, want)
+                        exhausted = len(more) < want
+                        chunk += more
                     if not chunk:
-                        exhausted = True
                         break
                     try:
                         worker.send(chunk)
@@ -218,10 +227,10 @@ class PoolRunner(Runner):
 
     def _collect(self, index: int, worker: _Worker) -> list[TrialResult]:
         results = worker.receive()
-        if worker.pending and not worker.process.is_alive():  # died mid-trial: failed, not lost
+        if worker.pending and not worker.process.is_alive():  # died mid-trial: that trial failed, not lost
             code = worker.process.exitcode
-            results += [_failed(t, f"worker process died (exit code {code}) while running this trial "
-                                   "or one sent with it") for t in worker.pending.values()]
+            results.append(_failed(worker.pending[0], f"worker process died (exit code {code}) in this trial"))
+            self._requeued.extend(worker.pending[1:])  # queued behind it, never started: run elsewhere
             worker.pending.clear()
             worker.kill()
             self._pool[index] = self._spawn()
