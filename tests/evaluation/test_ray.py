@@ -80,3 +80,20 @@ def test_ray_asks_for_the_spec_threads_and_gpus(tmp_path):
     cuda = TrialSpec(kind="attack", dataset="digits", model="cnn:3-4-2-1", device="cuda:1", threads=3)
     assert RayRunner.resources(cuda) == (3, 1)
     assert ray_device(cuda).device == "cuda" and ray_device(cuda).key == cuda.key
+
+
+@pytest.mark.slow
+def test_trials_of_two_shapes_run_one_shape_at_a_time_and_none_is_lost():
+    from dataclasses import replace
+
+    from leakbench.evaluation import load_spec, plan
+
+    trials = plan(load_spec(SHORT))[:6]
+    mixed = [replace(t, threads=2) if i in (2, 3) else t for i, t in enumerate(trials)]  # 1, 1, 2, 2, 1, 1
+    runner = RayRunner("auto", chunk_seconds=5.0)
+    try:
+        results = list(runner.run(mixed))
+    finally:
+        runner.close()
+    assert sorted(r.key for r in results) == sorted(t.key for t in trials)
+    assert all(r.status == "done" for r in results)

@@ -274,7 +274,9 @@ class RayRunner(Runner):
     running cluster, else a local one) or a cluster address (``ray://host:10001``, ``host:6379``).
 
     One actor per ``threads`` CPUs of the cluster (per GPU for CUDA trials; at most ``actors`` when given),
-    created as trials need them; each actor runs chunks of trials and holds at most two.
+    created as trials need them; each actor runs chunks of trials and holds at most two.  Actors of one
+    shape (CPUs, GPUs) at a time: a trial of another shape waits for the calls in flight, then the old
+    actors give their resources back (a sweep's trials share ``threads`` and ``device``).
     """
 
     name = "ray"
@@ -365,17 +367,27 @@ class RayRunner(Runner):
         running: dict[Any, tuple[list, list[TrialSpec]]] = {}
         try:
             while True:
-                while not exhausted:
+                while not exhausted or ahead is not None:
                     ahead = ahead or next(source, None)
                     if ahead is None:
                         exhausted = True
                         break
+                    others = [k for k in self._actors if k != self.resources(ahead) and self._actors[k]]
+                    if others and running:  # one shape of actors at a time: let the others finish first
+                        break
+                    for k in others:  # ... then give their CPUs and GPUs back to the cluster
+                        for old in list(self._actors[k]):
+                            self._drop(old)
                     actor = self._actor(ahead)
                     if actor[1] >= 2:
                         break
-                    chunk, key = [ahead], self.resources(ahead)
+                    chunk, key, size = [ahead], self.resources(ahead), self.sizer.size()
                     ahead = None
-                    for trial in _take(source, self.sizer.size() - 1):
+                    while len(chunk) < size:
+                        trial = next(source, None)
+                        if trial is None:
+                            exhausted = True
+                            break
                         if self.resources(trial) != key:  # a chunk shares one actor's resources
                             ahead = trial
                             break
