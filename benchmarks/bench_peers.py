@@ -127,6 +127,7 @@ def run(quick: bool = False) -> None:
                 ratios.append((label, f"{target:.2f}", f"{reach[1]:.1f} s @ {reach[0]}",
                                name, f"{ours[1]:.1f} s @ {ours[0]}" if ours else f"not reached ({points[-1][2]:.2f})",
                                ours[1] / reach[1] if ours and reach[1] > 0 else float("nan")))
+                console.print(f"[dim]{label}: {' | '.join(str(c) for c in ratios[-1][1:])}[/dim]", highlight=False)
     note = (f"{source}; convnet-{width} (random init, seed 0, eval), labels known, 1 thread each; breaching: "
             f"invertinggradients config, {iterations} steps; PSNR every {every} steps off the clock")
     table("PSNR (dB) against time — at fractions of breaching's run time",
