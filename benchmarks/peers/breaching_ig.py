@@ -52,6 +52,8 @@ def main() -> None:
     shared = [dict(gradients=[g.detach() for g in grads], buffers=None,
                    metadata=dict(num_data_points=len(y), labels=y.clone(), local_hyperparams=None))]
 
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # its first use imports torch._dynamo (seconds): not timed
+
     steps, seconds, snapshots = [], [], []
     paused = [0.0]
     start = [0.0]
