@@ -299,14 +299,17 @@ class RayRunner(Runner):
         if ray.is_initialized():
             return ray
         options = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # a cluster started here runs its actors at the driver's priority (Ray's default is nice 15, which
+        # starves trials on a shared machine); a running cluster keeps its own setting
+        local = dict(num_cpus=self.num_cpus, _system_config={"worker_niceness": 0}, **options)
         if self.address == "local":
-            ray.init(num_cpus=self.num_cpus, **options)
+            ray.init(**local)
             self._started = True
         elif self.address == "auto":
             try:
                 ray.init(address="auto", **options)
             except (ConnectionError, RuntimeError):
-                ray.init(num_cpus=self.num_cpus, **options)
+                ray.init(**local)
                 self._started = True
         else:
             try:
