@@ -92,3 +92,65 @@ def test_process_pool_matches_in_process(tmp_path):
         assert ra[key]["metrics"] == rb[key]["metrics"]
         assert ra[key]["per_sample"] == rb[key]["per_sample"]
     assert len({r["worker"] for r in rb.values()}) >= 1
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper counts as dead)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc to find the worker processes")
+def test_kill_parent_leaves_no_worker_and_resume_commits_each_trial_once(tmp_path):
+    # 80 short trials: the pool sends them in chunks, results still come back and commit one by one
+    spec = {**TINY, "batch_sizes": [1], "images": 80, "defenses": ["none"],
+            "attacks": [{"name": "inverting-gradients", "options": {"iterations": 10}}]}
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    db = tmp_path / "r.db"
+    proc = _cli(spec_path, db, "--workers", "2")
+    deadline = time.time() + 240
+    done, workers = {}, set()
+    while time.time() < deadline and proc.poll() is None:
+        workers |= set(_children(proc.pid))
+        if db.exists():
+            try:
+                done = {k: v for k, v in finished(db).items() if v[0] == "done"}
+            except sqlite3.OperationalError:  # schema not created yet
+                pass
+        if len(done) >= 4:
+            break
+        time.sleep(0.02)
+    workers |= set(_children(proc.pid))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 4 <= len(done) < 80, proc.stderr.read().decode()[-2000:]
+    assert len(workers) >= 2, "expected the pool's 2 worker processes"
+    deadline = time.time() + 10
+    while time.time() < deadline and any(_alive(p) for p in workers):
+        time.sleep(0.1)
+    assert not [p for p in workers if _alive(p)], "worker processes outlived their parent"
+    before = {k: v for k, v in finished(db).items() if v[0] == "done"}
+    summary = evaluate(spec, db)
+    after = finished(db)
+    assert summary.complete and len(after) == 80 and all(s == "done" for s, _, _ in after.values())
+    assert all(after[k] == v for k, v in before.items()), "trials finished before the kill must not run again"
+    with Store(db) as store:
+        assert len(store.rows(status="done")) == 80

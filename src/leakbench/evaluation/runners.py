@@ -1,27 +1,33 @@
 """Executors: run trials and stream their results back as they finish.
 
 - :class:`InProcessRunner` — one after the other in this process (``workers=1``).
-- :class:`PoolRunner` — a pool of ``workers`` spawned processes.
-- :class:`RayRunner` — Ray tasks on a local or remote cluster (``pip install 'leakbench[ray]'``),
+- :class:`PoolRunner` — ``workers`` long-lived spawned processes (warm: torch and the trial's imports
+  loaded once, datasets and trained models cached between trials), which die with their parent.
+- :class:`RayRunner` — long-lived Ray actors on a local or remote cluster (``pip install 'leakbench[ray]'``),
   each asking for ``threads`` CPUs (and one GPU when the trial's device is CUDA).
 
-``runner.run(trials)`` pulls trials from an iterable only when it has room, so
-the sweep claims a trial in the store just before it is submitted, and yields
-:class:`~.trial.TrialResult` objects in completion order.  Every trial runs
-:func:`~.trial.run_trial`, which fixes its seeds and thread count, so all
-executors give the same results.
+``runner.run(trials)`` pulls trials from an iterable only when it has room, so the sweep claims a trial in
+the store just before it is submitted, and yields :class:`~.trial.TrialResult` objects in completion order.
+Short trials travel in chunks (as many as fill ``chunk_seconds``, from the mean time of the trials so far);
+a pool worker still sends each result back the moment it finishes, a Ray actor returns a chunk at once —
+either way the sweep commits one trial per transaction.  Every trial runs :func:`~.trial.run_trial`, which
+fixes its seeds and thread count, so all executors give the same results.
 """
 from __future__ import annotations
 
 import abc
+import collections
+import math
 import multiprocessing
-import signal
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+import os
+import threading
+from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 from ..errors import ConfigError
 from .trial import TrialResult, TrialSpec, run_trial
+from .workers import TrialActor, serve
 
 
 class Runner(abc.ABC):
@@ -30,7 +36,8 @@ class Runner(abc.ABC):
     name = "runner"
 
     def __init__(self, *, cache_dir: "str | Path | None" = None) -> None:
-        self.cache_dir = None if cache_dir is None else str(cache_dir)
+        # absolute: a Ray actor's working directory is not the driver's
+        self.cache_dir = None if cache_dir is None else os.path.abspath(cache_dir)
         self.submitted = 0
         self.finished = 0
 
@@ -64,75 +71,193 @@ class InProcessRunner(Runner):
             yield result
 
 
-def _quiet_worker() -> None:
-    """Pool workers leave Ctrl-C to the parent, which stops them."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+class ChunkSizer:
+    """How many trials to send at once: enough to fill ``seconds`` at the mean time of the last trials."""
+
+    def __init__(self, seconds: float, *, most: int = 16, window: int = 32) -> None:
+        self.seconds, self.most = float(seconds), int(most)
+        self.recent: collections.deque[float] = collections.deque(maxlen=window)
+
+    def observe(self, result: TrialResult) -> None:
+        self.recent.append(max(result.seconds, 1e-4))
+
+    def size(self) -> int:
+        if not self.recent or self.seconds <= 0:
+            return 1
+        mean = sum(self.recent) / len(self.recent)
+        return max(1, min(self.most, int(self.seconds / mean)))
+
+
+def _take(source: Iterator[TrialSpec], n: int) -> list[TrialSpec]:
+    chunk: list[TrialSpec] = []
+    if n < 1:
+        return chunk
+    for trial in source:
+        chunk.append(trial)
+        if len(chunk) == n:
+            break
+    return chunk
+
+
+def _failed(trial: TrialSpec, why: str) -> TrialResult:
+    return TrialResult(key=trial.key, status="failed", error=why)
+
+
+class _Worker:
+    """One pool process, its pipe and the trials sent to it that have not come back (in order)."""
+
+    def __init__(self, ctx, parent_pid: int, cache_dir: Optional[str], index: int) -> None:
+        self.conn, child = ctx.Pipe(duplex=True)
+        # the kernel's parent-death signal follows the thread that starts the process: only the main thread's
+        kernel = threading.current_thread() is threading.main_thread()
+        self.process = ctx.Process(target=serve, args=(child, parent_pid, cache_dir, kernel), daemon=True,
+                                   name=f"leakbench-worker-{index}")
+        self.process.start()
+        child.close()
+        self.pending: list[TrialSpec] = []
+        self.ready = False
+
+    def send(self, chunk: list[TrialSpec]) -> None:
+        self.pending.extend(chunk)
+        self.conn.send(chunk)
+
+    def receive(self) -> list[TrialResult]:
+        """Results waiting in the pipe (``ready`` notes are consumed; a closed pipe has none)."""
+        out = []
+        while True:
+            try:
+                if not self.conn.poll():
+                    break
+                kind, payload = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            if kind == "ready":
+                self.ready = True
+            else:
+                index = next((i for i, t in enumerate(self.pending) if t.key == payload.key), None)
+                if index is not None:
+                    del self.pending[index]
+                    out.append(payload)
+        return out
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
 
 
 class PoolRunner(Runner):
-    """Trials in a pool of ``workers`` spawned processes (at most ``2 × workers`` submitted at once)."""
+    """Trials in ``workers`` long-lived spawned processes; each holds about two chunks (one running)."""
 
     name = "pool"
 
-    def __init__(self, workers: int, *, cache_dir: "str | Path | None" = None) -> None:
+    def __init__(self, workers: int, *, cache_dir: "str | Path | None" = None, chunk_seconds: float = 0.25) -> None:
         super().__init__(cache_dir=cache_dir)
-        if not isinstance(workers, int) or workers < 1:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ConfigError(f"expected --workers ≥ 1, got {workers!r}")
         self.workers = workers
-        self._pool: Optional[ProcessPoolExecutor] = None
+        self.sizer = ChunkSizer(chunk_seconds)
+        self._ctx = multiprocessing.get_context("spawn")
+        self._pool: list[_Worker] = []
+        self._spawned = 0
+        self._requeued: collections.deque[TrialSpec] = collections.deque()
 
-    def _executor(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_quiet_worker)
-        return self._pool
+    def _spawn(self) -> _Worker:
+        self._spawned += 1
+        return _Worker(self._ctx, os.getpid(), self.cache_dir, self._spawned)
+
+    def start(self, *, wait: bool = False) -> "PoolRunner":
+        """Start the workers (they warm up in parallel); with ``wait``, until each has said it is ready."""
+        while len(self._pool) < self.workers:
+            self._pool.append(self._spawn())
+        while wait and not all(w.ready for w in self._pool):
+            wait_any([w.conn for w in self._pool if not w.ready] + [w.process.sentinel for w in self._pool])
+            for w in self._pool:
+                w.receive()
+                if not w.ready and not w.process.is_alive():
+                    raise ConfigError(f"a pool worker failed to start (exit code {w.process.exitcode})")
+        return self
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._pool]
 
     def run(self, trials: Iterable[TrialSpec]) -> Iterator[TrialResult]:
-        pool = self._executor()
+        self.start()
+        self._requeued.clear()
         source = iter(trials)
-        running: dict[Future, TrialSpec] = {}
         exhausted = False
         try:
             while True:
-                while not exhausted and len(running) < 2 * self.workers:
-                    trial = next(source, None)
-                    if trial is None:
-                        exhausted = True
+                while not exhausted or self._requeued:  # top up the least-loaded worker, a chunk at a time
+                    n = self.sizer.size()
+                    worker = min(self._pool, key=lambda w: len(w.pending))
+                    if len(worker.pending) > n:
                         break
-                    running[pool.submit(run_trial, trial, cache_dir=self.cache_dir)] = trial
-                    self.submitted += 1
-                if not running:
-                    return
-                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                for future in done:
-                    trial = running.pop(future)
-                    self.finished += 1
+                    chunk = [self._requeued.popleft() for _ in range(min(n, len(self._requeued)))]
+                    want = n - len(chunk)
+                    if want and not exhausted:
+                        more = _take(source, want)
+                        exhausted = len(more) < want
+                        chunk += more
+                    if not chunk:
+                        break
                     try:
-                        result = future.result()
-                    except Exception as err:  # the worker process died: the trial is failed, not lost
-                        result = TrialResult(key=trial.key, status="failed",
-                                             error=f"worker process failed: {type(err).__name__}: {err}")
-                    yield result
-        except BaseException:
-            self._terminate()
+                        worker.send(chunk)
+                    except OSError:  # the worker died while idle: a fresh one takes the chunk
+                        worker.pending.clear()
+                        worker.kill()
+                        worker = self._pool[self._pool.index(worker)] = self._spawn()
+                        worker.send(chunk)
+                    self.submitted += len(chunk)
+                busy = [w for w in self._pool if w.pending]
+                if not busy:
+                    return
+                wait_any([w.conn for w in busy] + [w.process.sentinel for w in busy])
+                for i, worker in enumerate(list(self._pool)):
+                    for result in self._collect(i, worker):
+                        self.finished += 1
+                        self.sizer.observe(result)
+                        yield result
+        except BaseException:  # Ctrl-C, or the consumer stopped: the sweep gives the claims back
+            if any(w.pending for w in self._pool):
+                self._terminate()
             raise
 
+    def _collect(self, index: int, worker: _Worker) -> list[TrialResult]:
+        results = worker.receive()
+        if worker.pending and not worker.process.is_alive():  # died mid-trial: that trial failed, not lost
+            code = worker.process.exitcode
+            results.append(_failed(worker.pending[0], f"worker process died (exit code {code}) in this trial"))
+            self._requeued.extend(worker.pending[1:])  # queued behind it, never started: run elsewhere
+            worker.pending.clear()
+            worker.kill()
+            self._pool[index] = self._spawn()
+        return results
+
     def _terminate(self) -> None:
-        if self._pool is not None:
-            processes = list(getattr(self._pool, "_processes", {}).values())
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            for p in processes:
-                if p.is_alive():
-                    p.terminate()
-            self._pool = None
+        for w in self._pool:
+            w.kill()
+        self._pool = []
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        """Stop the workers: at once if trials are still in flight, else after they finish their loop."""
+        if any(w.pending for w in self._pool):
+            self._terminate()
+            return
+        for w in self._pool:
+            try:
+                w.conn.send(None)
+            except OSError:
+                pass
+        for w in self._pool:
+            w.process.join(timeout=10)
+            w.kill()
+        self._pool = []
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "workers": self.workers}
+        return {**super().state_dict(), "workers": self.workers, "chunk": self.sizer.size()}
 
 
 def _ray_module():
@@ -145,33 +270,46 @@ def _ray_module():
 
 
 class RayRunner(Runner):
-    """Trials as Ray tasks; ``address`` is ``"local"`` (start one here), ``"auto"`` (a running cluster,
-    else a local one) or a cluster address (``ray://host:10001``, ``host:6379``)."""
+    """Trials on long-lived Ray actors; ``address`` is ``"local"`` (start a cluster here), ``"auto"`` (a
+    running cluster, else a local one) or a cluster address (``ray://host:10001``, ``host:6379``).
+
+    One actor per ``threads`` CPUs of the cluster (per GPU for CUDA trials; at most ``actors`` when given),
+    created as trials need them; each actor runs chunks of trials and holds at most two.  Actors of one
+    shape (CPUs, GPUs) at a time: a trial of another shape waits for the calls in flight, then the old
+    actors give their resources back (a sweep's trials share ``threads`` and ``device``).
+    """
 
     name = "ray"
 
     def __init__(self, address: str = "auto", *, num_cpus: Optional[int] = None,
-                 cache_dir: "str | Path | None" = None, in_flight: Optional[int] = None) -> None:
+                 cache_dir: "str | Path | None" = None, actors: Optional[int] = None,
+                 chunk_seconds: float = 0.5) -> None:
         super().__init__(cache_dir=cache_dir)
         self.address = address
         self.num_cpus = num_cpus
-        self.in_flight = in_flight
+        self.max_actors = actors
+        self.sizer = ChunkSizer(chunk_seconds)
         self._started = False
         self._ray = _ray_module()
+        self._actors: dict[tuple[int, int], list[list]] = {}  # (cpus, gpus) → [[handle, calls in flight]]
+        self._limits: dict[tuple[int, int], int] = {}
 
     def _connect(self):
         ray = self._ray
         if ray.is_initialized():
             return ray
         options = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # a cluster started here runs its actors at the driver's priority (Ray's default is nice 15, which
+        # starves trials on a shared machine); a running cluster keeps its own setting
+        local = dict(num_cpus=self.num_cpus, _system_config={"worker_niceness": 0}, **options)
         if self.address == "local":
-            ray.init(num_cpus=self.num_cpus, **options)
+            ray.init(**local)
             self._started = True
         elif self.address == "auto":
             try:
                 ray.init(address="auto", **options)
             except (ConnectionError, RuntimeError):
-                ray.init(num_cpus=self.num_cpus, **options)
+                ray.init(**local)
                 self._started = True
         else:
             try:
@@ -181,49 +319,132 @@ class RayRunner(Runner):
                                   "use --ray auto, --ray local or a reachable address") from None
         return ray
 
+    @staticmethod
+    def resources(trial: TrialSpec) -> tuple[int, int]:
+        """(CPUs, GPUs) an actor running ``trial`` asks for: the spec's ``threads``, one GPU for CUDA."""
+        return max(1, int(trial.threads)), 1 if trial.device.startswith("cuda") else 0
+
+    def _limit(self, cpus: int, gpus: int) -> int:
+        if (cpus, gpus) not in self._limits:
+            total = self._ray.cluster_resources()
+            n = int(total.get("CPU", 1) // cpus)
+            if gpus:
+                n = min(n, int(total.get("GPU", 0) // gpus))
+            if self.max_actors is not None:
+                n = min(n, self.max_actors)
+            self._limits[(cpus, gpus)] = max(1, n)
+        return self._limits[(cpus, gpus)]
+
+    def _new_actor(self, cpus: int, gpus: int) -> list:
+        remote = self._ray.remote(TrialActor).options(num_cpus=cpus, num_gpus=gpus)
+        actor = [remote.remote(self.cache_dir), 0]
+        self._actors.setdefault((cpus, gpus), []).append(actor)
+        return actor
+
+    def _actor(self, trial: TrialSpec) -> list:
+        """The actor for ``trial``'s resources with the fewest calls in flight (a new one while there is room)."""
+        cpus, gpus = self.resources(trial)
+        actors = self._actors.setdefault((cpus, gpus), [])
+        idle = [a for a in actors if a[1] == 0]
+        if idle:
+            return idle[0]
+        if len(actors) < self._limit(cpus, gpus):
+            return self._new_actor(cpus, gpus)
+        return min(actors, key=lambda a: a[1])
+
+    def start(self, *, threads: int = 1, device: str = "cpu", wait: bool = False) -> "RayRunner":
+        """Create every actor that trials with ``threads`` and ``device`` fit (they warm up in parallel)."""
+        ray = self._connect()
+        cpus, gpus = self.resources(TrialSpec(kind="attack", dataset="", model="", threads=threads, device=device))
+        while len(self._actors.get((cpus, gpus), [])) < self._limit(cpus, gpus):
+            self._new_actor(cpus, gpus)
+        if wait:
+            ray.get([a[0].ready.remote() for a in self._actors[(cpus, gpus)]])
+        return self
+
     def run(self, trials: Iterable[TrialSpec]) -> Iterator[TrialResult]:
         ray = self._connect()
-        task = ray.remote(run_trial)
-        capacity = self.in_flight or max(1, int(ray.cluster_resources().get("CPU", 1))) * 2
         source = iter(trials)
-        running: dict[Any, TrialSpec] = {}
+        ahead: Optional[TrialSpec] = None
         exhausted = False
+        running: dict[Any, tuple[list, list[TrialSpec]]] = {}
         try:
             while True:
-                while not exhausted and len(running) < capacity:
-                    trial = next(source, None)
-                    if trial is None:
+                while not exhausted or ahead is not None:
+                    ahead = ahead or next(source, None)
+                    if ahead is None:
                         exhausted = True
                         break
-                    gpus = 1 if trial.device.startswith("cuda") else 0
-                    ref = task.options(num_cpus=max(1, trial.threads), num_gpus=gpus).remote(
-                        trial, cache_dir=self.cache_dir)
-                    running[ref] = trial
-                    self.submitted += 1
+                    others = [k for k in self._actors if k != self.resources(ahead) and self._actors[k]]
+                    if others and running:  # one shape of actors at a time: let the others finish first
+                        break
+                    for k in others:  # ... then give their CPUs and GPUs back to the cluster
+                        for old in list(self._actors[k]):
+                            self._drop(old)
+                    actor = self._actor(ahead)
+                    if actor[1] >= 2:
+                        break
+                    chunk, key, size = [ahead], self.resources(ahead), self.sizer.size()
+                    ahead = None
+                    while len(chunk) < size:
+                        trial = next(source, None)
+                        if trial is None:
+                            exhausted = True
+                            break
+                        if self.resources(trial) != key:  # a chunk shares one actor's resources
+                            ahead = trial
+                            break
+                        chunk.append(trial)
+                    running[actor[0].run.remote(chunk)] = (actor, chunk)
+                    actor[1] += 1
+                    self.submitted += len(chunk)
                 if not running:
                     return
                 done, _ = ray.wait(list(running), num_returns=1)
                 for ref in done:
-                    trial = running.pop(ref)
-                    self.finished += 1
-                    try:
-                        result = ray.get(ref)
-                    except Exception as err:  # task or worker failure: recorded as a failed trial
-                        result = TrialResult(key=trial.key, status="failed",
-                                             error=f"ray task failed: {type(err).__name__}: {err}")
-                    yield result
-        except BaseException:
-            for ref in running:
-                ray.cancel(ref, force=True)
+                    actor, chunk = running.pop(ref)
+                    actor[1] -= 1
+                    for result in self._results(ref, actor, chunk):
+                        self.finished += 1
+                        self.sizer.observe(result)
+                        yield result
+        except BaseException:  # Ctrl-C or the consumer stopped: actor calls cannot be cancelled, so kill
+            for actor, _ in running.values():
+                self._drop(actor)
             raise
 
+    def _results(self, ref, actor: list, chunk: list[TrialSpec]) -> list[TrialResult]:
+        try:
+            return self._ray.get(ref)
+        except Exception as err:  # the actor or its node died: the chunk's trials are failed, not lost
+            from ray.exceptions import RayActorError
+
+            if isinstance(err, RayActorError):
+                self._drop(actor)
+            return [_failed(t, f"ray actor failed: {type(err).__name__}: {err}") for t in chunk]
+
+    def _drop(self, actor: list) -> None:
+        for actors in self._actors.values():
+            if actor in actors:
+                actors.remove(actor)
+                try:
+                    self._ray.kill(actor[0])
+                except Exception:  # already gone
+                    pass
+
     def close(self) -> None:
+        if self._ray.is_initialized():
+            for actors in list(self._actors.values()):
+                for actor in list(actors):
+                    self._drop(actor)
+        self._actors = {}
         if self._started and self._ray.is_initialized():
             self._ray.shutdown()
             self._started = False
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "address": self.address}
+        return {**super().state_dict(), "address": self.address, "chunk": self.sizer.size(),
+                "actors": sum(len(a) for a in self._actors.values())}
 
 
 def make_runner(*, workers: int = 1, ray: Optional[str] = None, cache_dir: "str | Path | None" = None,
@@ -236,4 +457,4 @@ def make_runner(*, workers: int = 1, ray: Optional[str] = None, cache_dir: "str 
     return InProcessRunner(cache_dir=cache_dir) if workers == 1 else PoolRunner(workers, cache_dir=cache_dir)
 
 
-__all__ = ["Runner", "InProcessRunner", "PoolRunner", "RayRunner", "make_runner"]
+__all__ = ["Runner", "InProcessRunner", "PoolRunner", "RayRunner", "ChunkSizer", "make_runner"]

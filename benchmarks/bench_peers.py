@@ -1,0 +1,141 @@
+"""Peers: breaching's Inverting Gradients next to leakbench's, same untrained ConvNet, same CIFAR-10 images.
+
+Needs a breaching environment of its own (breaching needs torchvision, which does not import beside this
+CPU torch): ``LEAKBENCH_BREACHING_PYTHON=/path/to/venv/bin/python python -m benchmarks peers``, where that
+Python imports ``breaching`` (``git clone https://github.com/JonasGeiping/breaching``; ``pip install
+torch torchvision hydra-core scipy lpips``; ``pip install --no-deps ./breaching``).  Without it the
+benchmark says why and skips.
+
+For each held-out image set (CIFAR-10 test images from index 500 of the shared subset; B = 1 (three
+images), 4 and 8; ``--quick``: one image, convnet-16, 500 steps, about 2 minutes):
+leakbench builds ``convnet-W`` (random init, eval mode) and hands it to breaching as a TorchScript module
+that takes normalised images (CIFAR mean/std, as breaching's models do), with the images as an NPZ.
+``benchmarks/peers/breaching_ig.py`` runs breaching's ``invertinggradients`` config for 2 000 steps
+(labels given) and copies out its candidate every 25 steps off the clock (its last point is the
+reconstruction it returns, the candidate of lowest objective); leakbench runs its ``fast``
+and ``default`` (paper) presets with labels known, PSNR read every 25 steps off the clock.  Both sides
+import what their first optimiser imports (``torch._dynamo``, seconds) before the clock.  Printed:
+PSNR against time for the three, and the time each leakbench preset needs to reach breaching's final
+PSNR against the time breaching first reaches it (the time ratio).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import leakbench as lb
+
+from .bench_inverting import _curve, _first
+from .common import benchmark_images, console, psnr, table
+
+ENV = "LEAKBENCH_BREACHING_PYTHON"
+SCRIPT = Path(__file__).parent / "peers" / "breaching_ig.py"
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+HELD_OUT = 500  # the first 500 images of the shared subset tuned the presets
+
+
+class _Normalised(torch.nn.Module):
+    """``model`` behind breaching's convention: it takes images normalised with ``mean``/``std``."""
+
+    def __init__(self, model: torch.nn.Module, mean, std) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x * self.std + self.mean)
+
+
+def breaching_python() -> tuple[str | None, str]:
+    """(the breaching Python, "") when ``LEAKBENCH_BREACHING_PYTHON`` names one that imports breaching, else
+    (None, why not)."""
+    python = os.environ.get(ENV)
+    if not python:
+        return None, f"{ENV} is not set (the Python of a venv where `import breaching` works)"
+    try:
+        done = subprocess.run([python, "-c", "import breaching"], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, f"{ENV}={python} cannot run: {err}"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return None, f"{ENV}={python} cannot import breaching: {last}"
+    return python, ""
+
+
+def run_breaching(python: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, iterations: int,
+                  every: int, tmp: Path) -> list[tuple[int, float, float]]:
+    """breaching's (step, seconds, PSNR) curve, its last point the returned (best) reconstruction."""
+    wrapped = _Normalised(model, CIFAR_MEAN, CIFAR_STD).eval()
+    example = ((x - wrapped.mean) / wrapped.std).contiguous()
+    torch.jit.save(torch.jit.trace(wrapped, example), str(tmp / "model.pt"))
+    np.savez(tmp / "data.npz", x=x.numpy(), y=y.numpy(), mean=np.asarray(CIFAR_MEAN), std=np.asarray(CIFAR_STD))
+    out = tmp / "breaching.npz"
+    done = subprocess.run([python, str(SCRIPT), "--model", str(tmp / "model.pt"), "--data", str(tmp / "data.npz"),
+                           "--out", str(out), "--iterations", str(iterations), "--every", str(every),
+                           "--threads", str(torch.get_num_threads())], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"breaching failed: {done.stderr.strip()[-2000:]}")
+    with np.load(out, allow_pickle=False) as r:
+        points = [(int(s), float(t), psnr(torch.from_numpy(im), x))
+                  for s, t, im in zip(r["steps"], r["seconds"], r["images"])]
+        points.append((int(r["iterations"]), float(r["total"]), psnr(torch.from_numpy(r["final"]), x)))
+    return points
+
+
+def _at(points, seconds: float) -> float:
+    """PSNR of the last point at or before ``seconds``."""
+    before = [p for _, t, p in points if t <= seconds]
+    return before[-1] if before else float("nan")
+
+
+def run(quick: bool = False) -> None:
+    python, why = breaching_python()
+    if python is None:
+        console.print(f"[yellow]peers: skipped[/yellow] — {why}", highlight=False, soft_wrap=True)
+        return
+    torch.set_num_threads(1)
+    ds, source = benchmark_images(8)
+    width = 16 if quick else 32
+    iterations = 500 if quick else 2000
+    every = 25
+    settings = [(1, [HELD_OUT])] if quick else [(1, [HELD_OUT]), (1, [HELD_OUT + 1]), (1, [HELD_OUT + 2]),
+                                                 (4, list(range(HELD_OUT, HELD_OUT + 4))),
+                                                 (8, list(range(HELD_OUT, HELD_OUT + 8)))]
+    curves, ratios = [], []
+    x, y = ds.batch(indices=[HELD_OUT])  # warm-up: the first attack in a process imports torch._dynamo (seconds)
+    warm = lb.build(f"convnet-{width}", input_shape=ds.shape, classes=ds.num_classes, seed=0).eval()
+    lb.attack("inverting-gradients", lb.observe(warm, x, y, labels_known=True), preset="fast", iterations=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        for batch, indices in settings:
+            x, y = ds.batch(indices=indices)
+            model = lb.build(f"convnet-{width}", input_shape=ds.shape, classes=ds.num_classes, seed=0).eval()
+            obs = lb.observe(model, x, y, labels_known=True)
+            theirs = run_breaching(python, model, x, y, iterations=iterations, every=every, tmp=Path(tmp))
+            fast = _curve(obs, x, "fast", every=every)
+            paper = _curve(obs, x, "default", every=every, stop_at=iterations)
+            target = theirs[-1][2]
+            reach = _first(theirs, target)
+            label = f"B={batch} images {indices[0]}–{indices[-1]}" if batch > 1 else f"B=1 image {indices[0]}"
+            total = theirs[-1][1]
+            for name, points in (("breaching IG", theirs), ("leakbench fast", fast), ("leakbench paper", paper)):
+                curves.append((label, name, *[_at(points, f * total) for f in (0.1, 0.25, 0.5, 1.0)],
+                               points[-1][2], points[-1][1]))
+            for name, points in (("fast", fast), ("paper", paper)):
+                ours = _first(points, target)
+                ratios.append((label, f"{target:.2f}", f"{reach[1]:.1f} s @ {reach[0]}",
+                               name, f"{ours[1]:.1f} s @ {ours[0]}" if ours else f"not reached ({points[-1][2]:.2f})",
+                               ours[1] / reach[1] if ours and reach[1] > 0 else float("nan")))
+                console.print(f"[dim]{label}: {' | '.join(str(c) for c in ratios[-1][1:])}[/dim]", highlight=False)
+    note = (f"{source}; convnet-{width} (random init, seed 0, eval), labels known, 1 thread each; breaching: "
+            f"invertinggradients config, {iterations} steps; PSNR every {every} steps off the clock")
+    table("PSNR (dB) against time — at fractions of breaching's run time",
+          ["setting", "method", "10 %", "25 %", "50 %", "100 %", "final", "final s"], curves, note=note)
+    table("Time to breaching's final PSNR", ["setting", "breaching final dB", "breaching first reaches it",
+                                            "leakbench preset", "leakbench reaches it", "time ratio"],
+          ratios, note=note + "; time ratio = leakbench's time / breaching's (below 1: leakbench is faster)")

@@ -1,0 +1,111 @@
+"""Executors: chunk sizes, a warm pool in chunks gives the local results, a worker that dies fails only its trials."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from leakbench.errors import ConfigError
+from leakbench.evaluation import Store, Sweep, evaluate, load_spec, plan
+from leakbench.evaluation.runners import ChunkSizer, PoolRunner, make_runner
+from leakbench.evaluation.trial import TrialResult
+from leakbench.evaluation.workers import die_with_parent
+
+SHORT = {
+    "name": "short",
+    "datasets": [{"name": "digits"}],
+    "models": ["cnn:3-4-2-1"],
+    "batch_sizes": [1],
+    "images": 10,
+    "attacks": [{"name": "inverting-gradients", "options": {"iterations": 5}}],
+    "defenses": ["none"],
+}
+LONG = {**SHORT, "name": "long", "images": 4, "attacks": [{"name": "inverting-gradients",
+                                                          "options": {"iterations": 1500}}]}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    runner = PoolRunner(2, chunk_seconds=5.0).start(wait=True)
+    yield runner
+    runner.close()
+
+
+def _result(seconds: float) -> TrialResult:
+    return TrialResult(key="k", status="done", timings={"total": seconds})
+
+
+def test_chunk_sizer_fills_its_seconds():
+    sizer = ChunkSizer(0.5, most=16)
+    assert sizer.size() == 1  # nothing measured yet: one at a time
+    for _ in range(4):
+        sizer.observe(_result(0.1))
+    assert sizer.size() == 5
+    sizer.observe(_result(0.0))  # a trial of no time does not divide by zero
+    assert 1 <= sizer.size() <= 16
+    long = ChunkSizer(0.5)
+    long.observe(_result(3.0))
+    assert long.size() == 1
+    assert ChunkSizer(0.5, most=4).size() == 1
+
+
+def test_bad_worker_counts_are_refused():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigError, match="workers"):
+            PoolRunner(bad)
+    with pytest.raises(ConfigError, match="workers"):
+        make_runner(workers=0)
+
+
+def test_warm_pool_in_chunks_matches_local_and_commits_each_trial_once(tmp_path, pool):
+    local = evaluate(SHORT, tmp_path / "local.db")
+    pids = pool.pids
+    for name in ("pool.db", "again.db"):  # the second sweep reuses the same warm workers
+        sweep = Sweep(SHORT, tmp_path / name, runner=pool)
+        summary = sweep.run()
+        sweep.store.close()
+        assert summary.complete and summary.ran == 10
+    assert pool.pids == pids, "the workers are long-lived: no respawn between sweeps"
+    assert pool.state_dict()["chunk"] > 1, "short trials travel in chunks"
+    with Store(tmp_path / "local.db") as a, Store(tmp_path / "pool.db") as b:
+        ra = {r["key"]: r for r in a.rows()}
+        rb = {r["key"]: r for r in b.rows()}
+    assert local.complete and ra.keys() == rb.keys() == {t.key for t in plan(load_spec(SHORT))}
+    for key in ra:
+        assert ra[key]["metrics"] == rb[key]["metrics"]
+        assert ra[key]["per_sample"] == rb[key]["per_sample"]
+        assert rb[key]["status"] == "done" and rb[key]["attempts"] == 1
+    assert {int(r["worker"].rpartition(":")[2]) for r in rb.values()} <= set(pids)
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_fails_only_its_trial_and_is_replaced(pool):
+    pool.sizer = ChunkSizer(0.25)  # one trial at a time: each worker holds one running and one queued
+    trials = plan(load_spec(LONG))
+    victim = pool.pids[0]
+    timer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))
+    timer.start()
+    try:
+        results = {r.key: r for r in pool.run(trials)}
+    finally:
+        timer.cancel()
+    assert results.keys() == {t.key for t in trials}
+    statuses = sorted(r.status for r in results.values())
+    # the trial it was running failed; the one queued behind it never started and ran on another worker
+    assert statuses == ["done", "done", "done", "failed"], [r.error for r in results.values()]
+    failed = next(r for r in results.values() if r.status == "failed")
+    assert "worker process died" in failed.error and "-9" in failed.error
+    assert victim not in pool.pids and len(pool.pids) == 2
+    short = plan(load_spec(SHORT))[:2]
+    assert [r.status for r in pool.run(short)] == ["done", "done"], "the replacement worker runs trials"
+
+
+def test_die_with_parent_exits_an_orphan_at_once():
+    pid = os.fork()
+    if pid == 0:  # child: pretend its parent is a pid that is not its parent → exits at once
+        die_with_parent(os.getppid() + 10_000_000, kernel=False)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
