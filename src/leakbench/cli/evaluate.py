@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import ConfigError
-from ..evaluation import Store, Sweep, SweepSummary, load_spec, plan, strongest
+from ..evaluation import Store, Sweep, SweepSummary, load_spec, strongest
 from ..evaluation.preflight import check_size, preflight
 from ..evaluation.spec import MAX_TRIALS
 from ..evaluation.strongest import Strongest

@@ -146,21 +146,15 @@ def weights_scores(candidates: torch.Tensor, members: torch.Tensor, nonmembers: 
 
 def weights_trial(spec, clock, cache_dir) -> "Any":
     """Train (or load) the target, attack its weights, score the candidates with their control."""
-    from ..attacks import create
     from ..threat import observe_weights
-    from .trial import TrialResult
+    from .trial import TrialResult, run_attack
 
     target, data = target_for(spec, cache_dir)
     clock.lap("target")
     n = int(target.x.shape[0])
-    attack = create(spec.attack, preset=spec.preset, **spec.options)
-    obs = observe_weights(target)
-    reasons = attack.requirements(obs)
-    if reasons:
-        return TrialResult(key=spec.key, status="n/a", error="; ".join(reasons))
-    clock.start_budget()
-    rec = attack(obs, seed=spec.seed, progress=clock.progress)
-    clock.lap("attack")
+    rec = run_attack(spec, observe_weights(target), clock)
+    if isinstance(rec, TrialResult):
+        return rec
     images = rec.images.detach().to("cpu", torch.float64)
     reported = int((rec.trace or {}).get("diverged", 0))
     candidates, dropped = _finite_candidates(images)

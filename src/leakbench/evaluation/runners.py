@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import abc
 import collections
-import math
 import multiprocessing
 import os
 import threading

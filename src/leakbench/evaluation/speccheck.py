@@ -74,7 +74,7 @@ def check_size(node: "yaml.Node | None", name: str, limit: int = MAX_SPEC_NODES)
 def attack_culprit(a: "AttackEntry") -> tuple:
     """The field of an attack entry that :func:`create` refuses: ``("options", key)``, ``("preset",)`` or ``()``."""
     from ..attacks import create as create_attack
-    from .spec import _attack_fields
+    from .specnames import _attack_fields
 
     unknown = next((k for k in a.options if k not in _attack_fields(a.name)), None)
     if unknown is not None:

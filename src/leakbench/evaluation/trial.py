@@ -367,8 +367,21 @@ def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Modu
     return getattr(malicious, name)(model, input_shape=data.shape, **options)
 
 
-def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
+def run_attack(spec: TrialSpec, obs, clock: _Clock) -> "Any":
+    """The spec's attack run on ``obs`` under the trial's budget, or the ``n/a`` result saying why it cannot run."""
     from ..attacks import create
+
+    attack = create(spec.attack, preset=spec.preset, **spec.options)
+    reasons = attack.requirements(obs)
+    if reasons:
+        return TrialResult(key=spec.key, status="n/a", error="; ".join(reasons))
+    clock.start_budget()
+    rec = attack(obs, seed=spec.seed, progress=clock.progress)
+    clock.lap("attack")
+    return rec
+
+
+def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     from ..metrics import compare
     from ..threat import observe
 
@@ -384,13 +397,9 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     # the dataset is the population other clients draw from (secure aggregation needs one)
     obs = observe(model, x, y, defense=spec.defense, seed=spec.seed, population=data, **spec.threat)
     clock.lap("observe")
-    attack = create(spec.attack, preset=spec.preset, **spec.options)
-    reasons = attack.requirements(obs)
-    if reasons:
-        return TrialResult(key=spec.key, status="n/a", error="; ".join(reasons))
-    clock.start_budget()
-    rec = attack(obs, seed=spec.seed, progress=clock.progress)
-    clock.lap("attack")
+    rec = run_attack(spec, obs, clock)
+    if isinstance(rec, TrialResult):
+        return rec
     images = rec.images.detach().to("cpu", torch.float32)
     labels = None if rec.labels is None else rec.labels.detach().cpu()
     if labels is not None and labels.ndim == 2:
