@@ -25,7 +25,7 @@ def _tiny_demo() -> dict:
     spec = load_spec(preset_path("demo")).model_dump()
     spec["datasets"] = [{"name": "photos", "options": {"size": 16, "limit": 160}}]
     for m in spec["models"]:
-        if m["spec"] == "convnet-8":
+        if m["spec"].startswith(("convnet", "cnn")):
             m["spec"], m["options"] = "cnn:3-4-2-1", {}
         if m["server"] and m["server"]["imprint"]:
             m["server"]["imprint"]["bins"], m["server"]["public"] = 16, 32
