@@ -102,14 +102,9 @@ def target_for(spec, cache_dir: "str | Path | None" = None):
 
 def nonmembers_for(target, data, count: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``count`` samples of ``data`` (its kept classes) that are not training points of ``target``, seeded."""
-    flat = data.images.reshape(len(data), -1).double()
-    members = target.x.reshape(target.x.shape[0], -1).double().to(flat.device)
-    probe = torch.randn(flat.shape[1], generator=torch.Generator().manual_seed(4242), dtype=torch.float64)
-    taken = set((members @ probe.to(flat.device)).tolist())
-    codes = (flat @ probe.to(flat.device)).tolist()
-    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(int(seed) + 31337)).tolist()
-    keep = [i for i in order if codes[i] not in taken or not (members == flat[i]).all(1).any()][:count]
-    idx = torch.as_tensor(keep, dtype=torch.long)
+    from .trial import draw_excluding
+
+    idx = draw_excluding(data.images, target.x, count, seed=int(seed) + 31337)
     return data.images[idx.to(data.images.device)], data.labels[idx.to(data.labels.device)]
 
 

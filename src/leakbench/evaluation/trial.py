@@ -334,21 +334,30 @@ def chance_scores(x: torch.Tensor, data) -> dict[str, float]:
     return {"chance_rmse": math.sqrt(mse), "chance_psnr": 10 * math.log10(1.0 / mse) if mse > 0 else math.inf}
 
 
+def draw_excluding(images: torch.Tensor, exclude: torch.Tensor, count: int, *, seed: int) -> torch.Tensor:
+    """Indices of a seeded draw of at most ``count`` rows of ``images`` none of which equals a row of ``exclude``.
+
+    Rows are compared by a random projection, then exactly (a projection collision never drops a row).
+    """
+    flat = images.reshape(images.shape[0], -1).double()
+    ex = exclude.reshape(exclude.shape[0], -1).to(flat.device, flat.dtype)
+    probe = torch.randn(flat.shape[1], generator=torch.Generator().manual_seed(12345), dtype=torch.float64)
+    probe = probe.to(flat.device)
+    taken = set((ex @ probe).tolist())
+    codes = (flat @ probe).tolist()
+    order = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(int(seed))).tolist()
+    keep = [i for i in order if codes[i] not in taken or not (ex == flat[i]).all(1).any()][:count]
+    return torch.as_tensor(keep, dtype=torch.long)
+
+
 def public_sample(data, exclude: torch.Tensor, count: int, *, seed: int) -> torch.Tensor:
     """``count`` images of ``data`` the server may hold: a seeded draw that contains none of ``exclude``.
 
-    Rows are compared by a random projection, then exactly, so the client's images never
-    calibrate the server's block.  Fewer than ``count`` are returned when the data is short.
+    The client's images never calibrate the server's block.  Fewer than ``count`` are returned when the
+    data is short.
     """
-    images = data.images
-    flat = images.reshape(images.shape[0], -1).double()
-    probe = torch.randn(flat.shape[1], generator=torch.Generator().manual_seed(12345), dtype=torch.float64)
-    taken = set((exclude.reshape(exclude.shape[0], -1).double().to(flat.device) @ probe.to(flat.device)).tolist())
-    codes = (flat @ probe.to(flat.device)).tolist()
-    order = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(int(seed) + 10007)).tolist()
-    ex = exclude.reshape(exclude.shape[0], -1).to(flat.device, flat.dtype)
-    keep = [i for i in order if codes[i] not in taken or not (ex == flat[i]).all(1).any()][:count]
-    return images[torch.as_tensor(keep, dtype=torch.long, device=images.device)]
+    idx = draw_excluding(data.images, exclude, count, seed=int(seed) + 10007)
+    return data.images[idx.to(data.images.device)]
 
 
 def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Module:
@@ -478,5 +487,5 @@ def _number(value: Any) -> Optional[float]:
 
 
 __all__ = ["TrialSpec", "TrialResult", "TrialTimeout", "run_trial", "batch_for", "model_for", "dataset_for",
-           "worker_id", "apply_server", "public_sample", "chance_scores", "non_finite", "threat_model", "KINDS", "STATUSES",
+           "worker_id", "apply_server", "public_sample", "draw_excluding", "chance_scores", "non_finite", "threat_model", "KINDS", "STATUSES",
            "THREAT_MODELS"]
