@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
 from ..errors import ConfigError
 from ..evaluation import Sweep, load_spec, strongest
 from ..evaluation.bundled import preset_path
 from ..report import write_report
-from .common import app, console, reports_errors
+from .common import app, console, err_console, reports_errors
 from .evaluate import print_failures, print_summary, strongest_tables
 
 
@@ -51,7 +52,17 @@ def demo_command(
                           f"({len(sweep_spec.attacks)} attacks × {len(sweep_spec.defense_specs())} defense settings × "
                           f"batch sizes {', '.join(map(str, sweep_spec.batch_sizes))}) with {workers} worker(s)",
                           highlight=False)
-        summary = sweep.run(progress=not quiet)
+        try:
+            summary = sweep.run(progress=not quiet)
+        except KeyboardInterrupt:
+            counts = sweep.store.counts(sweep.by_key)
+            kept = sum(counts.get(s, 0) for s in ("done", "failed", "timed out", "n/a"))
+            again = "leakbench demo" + (f" --out {out}" if out != Path("leakbench-demo") else "") + \
+                (f" --spec {spec}" if spec is not None else "")
+            err_console.print(Text(f"interrupted: {kept} of {len(sweep.trials)} trial(s) are kept in "
+                                   f"{out / 'results.db'}; resume with: {again}", style="yellow"),
+                              soft_wrap=True, highlight=False)
+            raise typer.Exit(130) from None
         files = write_report(sweep.store, out / "report")
         if not quiet:
             print_summary(summary)
