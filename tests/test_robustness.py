@@ -587,3 +587,29 @@ def test_read_only_out_is_refused_before_work(tmp_path):
             check_out_dir(locked, "--out")
     finally:
         os.chmod(locked, 0o755)
+
+
+def test_ctrl_c_of_the_demo_prints_the_kept_trials_and_how_to_resume(tmp_path):
+    spec = _spec(tmp_path, "long", {**GOOD, "images": 8,  # about 0.5 s per trial: SIGINT lands mid-sweep
+                                    "attacks": [{"name": "inverting-gradients", "options": {"iterations": 40}}]})
+    out_dir = tmp_path / "demo"
+    db = out_dir / "results.db"
+    proc = subprocess.Popen([sys.executable, "-m", "leakbench.cli", "demo", "--out", str(out_dir), "--spec", str(spec),
+                             "--workers", "1", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV, cwd=tmp_path)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        time.sleep(0.2)
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
+                if c.execute("SELECT count(*) FROM trials WHERE status = 'done'").fetchone()[0] >= 2:
+                    break
+        except sqlite3.Error:
+            continue
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in out + err
+    line = next(line for line in err.splitlines() if line.startswith("interrupted"))
+    assert int(line.split(": ", 1)[1].split(" of ")[0]) >= 2 and "of 8 trial(s) are kept" in line
+    assert line.split("resume with: ", 1)[1] == f"leakbench demo --out {out_dir} --spec {spec}"
