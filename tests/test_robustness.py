@@ -532,25 +532,9 @@ def test_evaluate_exits_1_and_says_so_when_trials_failed(tmp_path):
 
 
 def test_ctrl_c_prints_the_kept_trials_and_the_command_that_resumes(tmp_path):
-    spec = _spec(tmp_path, "long", {**GOOD, "images": 8,  # about 0.5 s per trial: SIGINT lands mid-sweep
-                                    "attacks": [{"name": "inverting-gradients", "options": {"iterations": 40}}]})
+    spec = _long_spec(tmp_path)
     db = tmp_path / "r.db"
-    proc = subprocess.Popen([sys.executable, "-m", "leakbench.cli", "evaluate", str(spec), "--db", str(db), "-q"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        time.sleep(0.2)
-        try:
-            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
-                if c.execute("SELECT count(*) FROM trials WHERE status = 'done'").fetchone()[0] >= 2:
-                    break
-        except sqlite3.Error:
-            continue
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "Traceback" not in out + err
-    line = next(line for line in err.splitlines() if line.startswith("interrupted"))
+    line = _interrupt_after_two_trials(["evaluate", str(spec), "--db", str(db), "-q"], db, tmp_path)
     kept = int(line.split(": ", 1)[1].split(" of ")[0])
     assert kept >= 2 and "of 8 trial(s) are kept" in line
     resume = line.split("resume with: ", 1)[1]
@@ -590,13 +574,24 @@ def test_read_only_out_is_refused_before_work(tmp_path):
 
 
 def test_ctrl_c_of_the_demo_prints_the_kept_trials_and_how_to_resume(tmp_path):
-    spec = _spec(tmp_path, "long", {**GOOD, "images": 8,  # about 0.5 s per trial: SIGINT lands mid-sweep
-                                    "attacks": [{"name": "inverting-gradients", "options": {"iterations": 40}}]})
+    spec = _long_spec(tmp_path)
     out_dir = tmp_path / "demo"
-    db = out_dir / "results.db"
-    proc = subprocess.Popen([sys.executable, "-m", "leakbench.cli", "demo", "--out", str(out_dir), "--spec", str(spec),
-                             "--workers", "1", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=ENV, cwd=tmp_path)
+    line = _interrupt_after_two_trials(["demo", "--out", str(out_dir), "--spec", str(spec), "--workers", "1", "-q"],
+                                       out_dir / "results.db", tmp_path)
+    assert int(line.split(": ", 1)[1].split(" of ")[0]) >= 2 and "of 8 trial(s) are kept" in line
+    assert line.split("resume with: ", 1)[1] == f"leakbench demo --out {out_dir} --spec {spec}"
+
+
+def _long_spec(tmp_path: Path) -> Path:
+    """A sweep of 8 trials of about 0.5 s each, so a SIGINT lands mid-sweep."""
+    return _spec(tmp_path, "long", {**GOOD, "images": 8,
+                                    "attacks": [{"name": "inverting-gradients", "options": {"iterations": 40}}]})
+
+
+def _interrupt_after_two_trials(args: list[str], db: Path, cwd: Path) -> str:
+    """Run ``leakbench ARGS``, send SIGINT once two trials are done; its "interrupted: …" line (exit 130 asserted)."""
+    proc = subprocess.Popen([sys.executable, "-m", "leakbench.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
     deadline = time.time() + 120
     while time.time() < deadline:
         time.sleep(0.2)
@@ -610,6 +605,4 @@ def test_ctrl_c_of_the_demo_prints_the_kept_trials_and_how_to_resume(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in out + err
-    line = next(line for line in err.splitlines() if line.startswith("interrupted"))
-    assert int(line.split(": ", 1)[1].split(" of ")[0]) >= 2 and "of 8 trial(s) are kept" in line
-    assert line.split("resume with: ", 1)[1] == f"leakbench demo --out {out_dir} --spec {spec}"
+    return next(line for line in err.splitlines() if line.startswith("interrupted"))

@@ -417,6 +417,17 @@ def _int(value: Any) -> int:
     return int(value) if finite(value) else 0
 
 
+def _tally(summary: Any, row: Mapping[str, Any], usable_row: bool) -> bool:
+    """Count ``row`` into a weights/membership summary: a usable trial (True) or a failure with its reason."""
+    if not usable_row:
+        summary.failed += 1
+        summary.reasons = list(dict.fromkeys([*summary.reasons, _reason(row)]))
+        return False
+    summary.trials += 1
+    summary.rows.append(row)
+    return True
+
+
 def weights_table(rows: Iterable[Mapping[str, Any]]) -> list[WeightsSummary]:
     """One :class:`WeightsSummary` per (dataset, model, defense, attack) of the ``weights`` rows."""
     out: dict[tuple, WeightsSummary] = {}
@@ -427,12 +438,8 @@ def weights_table(rows: Iterable[Mapping[str, Any]]) -> list[WeightsSummary]:
         key = (r.get("dataset") or "", r.get("model") or "", r.get("defense") or "none", r.get("attack") or "")
         s = out.setdefault(key, WeightsSummary(*key))
         m = r.get("metrics") or {}
-        if r.get("status") != "done" or not finite(m.get("n_train")):
-            s.failed += 1
-            s.reasons = list(dict.fromkeys([*s.reasons, _reason(r)]))
+        if not _tally(s, r, r.get("status") == "done" and finite(m.get("n_train"))):
             continue
-        s.trials += 1
-        s.rows.append(r)
         for name in ("n_train", "n_nonmembers", "candidates", "diverged", "members_nn", "nonmembers_nn"):
             setattr(s, name, getattr(s, name) + _int(m.get(name)))
         for t in SSIM_THRESHOLDS:
@@ -480,12 +487,8 @@ def membership_table(rows: Iterable[Mapping[str, Any]]) -> list[MembershipScore]
         key = (r.get("dataset") or "", r.get("model") or "", r.get("defense") or "none", membership_setting(r))
         s = out.setdefault(key, MembershipScore(*key))
         m = r.get("metrics") or {}
-        if r.get("status") != "done" or not finite(m.get("auc")):
-            s.failed += 1
-            s.reasons = list(dict.fromkeys([*s.reasons, _reason(r)]))
+        if not _tally(s, r, r.get("status") == "done" and finite(m.get("auc"))):
             continue
-        s.trials += 1
-        s.rows.append(r)
         s.members += _int(m.get("members"))
         s.nonmembers += _int(m.get("nonmembers"))
         for name in ("auc", "tpr_at_fpr_0.01", "tpr_at_fpr_0.001"):
