@@ -13,7 +13,7 @@ $(BIN)/python:
 # torch is pinned first so no other requirement can pull a CUDA build.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,ray]'
+	$(BIN)/pip install --quiet -e '.[dev,ray,flower]'
 	touch $(STAMP)
 
 install: $(STAMP)
