@@ -18,7 +18,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -120,15 +119,14 @@ class AuditStrategy(Strategy):
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
         """:meth:`Strategy.start` with the global model's metrics of every round stored beside the audit."""
-        recording = None
-        if evaluate_fn is not None:
-            def recording(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-                res = evaluate_fn(server_round, arrays)
-                if res:
-                    self.log.record_round(round=server_round, metrics=dict(res), source="server")
-                return res
+        def recording(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            res = evaluate_fn(server_round, arrays)
+            if res:
+                self.log.record_round(round=server_round, metrics=dict(res), source="server")
+            return res
+
         return super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout, train_config=train_config,
-                             evaluate_config=evaluate_config, evaluate_fn=recording)
+                             evaluate_config=evaluate_config, evaluate_fn=None if evaluate_fn is None else recording)
 
     # ------------------------------------------------------------------ the audit
     def _audited(self, server_round: int) -> bool:
