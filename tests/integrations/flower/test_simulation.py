@@ -171,3 +171,22 @@ def test_simulation_wall_time_is_reported(run):
     _, _, result = run
     assert math.isfinite(result["seconds"]) and result["seconds"] > 0
     print(f"\nFlower simulation (2 clients, 2 rounds, audited): {result['seconds']:.1f} s")
+
+
+def test_report_shows_leakage_per_round_and_client_beside_accuracy(run, tmp_path):
+    from leakbench.report import write_report
+
+    _, store, _ = run
+    files = write_report(store, tmp_path / "report")
+    page = files.index.read_text()
+    assert "Federated runs (Flower audit)" in page and "Run test" in page
+    assert "scored against the client&#x27;s real batch" in page
+    section = page[page.index('id="federated"'):]
+    per_round = section[section.index("<h4>Per round</h4>"):section.index("<h4>Per round and client</h4>")]
+    for rnd in (0, 1, 2):
+        assert f"<td class=\"l\">{rnd}</td>" in per_round
+    assert per_round.count("<tr>") == 1 + 3  # header + rounds 0, 1, 2
+    per_client = section[section.index("<h4>Per round and client</h4>"):]
+    assert per_client.count("<td class=\"l\">fc-inversion</td>") == 2 * CLIENTS
+    assert any(p.name.startswith("federated-") for p in files.plots)
+    assert any(p.name.startswith("federated-grid-") for p in files.grids)
