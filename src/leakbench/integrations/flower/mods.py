@@ -103,9 +103,9 @@ def audit_mod(*, model_fn: Callable[[], nn.Module], data_fn: DataFn, attacks: An
             worst = max(leaking, key=lambda o: o.metrics["psnr"])
             return _refuse(msg, f"leakbench audit_mod: update of node {context.node_id} in round {server_round} "
                                 f"not sent: {worst.attack} rebuilds its batch at PSNR {worst.metrics['psnr']:.1f} dB "
-                                f"> max_psnr {max_psnr:g} dB (RMSE {worst.metrics['rmse']:.4f}, chance "
-                                f"{worst.metrics['chance_rmse']:.4f}); add a defense (defense_mod) or raise max_psnr")
-        log.info("leakbench audit_mod: round %d node %d: best PSNR %.1f dB, RMSE %.4f (%.1fs)", server_round,
+                                f"> max_psnr {max_psnr:g} dB (RMSE {worst.metrics['rmse']:.2g}, chance "
+                                f"{worst.metrics['chance_rmse']:.2g}); add a defense (defense_mod) or raise max_psnr")
+        log.info("leakbench audit_mod: round %d node %d: best PSNR %.1f dB, RMSE %.2g (%.1fs)", server_round,
                  context.node_id, scores["psnr"], scores["rmse"], seconds)
         return reply
 
