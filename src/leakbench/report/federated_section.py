@@ -69,7 +69,7 @@ def _best(rows: Sequence[Mapping[str, Any]], name: str, *, high: bool) -> float 
 
 
 def _reported(rows: Sequence[Mapping[str, Any]], name: str, *, high: bool = True) -> float | None:
-    values = [v for r in rows for v in [((_spec(r).get("training") or {}).get("reported") or {}).get(name)]
+    values = [v for r in rows for v in [((r.get("metrics") or {}).get("reported") or {}).get(name)]
               if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)]
     if not values:
         return None

@@ -38,3 +38,19 @@ def test_deployment_rows_are_unscored_with_the_attacks_confidence(tmp_path):
         page = write_report(store, tmp_path / "report").index.read_text()
     assert "stored unscored" in page and "highest attack confidence" in page and "0.250" in page
     assert "RMSE</th>" not in page[page.index('id="federated"'):]
+
+
+def test_auditing_the_same_run_again_replaces_its_rows(tmp_path):
+    from leakbench.integrations.flower import Audited, attack_choices
+
+    choice = attack_choices(["fc-inversion"])[0]
+    training = LocalTraining(batch_size=1, lr=0.1)
+    for node, rmse in ((11, 0.5), (12, 0.25)):  # a second simulation: new node ids, new scores
+        log = AuditLog(tmp_path / "audit.db", run="again")
+        outcome = Audited("fc-inversion", "fc-inversion", "done", True, metrics={"rmse": rmse, "psnr": 6.0})
+        log.record_update(round=1, client="0", mode="simulation", choice=choice, outcome=outcome, training=training,
+                          node=node)
+        log.close()
+    with Store(tmp_path / "audit.db", readonly=True) as store:
+        rows = store.rows(kind="federated")
+    assert len(rows) == 1 and rows[0]["rmse"] == 0.25 and rows[0]["metrics"]["node"] == 12

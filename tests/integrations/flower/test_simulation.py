@@ -144,7 +144,7 @@ def test_client_mod_metric_equals_a_direct_attack(run):
     out, store, _ = run
     parts = partitions()
     for r in store.rows(kind="federated"):
-        reported = r["spec"]["training"]["reported"]
+        reported = r["metrics"]["reported"]
         assert set(reported) >= {"leakbench-rmse", "leakbench-psnr", "leakbench-seconds"}
         rnd, client = r["spec"]["round"], int(r["spec"]["client"])
         path = store._conn.execute("SELECT path FROM images WHERE key = ? AND kind = 'update'",

@@ -4,13 +4,14 @@ The rows use the store of the sweeps (:class:`leakbench.evaluation.store.Store`)
 
 - kind ``federated``: one attack on one client's update in one round; the spec carries the tags
   ``run``, ``round``, ``client`` and ``mode`` (``simulation``: scored against the client's real batch;
-  ``deployment``: unscored, with the attack's own confidence), the client's training and defense and
-  what the client reported about itself; the update is saved beside the store (``update`` npz file);
+  ``deployment``: unscored, with the attack's own confidence), the client's training and defense; the
+  result holds what the client reported about itself (``reported``); the update is saved beside the
+  store (``update`` npz file);
 - kind ``federated-round``: the global model's metrics (accuracy, loss) of one round, by ``source``
   (``server``: centralised evaluation; ``clients``: the aggregate of the clients' evaluation).
 
 :mod:`leakbench.report.federated_section` reads them back.  The tags are fields of the spec, so they
-enter the trial key: one row per (run, round, client, attack).
+enter the trial key: one row per (run, round, client, attack), replaced when the same run is audited again.
 """
 from __future__ import annotations
 
@@ -85,11 +86,12 @@ class AuditLog:
                           options=dict(choice.options), defense=defense or "none",
                           threat={"labels_known": True} if choice.labels_known else {},
                           batch_size=training.batch_size, seed=seed, round=int(round), client=str(client), mode=mode,
-                          training={**training.describe(), "node": node,
-                                    "reported": {k: _plain(v) for k, v in (reported or {}).items()}})
+                          training=training.describe())
         self.store.add([spec])
         metrics = {k: _plain(v) for k, v in outcome.metrics.items()}
-        metrics["scored"] = outcome.scored
+        # what the client said about itself (audit_mod's scores, ε) and its node id: results, not identity
+        metrics.update(scored=outcome.scored, node=node,
+                       reported={k: _plain(v) for k, v in (reported or {}).items()})
         result = TrialResult(key=spec.key, status=outcome.status, metrics=metrics, per_sample=outcome.per_sample,
                              timings={"attack": outcome.seconds, "total": outcome.seconds}, error=outcome.error,
                              traceback=outcome.traceback, worker=worker_id())

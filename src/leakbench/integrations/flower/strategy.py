@@ -29,7 +29,7 @@ from torch import nn
 from ...errors import ConfigError
 from .audit import Auditor
 from .keys import FitKeys, local_training
-from .records import arrays_of, leakbench_record, metrics_of, model_from, state_of
+from .records import arrays_of, config_of, leakbench_record, metrics_of, model_from, state_of
 from .storage import AuditLog
 
 log = logging.getLogger("flwr.leakbench")
@@ -67,13 +67,16 @@ class AuditStrategy(Strategy):
         self.auditor = Auditor(attacks, seed=seed, device=device, loss=loss, normalize=normalize,
                                input_shape=input_shape, save_images=save_images)
         self.mode = "simulation" if partitions is not None else "deployment"
-        probe = model_from(model_fn, model_fn().state_dict())
+        probe = model_fn()
+        if not isinstance(probe, nn.Module):
+            raise ConfigError(f"expected model_fn to return a torch.nn.Module, got {type(probe).__name__} "
+                              "(argument model_fn)")
         model_name = getattr(probe, "spec", None) or type(probe).__name__
         self.log = AuditLog(db, run=run, model=str(model_name), description={
             "mode": self.mode, "strategy": type(strategy).__name__, "every": every,
             "attacks": [c.key for c in self.auditor.choices], **dict(description or {})})
         self._global: dict[int, dict[str, torch.Tensor]] = {}
-        self._config: dict[int, dict[str, Any]] = {}
+        self._config: dict[int, dict[int, dict[str, Any]]] = {}  # round → node → the train config it was sent
         self.chance_mean = self._population_mean()
         self.audited: list[str] = []
 
@@ -94,7 +97,7 @@ class AuditStrategy(Strategy):
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         if self._audited(server_round):
             self._global[server_round] = state_of(arrays)
-            self._config[server_round] = dict(config)
+            self._config[server_round] = {int(m.metadata.dst_node_id): config_of(m) for m in messages}
         return messages
 
     def aggregate_train(self, server_round: int,
@@ -102,7 +105,7 @@ class AuditStrategy(Strategy):
         replies = list(replies)
         if self._audited(server_round) and server_round in self._global:
             self._audit_round(server_round, replies)
-            del self._global[server_round]
+            del self._global[server_round], self._config[server_round]
         return self.strategy.aggregate_train(server_round, replies)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -175,7 +178,8 @@ class AuditStrategy(Strategy):
             _, arrays = arrays_of(msg)
             after_state = state_of(arrays)
             before, after = model_from(self.model_fn, before_state), model_from(self.model_fn, after_state)
-            training = local_training(self._config.get(server_round, {}), metrics, self.keys)
+            sent = self._config[server_round].get(int(msg.metadata.src_node_id), {})
+            training = local_training(sent, metrics, self.keys)
             defense = str(leakbench_record(msg, self.keys.record).get("defense", "none"))
             x, y = self._truth(client, server_round)
             outcomes = self.auditor.audit(before, after, training, x=x, y=y, defense=defense,
