@@ -39,7 +39,9 @@ class ClientPlan:
 
     ``gradient`` replaces the mean-loss gradient of a step (DP-SGD); ``wrappers`` are context
     managers ``wrapper(model, generator)`` active around the client's forward passes (dropout);
-    ``local_steps``/``local_lr`` make the round share θ_k − θ_0; ``clients``/``reduce``/``population``
+    ``local_steps``/``local_lr`` make the round share θ_k − θ_0 (``local_steps`` epochs over the client's
+    batch, each one full-batch step, or ⌈n/``local_batch``⌉ minibatch steps, reshuffled per epoch with
+    ``local_shuffle``); ``clients``/``reduce``/``population``
     aggregate several clients (secure aggregation); ``before``/``after`` are the shared-stage
     defenses applied to each client's output and to the aggregate.
     """
@@ -49,6 +51,8 @@ class ClientPlan:
     wrappers: list[Callable[..., Any]] = field(default_factory=list)
     local_steps: int | None = None
     local_lr: float = 0.0
+    local_batch: int | None = None
+    local_shuffle: bool = False
     clients: int = 1
     reduce: str = "mean"
     population: Any = None
