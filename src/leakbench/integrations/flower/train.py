@@ -2,7 +2,9 @@
 
 FedAvg's local training (McMahan et al. 2017) as :func:`leakbench.captured.from_update` describes it:
 ``steps`` SGD steps of size ``lr`` on the whole local batch, or ``epochs`` passes over it in
-minibatches of ``minibatch`` (a seeded permutation per epoch, consecutive slices).  Each step's
+consecutive minibatches of ``minibatch`` (unshuffled, the order ``from_update`` assumes without
+``order=``, so the update-matching attacks simulate these exact steps; ``shuffle=True`` draws a seeded
+permutation per epoch, :func:`leakbench.defenses.pipeline.minibatches`).  Each step's
 gradient is the mean-loss gradient, or the replacement of an in-step defense — DP-SGD's clipped and
 noised per-sample sum (Abadi et al. 2016, Alg. 1; :class:`leakbench.defenses.DPSGD`) — with dropout
 active around the forward passes: the defenses that act *inside* a step and so cannot be added by a
@@ -49,15 +51,15 @@ def in_step_defense(config: Mapping[str, Any], keys: FitKeys = FitKeys()) -> str
 
 def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float, steps: int | None = None,
                 epochs: int | None = None, minibatch: int | None = None, defense: str | None = None,
-                loss: str = "ce", seed: int = 0) -> LocalResult:
+                shuffle: bool = False, loss: str = "ce", seed: int = 0) -> LocalResult:
     """Train ``model`` in place on ``(x, y)``: ``steps`` full-batch steps, or ``epochs`` of ``minibatch``.
 
     ``defense``: in-step defenses only (``dpsgd:C,σ``, ``dropout:p``); defenses of the update itself
-    (prune, clip, noise, ...) belong to :func:`~.mods.defense_mod`.  ``seed`` drives the minibatch order,
-    the DP noise and the dropout masks.
+    (prune, clip, noise, ...) belong to :func:`~.mods.defense_mod`.  ``seed`` drives the DP noise, the
+    dropout masks and, with ``shuffle``, the minibatch order.
     """
     from ...defenses import parse, parts_of
-    from ...defenses.pipeline import mean_gradient, plan_for
+    from ...defenses.pipeline import mean_gradient, minibatches, plan_for
     from ...losses import get_loss
 
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
@@ -87,13 +89,10 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float
     order_gen = torch.Generator().manual_seed(int(seed))
     x, y = x.to(param.device, param.dtype), y.to(param.device)
     params = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
-    batches: list[torch.Tensor] = []
     if steps is not None:
         batches = [torch.arange(n)] * steps
     else:
-        for _ in range(epochs):
-            perm = torch.randperm(n, generator=order_gen)
-            batches.extend(perm[i:i + mb] for i in range(0, n, mb))
+        batches = minibatches(n, epochs, mb, shuffle=shuffle, generator=order_gen)
     with contextlib.ExitStack() as stack:
         for wrapper in plan.wrappers:
             stack.enter_context(wrapper(model, gen))
