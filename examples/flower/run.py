@@ -44,7 +44,7 @@ def setup(clients: int, batch: int, seed: int = 0):
         idx = shard[pick]
         return data.images[idx], data.labels[idx]
 
-    return model_fn, client_batch, (data.images[test], data.labels[test])
+    return model_fn, client_batch, (data.images[test], data.labels[test]), float(data.images[train].mean())
 
 
 def apps(*, run: str, defense: str, db: Path, clients: int, batch: int, steps: int, lr: float, rounds: int,
@@ -56,7 +56,7 @@ def apps(*, run: str, defense: str, db: Path, clients: int, batch: int, steps: i
 
     from leakbench.integrations.flower import AuditStrategy, defense_mod, in_step_defense, local_train
 
-    model_fn, client_batch, (x_test, y_test) = setup(clients, batch)
+    model_fn, client_batch, (x_test, y_test), mean_pixel = setup(clients, batch)
     client = ClientApp(mods=[defense_mod(defense, model_fn=model_fn)] if defense != "none" else [])
 
     @client.train()
@@ -78,7 +78,7 @@ def apps(*, run: str, defense: str, db: Path, clients: int, batch: int, steps: i
     def main(grid: Grid, context: Context) -> None:
         strategy = AuditStrategy(
             FedAvg(fraction_evaluate=0.0, min_train_nodes=clients, min_available_nodes=clients),
-            model_fn=model_fn, attacks=attacks, db=db, run=run, partitions=client_batch,
+            model_fn=model_fn, attacks=attacks, db=db, run=run, partitions=client_batch, chance_mean=mean_pixel,
             description={"defense": defense, "clients": clients, "batch": batch, "local-steps": steps})
 
         def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:

@@ -27,7 +27,7 @@ from .plots import _save, plain
 MODE_TEXT = {
     "simulation": "simulation — the auditor held the client partitions, so every reconstruction is scored "
                   "against the client's real batch (RMSE after Hungarian matching); chance is a flat image at the "
-                  "partitions' mean pixel",
+                  "mean pixel of the data given to the auditor",
     "deployment": "deployment — the server has no client data: reconstructions are stored unscored, with the "
                   "attack's own confidence and final matching loss; leakage scores come only from clients that "
                   "audit themselves (audit_mod)",

@@ -45,15 +45,17 @@ class AuditStrategy(Strategy):
     and sweep specs do; ``db`` is the results store (a path or an open :class:`Store`), ``run`` tags this
     run in it.  ``partitions`` (simulation): each client's batch behind its update, by the partition id
     the client reports under ``keys.partition`` (or by its node id), or a function of (partition id,
-    round).  ``max_clients`` audits at most that many clients per round (lowest ids first).
+    round).  ``max_clients`` audits at most that many clients per round (lowest ids first).  The chance
+    control is a flat image at ``chance_mean`` (default: the mean pixel of the partitions when they are a
+    collection, of each client's batch when they are a function).
     """
 
     def __init__(self, strategy: Strategy, *, model_fn: Callable[[], nn.Module], attacks: Any,
                  db: Any, run: str = "flower", every: int = 1, partitions: Any = None,
                  keys: FitKeys = FitKeys(), max_clients: int | None = None, seed: int = 0, device: str = "cpu",
                  loss: str = "ce", normalize: tuple | None = None, input_shape: Sequence[int] | None = None,
-                 save_images: bool = True, save_updates: bool = True, description: Mapping[str, Any] | None = None
-                 ) -> None:
+                 save_images: bool = True, save_updates: bool = True, chance_mean: float | None = None,
+                 description: Mapping[str, Any] | None = None) -> None:
         if not isinstance(strategy, Strategy):
             raise ConfigError(f"expected a Flower Message-API strategy (flwr.serverapp.strategy.Strategy, e.g. "
                               f"FedAvg()), got {type(strategy).__name__} (argument strategy)")
@@ -77,7 +79,7 @@ class AuditStrategy(Strategy):
             "attacks": [c.key for c in self.auditor.choices], **dict(description or {})})
         self._global: dict[int, dict[str, torch.Tensor]] = {}
         self._config: dict[int, dict[int, dict[str, Any]]] = {}  # round → node → the train config it was sent
-        self.chance_mean = self._population_mean()
+        self.chance_mean = self._population_mean() if chance_mean is None else float(chance_mean)
         self.audited: list[str] = []
 
     # ------------------------------------------------------------------ delegation
