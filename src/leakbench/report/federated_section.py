@@ -187,6 +187,14 @@ def _grid(run: str, updates, out: Path, drawn: Drawn) -> str:
                              f"{s.get('attack_key') or top.get('attack')} (originals above, reconstructions below).")
 
 
+def federated_summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The summary of a store holding federated runs only (no sweep)."""
+    runs = list(dict.fromkeys(str(_spec(r).get("run", "")) for r in rows if str(r.get("kind", "")).startswith(
+        "federated")))
+    return (f'<p>This store holds no sweep: it holds {len(runs)} audited federated run(s) ({esc(", ".join(runs))}), '
+            'reported in <a href="#federated">Federated runs</a> below.</p>')
+
+
 def federated_section(rows: Sequence[Mapping[str, Any]], out: Path, drawn: Drawn) -> str:
     """HTML of the federated runs in ``rows`` ("" when there are none)."""
     updates = [r for r in rows if r.get("kind") == "federated"]
@@ -218,4 +226,4 @@ def federated_section(rows: Sequence[Mapping[str, Any]], out: Path, drawn: Drawn
     return "".join(parts)
 
 
-__all__ = ["federated_section", "MODE_TEXT"]
+__all__ = ["federated_section", "federated_summary", "MODE_TEXT"]

@@ -37,6 +37,7 @@ def test_deployment_rows_are_unscored_with_the_attacks_confidence(tmp_path):
         assert {r["spec"]["mode"] for r in rows} == {"deployment"} and all(r["rmse"] is None for r in rows)
         page = write_report(store, tmp_path / "report").index.read_text()
     assert "stored unscored" in page and "highest attack confidence" in page and "0.250" in page
+    assert "holds no sweep: it holds 1 audited federated run(s) (deployed)" in page
     assert "RMSE</th>" not in page[page.index('id="federated"'):]
 
 
