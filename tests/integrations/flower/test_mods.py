@@ -115,19 +115,23 @@ def test_max_psnr_blocks_a_leaking_update_and_lets_a_defended_one_through(batch,
     assert reply.content["leakbench"]["defense"] == "noise:0.01"
 
 
-def test_defense_mod_prunes_the_update_as_leakbench_does(batch):
+@pytest.mark.parametrize("spec", ["prune:0.9", "clip:0.01"])
+def test_defense_mod_defends_the_update_as_leakbench_does(batch, spec):
     msg = train_message()
     raw = sgd_client(batch)(msg, context())
-    reply = defense_mod("prune:0.9")(train_message(), context(), sgd_client(batch))
+    reply = defense_mod(spec)(train_message(), context(), sgd_client(batch))
     sent, plain = delta_of(msg, reply), delta_of(msg, raw)
     names = list(plain)
-    expected = parse("prune:0.9")([plain[n] for n in names])
+    expected = parse(spec)([plain[n] for n in names])
     for name, want in zip(names, expected):
         assert torch.allclose(sent[name], want, atol=1e-7), name
-    kept = sum(int((sent[n] != 0).sum()) for n in names)
-    total = sum(sent[n].numel() for n in names)
-    assert kept <= math.ceil(0.1 * total) + 1
-    assert reply.content["leakbench"]["defense"] == "prune:0.9"
+    if spec.startswith("prune"):
+        kept = sum(int((sent[n] != 0).sum()) for n in names)
+        assert kept <= math.ceil(0.1 * sum(sent[n].numel() for n in names)) + 1
+    else:
+        norm = torch.sqrt(sum(sent[n].pow(2).sum() for n in names))
+        assert float(norm) == pytest.approx(0.01, rel=1e-4)  # the raw update's norm is far above 0.01
+    assert reply.content["leakbench"]["defense"] == spec
 
 
 def test_dpsgd_needs_local_train_and_accounts_epsilon_over_rounds(batch):
