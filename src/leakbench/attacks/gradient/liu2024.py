@@ -62,7 +62,7 @@ from ...models.generator import UNetGenerator
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
-from ..matching import (
+from ..gradient_matching import (
     SCHEDULES,
     STEP_UNITS,
     GradientMatcher,
