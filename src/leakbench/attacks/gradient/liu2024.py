@@ -70,12 +70,9 @@ from ..gradient_matching import (
     step_schedule,
 )
 from ..objectives import layer_weights
-from .tensor_features import (
-    block_requirements,
-    find_block,
-    shared_gradient,
-    tensor_features,
-)
+from ..feature_blocks import block_requirements, find_block
+from ..observed import shared_gradient
+from ..tensor_moments import tensor_features
 
 FEATURE_FORMS = ("auto", "cosine", "signed", "projection")
 BLOCK_WEIGHTS = ("l0", "mean", "exclude")
