@@ -24,9 +24,7 @@ reveals the numerical rank r — its tolerance q·ε·max diag(G) is the securit
 M = L₂₁ L₁₁⁻¹, C P = Q Lᵀ (Q orthonormal), so C⁺ = P L (LᵀL)⁻¹ Qᵀ and, with (LᵀL)⁻¹ =
 L₁₁⁻¹ (I + MᵀM)⁻¹ L₁₁⁻ᵀ (Woodbury for the (q − r)-dimensional part), the minimum-norm least-squares
 solution x = A⁺b costs triangular solves and sparse products; two steps of iterative refinement on
-b − Ax bring it to ``gelsd``'s accuracy (the Gram squares the condition number; measured on the 16
-systems of Table 1's variants at 32×32: σ_r/σ_1 ≥ 7.6e-3 for the kept, ≤ 2e-15 for the null
-directions).  Where no clear gap separates the kept pivots from the rest (a kept pivot below 1e4× the
+b − Ax bring it to ``gelsd``'s accuracy (the Gram squares the condition number).  Where no clear gap separates the kept pivots from the rest (a kept pivot below 1e4× the
 tolerance) or the refined solution fails the least-squares test ‖Aᵀ(b − Ax)‖ ≤ 1e-8 ‖A‖_F (‖A‖_F‖x‖ +
 ‖b‖), the SVD solver ``gelsd`` decides instead (``trace["layers"][i]["solver"]`` says which ran).
 ``gelsd`` (LAPACK's SVD, the previous default), ``gelsy`` (pivoted QR; its rank estimate can miss on
