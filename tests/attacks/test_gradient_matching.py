@@ -7,12 +7,7 @@ import torch
 import leakbench as lb
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("seed", [0, 1])
