@@ -165,7 +165,7 @@ def _point(defense, rmse, loss, b=1, threat="eavesdropper"):
 
 def test_pareto_front_equals_a_brute_force():
     rng = random.Random(1)
-    for trial in range(40):
+    for _ in range(40):
         pts = [_point(f"d{i}", rng.choice([0.1, 0.2, 0.3, rng.random()]), rng.choice([0.0, 0.1, rng.random()]))
                for i in range(rng.randrange(1, 12))]
         pts.append(_point("broken", float("nan"), 0.0))
