@@ -107,12 +107,14 @@ def output_layer(weight: torch.Tensor, bias: torch.Tensor | None, grad_w: torch.
     return OutputSolve(t * v, s * u / t, "scalar solve (eq. 5 at the output)", scalar(t) / float(s))
 
 
-def analytic_reasons(obs: Observation, *, attack: str, batch_one: bool = True) -> list[str]:
-    """Requirements shared by the analytic attacks (gradient of one step, loss, batch size)."""
+def analytic_reasons(obs: Observation, *, attack: str, batch_one: bool = True,
+                     several_steps: bool = False) -> list[str]:
+    """Requirements shared by the analytic attacks (gradient of one step — or of several with
+    ``several_steps`` —, loss, batch size)."""
     reasons = []
     if obs.kind == "weights":
         reasons.append(f"{attack} needs a shared gradient, not trained weights")
-    elif obs.kind == "update" and obs.local_steps != 1:
+    elif obs.kind == "update" and obs.local_steps != 1 and not several_steps:
         reasons.append(f"{attack} needs the gradient of one step; got an update after {obs.local_steps} local steps")
     if obs.train_mode and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in obs.model.modules()):
         reasons.append(f"{attack} cannot invert batch normalisation in training mode")

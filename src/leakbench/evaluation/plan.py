@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from ..defenses import family_of
 from .spec import SweepSpec
 from .trial import TrialSpec
 
 
 def defense_family(defense: str) -> tuple[str, str]:
-    """``"clip:4+noise:0.01"`` → ``("clip+noise", "4, 0.01")``; ``"none"`` → ``("none", "")``."""
-    parts = [p.strip().partition(":") for p in defense.split("+")]
-    return "+".join(name for name, _, _ in parts), ", ".join(args for _, _, args in parts if args)
+    """``"clip:4+noise:0.01"`` → ``("clip+noise", "4, 0.01")``; ``"none"`` → ``("none", "")`` (the defense grammar's
+    :func:`~leakbench.defenses.family_of`)."""
+    return family_of(defense)
 
 
 def _absent(trial: TrialSpec) -> tuple[str, ...]:

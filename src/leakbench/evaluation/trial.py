@@ -35,8 +35,8 @@ from ..errors import LeakbenchError, UnsupportedThreatModel
 KINDS = ("attack", "utility", "bound", "weights", "membership")
 #: the threat models a trial can assume (the usual taxonomy; :func:`threat_model` says which one a trial has).
 THREAT_MODELS = ("eavesdropper", "informed-eavesdropper", "malicious-server", "published-weights", "membership")
-#: defense families the Cramér–Rao bound models, and the argument of ``cramer_rao`` each sets.
-BOUND_ARGUMENTS = {"noise": "sigma", "clip": "clip", "prune": "prune"}
+#: defense families the Cramér–Rao bound models: the argument of ``cramer_rao`` each sets, and the defense's parameter.
+BOUND_ARGUMENTS = {"noise": ("sigma", "sigma"), "clip": ("clip", "C"), "prune": ("prune", "p")}
 STATUSES = ("pending", "running", "done", "failed", "timed out", "n/a")
 #: fields of a :class:`TrialSpec` that do not change its result (labels and execution settings).
 NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "trial_seconds", "save_images")
@@ -456,17 +456,20 @@ def _bound_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     """Cramér–Rao bound on the RMSE of unbiased estimators for the trial's batch (Liu et al. 2024, Sec. 3)."""
     from ..analysis.bounds import cramer_rao
 
+    from ..defenses import parse, parts_of
+
     arguments: dict[str, float] = {}
-    for part in spec.defense.split("+"):
-        name, _, args = part.strip().partition(":")
-        if name == "none":
+    for part in parts_of(parse(spec.defense)):
+        if part.family == "none":
             continue
-        if name not in BOUND_ARGUMENTS:
-            raise UnsupportedThreatModel(f"the Cramér–Rao bound models {', '.join(BOUND_ARGUMENTS)}, not {name!r}")
-        values = [a.strip() for a in args.split(",")]
-        if name in ("clip", "prune") and len(values) > 1 and values[1] != "global":
-            raise UnsupportedThreatModel(f"the Cramér–Rao bound models global {name} only, not {part.strip()!r}")
-        arguments[BOUND_ARGUMENTS[name]] = float(values[0])
+        if part.family not in BOUND_ARGUMENTS:
+            raise UnsupportedThreatModel(f"the Cramér–Rao bound models {', '.join(BOUND_ARGUMENTS)}, not "
+                                         f"{part.family!r}")
+        values = part.parameters
+        if values.get("scope", "global") != "global":
+            raise UnsupportedThreatModel(f"the Cramér–Rao bound models global {part.family} only, not {part.spec!r}")
+        name, value = BOUND_ARGUMENTS[part.family]
+        arguments[name] = float(values[value])
     if not arguments.get("sigma"):
         raise UnsupportedThreatModel("the Cramér–Rao bound needs gradient noise (noise:σ) in the defense")
     device = torch.device(spec.device)
