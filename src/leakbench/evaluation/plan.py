@@ -74,7 +74,7 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
         for m in spec.models:
             base = dict(dataset=d.name, data_options=dict(d.options), dataset_key=d.key, model=m.spec,
                         model_key=m.key, training=m.training.model_dump(),
-                        model_options={"act": m.act, "init": m.init, "seed": m.seed, "options": dict(m.options)},
+                        model_options=m.build_options(),
                         server=_server(m))
             if spec.utility is not None:
                 # the server's move does not change what a defense costs: same training, cached by utility()

@@ -15,6 +15,7 @@ modules ("The stateless API can't be used with Jitted modules").  Save the ``sta
 from __future__ import annotations
 
 import hashlib
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -43,7 +44,9 @@ def _read(path: "str | Path", field: str) -> Any:
     if not file.is_file():
         raise ConfigError(f"no model file at {str(file)!r} ({field}); give the path of a saved state dict")
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's note on TorchScript archives: refused below with the fix
+            warnings.filterwarnings("ignore", message=".*TorchScript archive.*")
+            return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # torch's refusal (UnpicklingError), a truncated or foreign file: one message
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if "TorchScript" in str(err):
@@ -106,7 +109,7 @@ def save_model(model: nn.Module, path: "str | Path") -> Path:
     return out
 
 
-def load_model(path: "str | Path", *, device: "str | torch.device | None" = None) -> nn.Module:
+def load_model(path: "str | Path", *, device: "str | torch.device" = "cpu") -> nn.Module:
     """Rebuild the model saved by :func:`save_model` (architecture from the file, then its weights)."""
     from .spec import build
 
