@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(BIN)/leakbench demo
 
 test: $(STAMP)
+	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)
