@@ -91,3 +91,11 @@ def test_provable_margin_row_high_dimension_separates_members():
     (row,) = module("provable-margin").rows(only=[300], width=200, n_test=200, steps=300)
     assert row["train_acc"] == 1.0 and row["on_margin"] >= 0.5
     assert row["test_reach"] <= 0.05 and row["auc"] > 0.9
+
+
+@pytest.mark.slow
+def test_cpa_presets_row_every_preset_beats_the_chance_controls():
+    row = module("cpa-presets").one("mlp:256", 4, iterations=300)
+    p = row["psnr"]
+    for label in ("default", "paper"):
+        assert p[label] > p["grey image"] + 5 and p[label] > p["paper on noise gradient"] + 5
