@@ -14,11 +14,10 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-
-import leakbench as lb
-
 from rich.console import Console
 from rich.table import Table
+
+import leakbench as lb
 
 from .. import common as base
 
@@ -46,9 +45,10 @@ class Quote:
 
     file: str
     where: str
+    stored: bool = True
 
     def __str__(self) -> str:
-        return f"{self.where} — ../shared/papers/{self.file}"
+        return f"{self.where} — " + (f"../shared/papers/{self.file}" if self.stored else f"{self.file} (not in ../shared/papers)")
 
 
 def held_out_images(count: int, *, offset: int = 0) -> tuple[lb.ImageDataset, list[int], str]:

@@ -17,7 +17,7 @@ import leakbench as lb
 
 from .common import Quote, grey, held_out_images, noise_observation, paper_vs_ours, score
 
-QUOTE = Quote("(not stored) Kariyappa et al. 2023, arXiv 2209.05578", "appendix Ablation Study, LPIPS table")
+QUOTE = Quote("Kariyappa et al. 2023, arXiv 2209.05578", "appendix Ablation Study, LPIPS table", stored=False)
 PAPER_ABLATION = {"NE+TV+MI": 0.081, "-NE": 0.092, "-TV": 0.368, "-MI": 0.546}
 CONFIGS = {"default": {}, "paper": {"preset": "paper"}, "paper without TV": {"preset": "paper", "tv": 0.0}}
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 import leakbench as lb
 from leakbench.evaluation.trial import draw_excluding
 from leakbench.metrics.voting import vote
