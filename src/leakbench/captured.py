@@ -114,7 +114,7 @@ def _labels(labels, batch_size: int, classes: int) -> torch.Tensor | None:
 
 
 def _observation(kind, model, shared, *, batch_size, labels, loss, input_shape, normalize, train, defense,
-                 local_steps, local_lr, extras):
+                 local_steps, local_lr, extras, local_batches=None):
     from .losses import get_loss
     from .threat import Observation, _out_dim
 
@@ -134,7 +134,7 @@ def _observation(kind, model, shared, *, batch_size, labels, loss, input_shape, 
     return Observation(kind=kind, model=attacker, shared=shared, param_names=names, loss=loss,
                        batch_size=batch_size, input_shape=input_shape, num_classes=classes,
                        labels=_labels(labels, batch_size, classes), local_steps=local_steps, local_lr=local_lr,
-                       train_mode=train, defense=defense, extras=extras)
+                       local_batches=local_batches, train_mode=train, defense=defense, extras=extras)
 
 
 def from_gradients(model: nn.Module, grads: "Sequence[torch.Tensor] | Mapping[str, torch.Tensor]", *,
@@ -156,16 +156,32 @@ def from_gradients(model: nn.Module, grads: "Sequence[torch.Tensor] | Mapping[st
                         defense=defense, local_steps=1, local_lr=0.0, extras={"captured": True})
 
 
+def _schedule(batch_size: int, epochs: int, minibatch: int, order) -> tuple[list[list[int]], str]:
+    """The minibatches of ``epochs`` epochs, in ``order`` (one permutation of the slots per epoch) or unshuffled."""
+    if order is None:
+        perms = [list(range(batch_size))] * epochs
+        known = "unshuffled (order=None)"
+    else:
+        perms = [[int(i) for i in torch.as_tensor(p).reshape(-1).tolist()] for p in order]
+        expect(len(perms) == epochs, f"expected one permutation per epoch ({epochs}), got {len(perms)} (argument order)")
+        for e, p in enumerate(perms):
+            expect(sorted(p) == list(range(batch_size)),
+                   f"expected order[{e}] to be a permutation of 0..{batch_size - 1} (argument order)")
+        known = "known"
+    return [p[i:i + minibatch] for p in perms for i in range(0, batch_size, minibatch)], known
+
+
 def from_update(model_before: nn.Module, model_after: nn.Module, *, batch_size: int, lr: float, steps: int = 1,
-                epochs: int | None = None, minibatch: int | None = None, labels=None, loss: str = "ce",
+                epochs: int | None = None, minibatch: int | None = None, order=None, labels=None, loss: str = "ce",
                 input_shape=None, normalize=None, train: bool = False, defense: str = "none"):
     """An observation of the update θ_after − θ_before a client sent after local SGD on ``batch_size`` samples.
 
     The client ran ``steps`` SGD steps of size ``lr`` on its whole batch (FedAvg's local
     aggregation as :func:`~leakbench.threat.observe` simulates it with ``local_steps``), or
-    ``epochs`` epochs in minibatches of ``minibatch`` (then steps = epochs·⌈batch_size/minibatch⌉,
-    recorded in ``extras``; the update-matching attacks simulate full-batch steps, so with
-    ``minibatch < batch_size`` they work on an approximation — Dimitrov et al. 2022).
+    ``epochs`` epochs in minibatches of ``minibatch`` (FedAvg's client, Dimitrov et al. 2022):
+    steps = epochs·⌈batch_size/minibatch⌉, the minibatches taken in ``order`` (one permutation of
+    the samples per epoch, as a data loader drew them, when the client knows it) or unshuffled.
+    The update-matching attacks simulate exactly those minibatch steps (``Observation.local_batches``).
     """
     named_before = _trainable(model_before)
     after = dict(model_after.named_parameters())
@@ -173,6 +189,7 @@ def from_update(model_before: nn.Module, model_after: nn.Module, *, batch_size: 
            "expected model_after with the same parameters as model_before (argument model_after)")
     expect(isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr), f"expected lr > 0, got {lr!r} (argument lr)")
     extras: dict = {"captured": True}
+    batches = None
     if epochs is not None:
         expect(isinstance(epochs, int) and epochs >= 1, f"expected epochs ≥ 1, got {epochs!r} (argument epochs)")
         mb = batch_size if minibatch is None else minibatch
@@ -180,10 +197,15 @@ def from_update(model_before: nn.Module, model_after: nn.Module, *, batch_size: 
                f"expected 1 ≤ minibatch ≤ batch_size ({batch_size}), got {minibatch!r} (argument minibatch)")
         steps = epochs * math.ceil(batch_size / mb)
         extras.update(epochs=epochs, minibatch=mb)
+        if mb < batch_size:
+            batches, extras["local_order"] = _schedule(batch_size, epochs, mb, order)
+    else:
+        expect(order is None, "order= describes minibatch epochs: pass epochs= and minibatch= with it (argument order)")
     expect(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
            f"expected steps ≥ 1 local SGD steps, got {steps!r} (argument steps)")
     delta = {n: after[n].detach() - p.detach() for n, p in named_before}
     shared = _tensors(delta, named_before, "update")
     return _observation("update", model_before, shared, batch_size=batch_size, labels=labels, loss=loss,
                         input_shape=_input_shape(model_before, input_shape), normalize=normalize, train=train,
-                        defense=defense, local_steps=steps, local_lr=float(lr), extras=extras)
+                        defense=defense, local_steps=steps, local_lr=float(lr), extras=extras,
+                        local_batches=batches)

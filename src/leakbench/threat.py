@@ -31,6 +31,10 @@ class Observation:
     ``shared`` holds one tensor per trainable parameter of ``model`` (same order as
     ``param_names``): the gradient (``kind="gradient"``) or ``θ_k − θ_0``
     (``kind="update"``).  ``model`` carries the parameters the client started from.
+    An update's ``local_steps`` SGD steps of size ``local_lr`` ran on the whole batch, or on the
+    minibatches ``local_batches`` (slot indices per step) as the server takes them to be: the
+    client's order when it is known (no shuffling, or a user who captured their own round),
+    otherwise the unshuffled order of the same sizes (``extras["local_order"]`` says which).
     """
 
     kind: str
@@ -45,6 +49,7 @@ class Observation:
     bn_stats: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     local_steps: int = 1
     local_lr: float = 0.0
+    local_batches: list[list[int]] | None = None
     train_mode: bool = False
     defense: str = "none"
     data_range: tuple[float, float] = (0.0, 1.0)
@@ -190,6 +195,8 @@ def observe(
     loss: str = "ce",
     local_steps: int = 0,
     local_lr: float = 0.1,
+    local_batch: int | None = None,
+    local_shuffle: bool = False,
     train: bool = False,
     labels_known: bool = False,
     bn_stats: bool = False,
@@ -200,7 +207,9 @@ def observe(
     """Compute what the server sees when a client trains ``model`` on ``(x, y)``.
 
     ``local_steps=0`` shares the gradient of the mean loss (FedSGD); ``k ≥ 1``
-    shares ``θ_k − θ_0`` after k full-batch SGD steps of size ``local_lr``.
+    shares ``θ_k − θ_0`` after k full-batch SGD steps of size ``local_lr``, or — with ``local_batch=b``
+    — after k epochs of minibatch SGD over the batch (FedAvg's client, Dimitrov et al. 2022),
+    reshuffled every epoch with ``local_shuffle`` (the same as ``defense="local:k,lr,b,shuffle"``).
     ``train=True`` runs the client's forward in training mode (batch-norm uses
     batch statistics; ``bn_stats=True`` then grants them to the attacker).
     ``defense`` is a spec such as ``"clip:4+noise:0.01"`` (seeded by ``seed``),
@@ -232,8 +241,11 @@ def observe(
     start = {n: p.detach().clone() for n, p in named}
 
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    expect(local_batch is None or (isinstance(local_batch, int) and not isinstance(local_batch, bool)
+                                   and local_batch >= 1),
+           f"expected local_batch ≥ 1 (the minibatch size of the local epochs) or None, got {local_batch!r}")
     result = share(defense_obj, client, start, x, y, loss_fn, generator=gen, local_steps=local_steps,
-                   local_lr=local_lr, population=population)
+                   local_lr=local_lr, local_batch=local_batch, local_shuffle=local_shuffle, population=population)
 
     attacker = copy.deepcopy(model).to(x.device)
     attacker.train(train)
@@ -247,6 +259,7 @@ def observe(
     if result.clients > 1:
         extras["clients"] = result.clients
         extras["client_batch_size"] = int(x.shape[0])
+    batches = local_schedule(result, extras)
     return Observation(
         kind=result.kind,
         model=attacker,
@@ -260,10 +273,30 @@ def observe(
         bn_stats=stats or None,
         local_steps=result.local_steps,
         local_lr=result.local_lr,
+        local_batches=batches,
         train_mode=train,
         defense=defense_obj.spec,
         extras=extras,
     )
+
+
+def local_schedule(result, extras: dict) -> list[list[int]] | None:
+    """The minibatches the server may assume for a round's local epochs (see :class:`Observation`)."""
+    if result.batches is None:
+        return None
+    if result.clients > 1:  # each client stepped on its own minibatches: no one schedule of the aggregate
+        extras["local_order"] = "per client (aggregate): simulated as full-batch steps"
+        return None
+    if not result.shuffled:
+        extras["local_order"] = "known"
+        return [list(b) for b in result.batches]
+    extras["local_order"] = "shuffled by the client: the server assumes the unshuffled order"
+    n, sizes = int(result.x.shape[0]), [len(b) for b in result.batches]
+    out, pos = [], 0
+    for size in sizes:
+        out.append(list(range(pos, pos + size)))
+        pos = (pos + size) % n
+    return out
 
 
 def _batch_norm_stats(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

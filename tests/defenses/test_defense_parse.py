@@ -178,3 +178,14 @@ def test_empty_part_is_an_unknown_defense():
 def test_registry_is_restored_by_the_fixture():
     # the autouse fixture registered them for this test; the module-level list must not leak
     assert set(TEST_DEFENSES) <= set(DEFENSES.names())
+
+
+def test_one_grammar_gives_family_parameters_and_arguments():
+    from leakbench.defenses import family_of, parse
+
+    d = parse("clip:4+noise:0.01")
+    assert d.family == "clip+noise" and d.arguments == "4, 0.01"
+    assert d.parameters == {"clip": {"C": 4.0, "scope": "global"}, "noise": {"sigma": 0.01}}
+    assert parse("local:2,0.1,4").parameters == {"k": 2, "lr": 0.1, "b": 4, "shuffle": False}
+    assert family_of("none") == ("none", "") and family_of("prune:0.9,layer") == ("prune", "0.9,layer")
+    assert family_of("mystery:3") == ("mystery", "3")  # a store's unregistered defense still groups

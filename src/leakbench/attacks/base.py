@@ -16,6 +16,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from ..coerce import coerce
 from ..errors import ConfigError, UnsupportedThreatModel
 from ..registry import Registry
 from ..threat import Observation
@@ -45,32 +46,6 @@ class Reconstruction:
 ATTACKS: Registry["Attack"] = Registry("attack")
 
 
-def _coerce(value: Any, annotation: Any, name: str, attack: str) -> Any:
-    """Convert CLI strings to the option's declared type."""
-    if not isinstance(value, str):
-        return value
-    target = annotation
-    origin = typing.get_origin(annotation)
-    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if value.lower() == "none" and type(None) in typing.get_args(annotation):
-            return None
-        target = args[0] if args else str
-    try:
-        if target is bool:
-            if value.lower() in ("1", "true", "yes", "on"):
-                return True
-            if value.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if target in (int, float, str):
-            return target(value)
-    except ValueError:
-        raise ConfigError(f"expected {getattr(target, '__name__', target)} for option {name!r} "
-                          f"of attack {attack!r}, got {value!r}") from None
-    return value
-
-
 class Attack(abc.ABC):
     """Base class of every attack.  Subclasses set ``name``, ``Options``, ``presets`` and ``run``."""
 
@@ -90,7 +65,7 @@ class Attack(abc.ABC):
             if key not in fields:
                 raise ConfigError(f"unknown option {key!r} for attack {self.name!r}; "
                                   f"known options: {', '.join(sorted(fields))}")
-            merged[key] = _coerce(value, hints.get(key, Any), key, self.name)
+            merged[key] = coerce(value, hints.get(key, Any), name=key, owner=f"attack {self.name!r}")
         self.preset = chosen
         self.options = self.Options(**merged)
         self.validate()

@@ -8,7 +8,8 @@ DLG, soft labels — whose simulated gradient/update matches the observed one:
 with D one of :mod:`.objectives` (L2 of Zhu et al. 2019; cosine of Geiping et al.
 2020 eq. 4; per-tensor cosine with ℓ0 weights of Liu et al. 2024 App. F).  For
 an update observation the client's k SGD steps are simulated differentiably
-(Geiping et al. 2020, Sec. 5).  Optimisers: Adam on the signed gradient with
+(Geiping et al. 2020, Sec. 5), each on its minibatch of the candidate batch when the client ran
+minibatch epochs (``Observation.local_batches``; Dimitrov et al. 2022's FedAvg simulation).  Optimisers: Adam on the signed gradient with
 the box constraint enforced after every step (Geiping et al.), L-BFGS (Zhu et
 al.), or plain SGD; step decay ×0.1 at 3/8, 5/8, 7/8 of the run; several
 restarts keeping the best final match, optionally run as one batched
@@ -152,9 +153,23 @@ class GradientMatcher:
             for m in self._bn_layers:  # no running-stat side effects on the attacker's copy
                 m.track_running_stats = False
                 m.running_mean = m.running_var = None
+        self._steps = self._local_steps()
         self._linear = self._factorisable()
         self._captures: dict[int, list] | None = None
         self._verified = False
+
+    def _local_steps(self) -> list[torch.Tensor | None]:
+        """The slots each simulated local step trains on (None: the whole batch)."""
+        obs = self.obs
+        if obs.kind != "update":
+            return []
+        if not obs.local_batches:
+            return [None] * obs.local_steps
+        expect(len(obs.local_batches) == obs.local_steps,
+               f"the observation lists {len(obs.local_batches)} minibatches for {obs.local_steps} local steps")
+        expect(all(0 <= i < obs.batch_size for b in obs.local_batches for i in b),
+               f"the observation's minibatches index beyond its batch of {obs.batch_size}")
+        return [torch.as_tensor(b, dtype=torch.long, device=obs.device) for b in obs.local_batches]
 
     # -- factorised linear layers ----------------------------------------------------------
     def _factorisable(self) -> list[tuple[int, nn.Linear]]:
@@ -280,8 +295,9 @@ class GradientMatcher:
             loss = self.loss_fn(self.forward(self.params, x), target)
             return list(torch.autograd.grad(loss, list(self.params.values()), create_graph=True))
         current = dict(self.params)
-        for _ in range(obs.local_steps):
-            loss = self.loss_fn(self.forward(current, x), target)
+        for idx in self._steps:
+            xb, tb = (x, target) if idx is None else (x[idx], target[idx])
+            loss = self.loss_fn(self.forward(current, xb), tb)
             grads = torch.autograd.grad(loss, list(current.values()), create_graph=True)
             current = {n: p - obs.local_lr * g for (n, p), g in zip(current.items(), grads)}
         return [current[n] - self.params[n] for n in self.names]

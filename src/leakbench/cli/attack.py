@@ -1,8 +1,8 @@
 """``leakbench attack``: observe one batch, attack it, score and save the reconstruction."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -14,15 +14,16 @@ import typer
 from rich.table import Table
 
 from .. import __version__
-from ..attacks import Reconstruction, attack as run_attack_api, create as create_attack
-from ..data import DATASETS, load
+from ..attacks import Reconstruction, create as create_attack
+from ..data import DATASETS
 from ..defenses import parse as parse_defense
-from ..errors import ConfigError
+from ..errors import ConfigError, UnsupportedThreatModel
+from ..evaluation.trial import TrialSpec, dataset_for, run_trial
 from ..losses import LOSSES
-from ..metrics import compare
-from ..models import build, parse_spec
+from ..models import parse_spec
+from ..models.files import file_digest, read_state
+from ..progress import rich_progress
 from ..report import format_metric, save_grid
-from ..threat import observe
 from .common import (_print_paths, app, check_out_dir, console, data_options, parse_assignments, parse_device,
                      parse_indices, reports_errors, write_json)
 
@@ -52,6 +53,7 @@ class RunSpec:
     labels_known: bool = False
     defense: str = "none"
     device: str = "cpu"
+    model_file: Optional[str] = None
 
 
 @dataclass
@@ -80,30 +82,41 @@ def check_spec(spec: RunSpec) -> None:
     parse_defense(spec.defense)
     parse_device(spec.device)
     create_attack(spec.attack, preset=spec.preset, **spec.options)  # unknown attack, preset or option
+    if spec.model_file is not None:
+        read_state(spec.model_file, field="--model-file")  # readable as tensors, before any work
+
+
+def trial_spec(spec: RunSpec) -> TrialSpec:
+    """The sweep trial that ``spec`` is: the CLI runs the same trial core as ``leakbench evaluate``."""
+    model_options: dict[str, Any] = {"act": spec.act, "init": spec.init, "seed": spec.model_seed, "options": {}}
+    if spec.model_file is not None:
+        model_options.update(file=str(spec.model_file), file_digest=file_digest(spec.model_file))
+    size = len(spec.indices) if spec.indices else int(spec.batch_size or 1)
+    return TrialSpec(kind="attack", dataset=spec.data, data_options=dict(spec.data_options), model=spec.model,
+                     model_options=model_options, defense=spec.defense, batch_size=size, images=size, batch=0,
+                     seed=spec.seed, attack=spec.attack, preset=spec.preset, options=dict(spec.options),
+                     threat={"loss": spec.loss, "local_steps": spec.local_steps, "labels_known": spec.labels_known},
+                     indices=list(spec.indices or []), device=str(parse_device(spec.device)),
+                     threads=torch.get_num_threads(), save_images=True)
 
 
 def execute(spec: RunSpec, *, progress: bool) -> RunResult:
-    """Load the data, build the model, observe one batch, attack it and score the reconstruction."""
+    """Load the data, build the model, observe one batch, attack it and score the reconstruction (the trial core)."""
     check_spec(spec)
-    device = parse_device(spec.device)
-    data = load(spec.data, **spec.data_options)
-    model = build(spec.model, input_shape=data.shape, classes=data.num_classes, act=spec.act,
-                  init=spec.init, seed=spec.model_seed, device=device)
-    x, y = data.batch(spec.batch_size, seed=spec.seed, indices=spec.indices)
-    x, y = x.to(device), y.to(device)
-    obs = observe(model, x, y, loss=spec.loss, local_steps=spec.local_steps, labels_known=spec.labels_known,
-                  population=data,
-                  defense=spec.defense, seed=spec.seed)
-    start = time.perf_counter()
-    rec = run_attack_api(spec.attack, obs, preset=spec.preset, seed=spec.seed, progress=progress, **spec.options)
-    seconds = float(rec.trace.get("seconds", time.perf_counter() - start))
-    rec = dataclasses.replace(
-        rec, images=rec.images.detach().cpu(),
-        labels=None if rec.labels is None else rec.labels.detach().cpu(),
-    )
-    x, y = x.cpu(), y.cpu()
-    return RunResult(x=x, y=y, reconstruction=rec, scores=compare(rec, x, y), seconds=seconds,
-                     classes=list(data.classes))
+    trial = trial_spec(spec)
+    with (rich_progress(spec.attack) if progress else contextlib.nullcontext(None)) as report:
+        result = run_trial(trial, progress=report, strict=True)
+    if result.status == "n/a":
+        raise UnsupportedThreatModel(f"attack {spec.attack!r} cannot run on this observation: {result.error}")
+    a = result.arrays
+    labels = torch.from_numpy(a["labels"])
+    rec = Reconstruction(images=torch.from_numpy(a["reconstruction"]),
+                         labels=None if bool((labels < 0).all()) else labels,
+                         attack=spec.attack, options=result.attack_options)
+    scores = {**result.metrics, "per_sample": result.per_sample, "order": a["order"].tolist()}
+    return RunResult(x=torch.from_numpy(a["x"]), y=torch.from_numpy(a["y"]), reconstruction=rec, scores=scores,
+                     seconds=float(result.timings.get("attack_reported") or result.timings.get("attack", 0.0)),
+                     classes=list(dataset_for(trial).classes))
 
 
 
@@ -170,6 +183,9 @@ def attack_command(
                                                help="Grant the batch's labels to the attacker.")] = False,
     defense: Annotated[str, typer.Option(help="Defense spec, e.g. none or clip:4+noise:0.01.")] = "none",
     device: Annotated[str, typer.Option(help="Torch device for the model, the batch and the attack.")] = "cpu",
+    model_file: Annotated[Optional[Path], typer.Option(
+        help="Weights for --model: a state dict saved with torch.save(model.state_dict(), path) "
+             "(read as tensors only).")] = None,
     out: Annotated[Optional[Path], typer.Option(
         help="Output directory (default runs/<attack>-<data>-<timestamp>).")] = None,
     quiet: Annotated[bool, typer.Option(
@@ -183,7 +199,7 @@ def attack_command(
         options=parse_assignments(option, "--option"),
         batch_size=batch_size if batch_size is not None or chosen else 1,
         seed=seed, indices=chosen, loss=loss, local_steps=local_steps, labels_known=labels_known,
-        defense=defense, device=device,
+        defense=defense, device=device, model_file=None if model_file is None else str(model_file),
     )
     check_spec(spec)
     target = out if out is not None else default_out(attack, data)

@@ -6,12 +6,10 @@ one red line ``error: <message>`` on stderr and the command exits with code 2
 """
 from __future__ import annotations
 
-import collections.abc
 import functools
 import json
 import os
 import sqlite3
-import types
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Callable, Mapping, NoReturn, Sequence
@@ -23,6 +21,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .. import __version__
+from ..coerce import coerce
 from ..data import DATASETS
 from ..errors import ConfigError, LeakbenchError
 
@@ -91,56 +90,6 @@ def parse_assignments(items: Sequence[str] | None, flag: str) -> dict[str, str]:
     return parsed
 
 
-def _guess(value: str) -> Any:
-    """A CLI string as None, bool, int, float or itself."""
-    lowered = value.lower()
-    if lowered in ("none", "null"):
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            pass
-    return value
-
-
-def _is_union(annotation: Any) -> bool:
-    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
-
-
-def _coerce(value: str, annotation: Any, key: str, owner: str) -> Any:
-    """Convert ``value`` to the declared ``annotation`` (Optional, bool, int, float, str, sequences)."""
-    if _is_union(annotation):
-        args = typing.get_args(annotation)
-        if type(None) in args and value.lower() in ("none", "null"):
-            return None
-        rest = [a for a in args if a is not type(None)]
-        if str in rest:
-            return value
-        if len(rest) != 1:
-            return _guess(value)
-        annotation = rest[0]
-    if typing.get_origin(annotation) in (list, tuple, collections.abc.Sequence):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    if annotation is bool:
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-    elif annotation in (int, float):
-        try:
-            return annotation(value)
-        except ValueError:
-            pass
-    elif annotation is str:
-        return value
-    else:
-        return _guess(value)
-    raise ConfigError(f"expected {annotation.__name__} for option {key!r} of {owner}, got {value!r}")
-
-
 def data_options(name: str, raw: Mapping[str, str]) -> dict[str, Any]:
     """Coerce ``--data-option`` strings to the types the loader of dataset ``name`` declares."""
     loader = DATASETS.get(name)
@@ -148,7 +97,7 @@ def data_options(name: str, raw: Mapping[str, str]) -> dict[str, Any]:
         hints = typing.get_type_hints(loader)
     except Exception:  # unresolvable annotations: fall back to guessing
         hints = {}
-    return {k: _coerce(v, hints.get(k, Any), k, f"dataset {name!r}") for k, v in raw.items()}
+    return {k: coerce(v, hints.get(k, Any), name=k, owner=f"dataset {name!r}") for k, v in raw.items()}
 
 
 def parse_indices(text: str | None) -> list[int] | None:

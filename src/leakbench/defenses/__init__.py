@@ -12,12 +12,13 @@ the CLI and sweep specs share; :func:`parse` turns it into a :class:`Defense`.
 - :func:`epsilon` (:mod:`.accounting`): DP-SGD's ε from Opacus's accountant.
 """
 from .accounting import ACCOUNTANTS, epsilon
-from .base import DEFENSES, STAGES, ClientPlan, Composition, Defense, Identity, parse, parts_of, register
+from .base import DEFENSES, STAGES, ClientPlan, Composition, Defense, Identity, family_of, parse, parts_of, register
 from .client import DPSGD, Dropout, LocalSteps, SecureAggregation
 from .gradient import Clip, GradDrop, Noise, Prune, Quantize
 from .pipeline import Shared, share
 
 __all__ = [
+    "family_of",
     "DEFENSES", "STAGES", "ACCOUNTANTS", "ClientPlan", "Composition", "Defense", "Identity", "Shared",
     "parse", "parts_of", "register", "share", "epsilon",
     "Prune", "Clip", "Noise", "GradDrop", "Quantize", "DPSGD", "LocalSteps", "SecureAggregation", "Dropout",

@@ -39,7 +39,9 @@ class ClientPlan:
 
     ``gradient`` replaces the mean-loss gradient of a step (DP-SGD); ``wrappers`` are context
     managers ``wrapper(model, generator)`` active around the client's forward passes (dropout);
-    ``local_steps``/``local_lr`` make the round share θ_k − θ_0; ``clients``/``reduce``/``population``
+    ``local_steps``/``local_lr`` make the round share θ_k − θ_0 (``local_steps`` epochs over the client's
+    batch, each one full-batch step, or ⌈n/``local_batch``⌉ minibatch steps, reshuffled per epoch with
+    ``local_shuffle``); ``clients``/``reduce``/``population``
     aggregate several clients (secure aggregation); ``before``/``after`` are the shared-stage
     defenses applied to each client's output and to the aggregate.
     """
@@ -49,6 +51,8 @@ class ClientPlan:
     wrappers: list[Callable[..., Any]] = field(default_factory=list)
     local_steps: int | None = None
     local_lr: float = 0.0
+    local_batch: int | None = None
+    local_shuffle: bool = False
     clients: int = 1
     reduce: str = "mean"
     population: Any = None
@@ -96,6 +100,21 @@ class Defense:
             keep -= 1
         args = ",".join(format_value(v) for v in values[:keep])
         return f"{self.name}:{args}" if args else self.name
+
+    @property
+    def family(self) -> str:
+        """The registry name (``"clip+noise"`` for a composition): what tables and plots group by."""
+        return self.name or "none"
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The constructor arguments by name, defaults included (``clip:4`` → ``{"C": 4.0, "scope": "global"}``)."""
+        return {p.name: getattr(self, p.name) for p in positional_parameters(type(self))}
+
+    @property
+    def arguments(self) -> str:
+        """The spec's arguments as written in it (``"clip:4+noise:0.01"`` → ``"4, 0.01"``)."""
+        return ", ".join(part.spec.partition(":")[2] for part in parts_of(self) if ":" in part.spec)
 
     def apply_gradients(self, grads: list[torch.Tensor], *, generator: torch.Generator) -> list[torch.Tensor]:
         """The shared tensors after this defense (identity for client-side defenses)."""
@@ -152,6 +171,19 @@ class Composition(Defense):
     @property
     def spec(self) -> str:  # type: ignore[override]
         return "+".join(p.spec for p in self.parts)
+
+    @property
+    def family(self) -> str:  # type: ignore[override]
+        return "+".join(p.family for p in self.flat())
+
+    @property
+    def parameters(self) -> dict[str, Any]:  # type: ignore[override]
+        """Per part, in written order: ``{"clip": {...}, "noise": {...}}`` (a repeated name gets ``#2``)."""
+        out: dict[str, Any] = {}
+        for p in self.flat():
+            key = p.family if p.family not in out else f"{p.family}#{sum(k.split('#')[0] == p.family for k in out) + 1}"
+            out[key] = p.parameters
+        return out
 
     def flat(self) -> list[Defense]:
         out: list[Defense] = []
@@ -246,6 +278,19 @@ def _parse_one(text: str) -> Defense:
         return factory(**kwargs)
     except ConfigError as err:
         raise ConfigError(f"{err} (defense spec {text.strip()!r})") from None
+
+
+def family_of(spec: str) -> tuple[str, str]:
+    """``"clip:4+noise:0.01"`` → ``("clip+noise", "4, 0.01")`` through :func:`parse` (``"none"`` → ``("none", "")``).
+
+    A spec that no longer parses (a store written with a defense this process has not registered) is
+    split on its separators, so reports of old stores still group it."""
+    try:
+        d = parse(spec)
+    except ConfigError:
+        parts = [p.strip().partition(":") for p in str(spec).split("+")]
+        return "+".join(name for name, _, _ in parts), ", ".join(args for _, _, args in parts if args)
+    return d.family, d.arguments
 
 
 def parse(spec: "str | Defense | None") -> Defense:

@@ -122,23 +122,40 @@ class DPSGD(Defense):
 # --------------------------------------------------------------------------- local aggregation
 
 
-@register("local", help="local aggregation: k SGD steps of size lr, the server sees θ_k − θ_0 (local:k,lr)")
+@register("local", help="local aggregation (FedAvg): k epochs of SGD of size lr over the client's n samples, in "
+                        "minibatches of b (0: the whole batch, k steps), reshuffled per epoch with shuffle; the "
+                        "server sees θ_k − θ_0 (local:k,lr[,b[,shuffle]])")
 class LocalSteps(Defense):
+    """FedAvg's client round (McMahan et al. 2017; Dimitrov et al. 2022's setting): ``k`` epochs over the
+    client's n samples, each epoch ⌈n/b⌉ SGD steps on minibatches of ``b`` (the last one smaller, as a
+    data loader without ``drop_last``), in the samples' order or reshuffled every epoch (``shuffle``).
+    ``b = 0`` (or b ≥ n) is the whole batch: k full-batch steps.  The server knows k, lr and b (the fit
+    configuration); a shuffled order is the client's own."""
+
     stage = "round"
 
-    def __init__(self, k: int, lr: float = 0.1) -> None:
+    def __init__(self, k: int, lr: float = 0.1, b: int = 0, shuffle: bool = False) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ConfigError(f"expected the number of local steps k ≥ 1 (an int) for defense 'local', got {k!r}")
+            raise ConfigError(f"expected the number of local steps k ≥ 1 (an int; with b, the number of epochs) for "
+                              f"defense 'local', got {k!r}")
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+            raise ConfigError(f"expected the minibatch size b ≥ 1 (or 0 for the whole batch) for defense 'local', "
+                              f"got {b!r}")
         self.k = k
         self.lr = check_positive(lr, "the local learning rate lr", "local")
+        self.b = b
+        self.shuffle = bool(shuffle)
 
     def configure(self, plan: ClientPlan) -> None:
         if plan.local_steps is not None:
             raise ConfigError(f"expected one local-aggregation defense, got a second {self.spec!r}")
         plan.local_steps, plan.local_lr = self.k, self.lr
+        plan.local_batch, plan.local_shuffle = (self.b or None), self.shuffle
 
     def describe(self) -> dict[str, Any]:
-        return {"local_steps": self.k, "local_lr": self.lr}
+        if not self.b:
+            return {"local_steps": self.k, "local_lr": self.lr}
+        return {"local_epochs": self.k, "local_lr": self.lr, "local_batch": self.b, "local_shuffle": self.shuffle}
 
 
 # --------------------------------------------------------------------------- secure aggregation

@@ -4,9 +4,10 @@ One code path serves :func:`leakbench.observe` (one round on the attacked batch)
 :func:`leakbench.evaluation.utility.train_model` (one round per training step):
 
 1. every client computes, with the model-stage wrappers active (dropout), either one
-   step's gradient (FedSGD) or θ_k − θ_0 after k SGD steps (FedAvg; ``local`` defense),
-   each step's gradient being the mean-loss gradient or the step-stage replacement
-   (DP-SGD, Abadi et al. 2016);
+   step's gradient (FedSGD) or θ_k − θ_0 after its local epochs (FedAvg, ``local`` defense:
+   k epochs of SGD over its n samples, in minibatches of b — :func:`minibatches` — or one
+   full-batch step per epoch), each step's gradient being the mean-loss gradient of its
+   minibatch or the step-stage replacement (DP-SGD, Abadi et al. 2016);
 2. the shared-stage defenses written before ``secagg`` act on each client's output;
 3. with ``secagg:L`` the server receives the aggregate of L clients (the target batch and
    L − 1 batches of the same size drawn from ``population``), Liu et al. 2024 Sec. 3.3;
@@ -44,6 +45,9 @@ class Shared:
     y: torch.Tensor
     clients: int = 1
     info: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the target client's minibatches, step by step (indices into its batch); None for full-batch steps
+    batches: list[list[int]] | None = None
+    shuffled: bool = False
 
 
 def mean_gradient(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
@@ -54,8 +58,25 @@ def mean_gradient(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Te
     return [g.detach() for g in torch.autograd.grad(loss, list(live.values()))]
 
 
+def minibatches(n: int, epochs: int, batch: int | None, *, shuffle: bool = False,
+                generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    """The index sets of a client's local steps: ``epochs`` passes over ``n`` samples, each split into
+    consecutive minibatches of ``batch`` (the last one smaller, as ``DataLoader(drop_last=False)``) after a
+    fresh permutation when ``shuffle``; ``batch`` None (or ≥ n) is one full-batch step per epoch."""
+    if n < 1 or epochs < 1:
+        raise ConfigError(f"expected n ≥ 1 samples and epochs ≥ 1, got n={n}, epochs={epochs}")
+    if batch is not None and batch < 1:
+        raise ConfigError(f"expected a minibatch size ≥ 1, got {batch}")
+    size = n if batch is None else min(batch, n)
+    steps: list[torch.Tensor] = []
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=generator) if shuffle and size < n else torch.arange(n)
+        steps.extend(order[i:i + size] for i in range(0, n, size))
+    return steps
+
+
 def plan_for(defense: "str | Defense | None", *, local_steps: int = 0, local_lr: float = 0.1,
-             population: Any = None) -> ClientPlan:
+             local_batch: int | None = None, local_shuffle: bool = False, population: Any = None) -> ClientPlan:
     """The :class:`ClientPlan` of ``defense`` for a round with ``local_steps`` given by the caller."""
     plan = ClientPlan(population=population)
     seen_aggregate = False
@@ -77,14 +98,22 @@ def plan_for(defense: "str | Defense | None", *, local_steps: int = 0, local_lr:
         given = plan.info.get("local", {}).get("spec", "local")
         raise ConfigError(f"got local_steps={local_steps} and the defense {given!r} — give the local steps once: "
                           "either observe(local_steps=, local_lr=) or the local:k,lr defense")
+    if local_batch is not None and not local_steps:
+        raise ConfigError(f"got local_batch={local_batch} without local epochs: pass local_steps=E (epochs) too, "
+                          "or the local:E,lr,b defense")
     if plan.local_steps is None:
         plan.local_steps, plan.local_lr = int(local_steps), float(local_lr) if local_steps else 0.0
+        plan.local_batch, plan.local_shuffle = local_batch, bool(local_shuffle)
     return plan
 
 
 def client_round(plan: ClientPlan, model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
-                 y: torch.Tensor, loss_fn: LossFn, generator: torch.Generator) -> list[torch.Tensor]:
-    """One client's shared tensors: its gradient or update, then the per-client shared-stage defenses."""
+                 y: torch.Tensor, loss_fn: LossFn, generator: torch.Generator,
+                 schedule: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """One client's shared tensors: its gradient or update, then the per-client shared-stage defenses.
+
+    With local epochs, ``schedule`` (filled in when given as an empty list) receives the minibatch index
+    sets the client stepped on, in order."""
     gradient = plan.gradient or mean_gradient
     with contextlib.ExitStack() as stack:
         for wrapper in plan.wrappers:
@@ -92,11 +121,17 @@ def client_round(plan: ClientPlan, model: nn.Module, params: dict[str, torch.Ten
         if plan.local_steps == 0:
             shared = gradient(model, params, x, y, loss_fn, generator)
         else:
+            steps = minibatches(int(x.shape[0]), plan.local_steps, plan.local_batch, shuffle=plan.local_shuffle,
+                                generator=generator)
             current = dict(params)
-            for _ in range(plan.local_steps):
-                grads = gradient(model, current, x, y, loss_fn, generator)
+            for idx in steps:
+                xb, yb = (x, y) if idx.numel() == x.shape[0] and plan.local_batch is None else \
+                    (x[idx.to(x.device)], y[idx.to(y.device)])
+                grads = gradient(model, current, xb, yb, loss_fn, generator)
                 current = {n: (p - plan.local_lr * g).detach() for (n, p), g in zip(current.items(), grads)}
             shared = [current[n] - params[n] for n in params]
+            if schedule is not None:
+                schedule.extend(steps)
     for d in plan.before:
         shared = d.apply_gradients(shared, generator=generator)
     return shared
@@ -136,15 +171,19 @@ def other_batches(population: Any, count: int, size: int, *, like_x: torch.Tenso
 
 def share(defense: "str | Defense | None", model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
           y: torch.Tensor, loss_fn: LossFn, *, generator: torch.Generator, local_steps: int = 0,
-          local_lr: float = 0.1, population: Any = None) -> Shared:
+          local_lr: float = 0.1, local_batch: int | None = None, local_shuffle: bool = False,
+          population: Any = None) -> Shared:
     """What the server receives when clients train ``model`` at ``params`` on ``(x, y)`` under ``defense``.
 
     ``params`` maps the names of the trainable parameters to their values θ_0 (the shared
     tensors follow its order).  ``generator`` drives every random choice (noise, masks, the
-    other clients' batches).
+    other clients' batches).  ``local_steps`` are epochs of ``local_batch`` minibatches (None: one
+    full-batch step per epoch), as the ``local:k,lr,b,shuffle`` defense gives them.
     """
-    plan = plan_for(defense, local_steps=local_steps, local_lr=local_lr, population=population)
-    outputs = [client_round(plan, model, params, x, y, loss_fn, generator)]
+    plan = plan_for(defense, local_steps=local_steps, local_lr=local_lr, local_batch=local_batch,
+                    local_shuffle=local_shuffle, population=population)
+    schedule: list[torch.Tensor] = []
+    outputs = [client_round(plan, model, params, x, y, loss_fn, generator, schedule)]
     xs, ys = [x], [y]
     if plan.clients > 1:
         if plan.population is None:
@@ -166,16 +205,19 @@ def share(defense: "str | Defense | None", model: nn.Module, params: dict[str, t
         shared = outputs[0]
     for d in plan.after:
         shared = d.apply_gradients(shared, generator=generator)
+    minibatched = plan.local_steps > 0 and plan.local_batch is not None
     return Shared(
         tensors=[s.detach() for s in shared],
         kind="gradient" if plan.local_steps == 0 else "update",
-        local_steps=max(plan.local_steps, 1),
+        local_steps=max(len(schedule), 1) if plan.local_steps else 1,
         local_lr=plan.local_lr,
         x=torch.cat(xs) if len(xs) > 1 else x,
         y=torch.cat(ys) if len(ys) > 1 else y,
         clients=plan.clients,
         info=plan.info,
+        batches=[idx.tolist() for idx in schedule] if minibatched else None,
+        shuffled=minibatched and plan.local_shuffle,
     )
 
 
-__all__ = ["Shared", "share", "plan_for", "client_round", "mean_gradient", "other_batches"]
+__all__ = ["Shared", "share", "plan_for", "client_round", "mean_gradient", "other_batches", "minibatches"]

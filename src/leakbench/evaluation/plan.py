@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from ..defenses import family_of
 from .spec import SweepSpec
 from .trial import TrialSpec
 
 
 def defense_family(defense: str) -> tuple[str, str]:
-    """``"clip:4+noise:0.01"`` → ``("clip+noise", "4, 0.01")``; ``"none"`` → ``("none", "")``."""
-    parts = [p.strip().partition(":") for p in defense.split("+")]
-    return "+".join(name for name, _, _ in parts), ", ".join(args for _, _, args in parts if args)
+    """``"clip:4+noise:0.01"`` → ``("clip+noise", "4, 0.01")``; ``"none"`` → ``("none", "")`` (the defense grammar's
+    :func:`~leakbench.defenses.family_of`)."""
+    return family_of(defense)
 
 
 def _absent(trial: TrialSpec) -> tuple[str, ...]:
@@ -73,7 +74,7 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
         for m in spec.models:
             base = dict(dataset=d.name, data_options=dict(d.options), dataset_key=d.key, model=m.spec,
                         model_key=m.key, training=m.training.model_dump(),
-                        model_options={"act": m.act, "init": m.init, "seed": m.seed, "options": dict(m.options)},
+                        model_options=m.build_options(),
                         server=_server(m))
             if spec.utility is not None:
                 # the server's move does not change what a defense costs: same training, cached by utility()

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, LeakbenchError
+from ..models.files import load_weights
 from .spec import MAX_TRIALS, SweepSpec
 
 
@@ -125,6 +126,8 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
             try:
                 model = build(m.spec, input_shape=data.shape, classes=data.num_classes, act=m.act, init=m.init,
                               seed=m.seed, device=device, **dict(m.options))
+                if m.file:
+                    load_weights(model, m.file, field=f"models[{j}].file")
             except Exception as err:  # noqa: BLE001
                 raise ConfigError(f"{where}: cannot build it: {_first_line(err)}") from None
             report.models += 1

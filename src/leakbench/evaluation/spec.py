@@ -118,9 +118,11 @@ class ServerEntry(_Strict):
 
 
 class ModelEntry(_Strict):
-    """A model spec (``cnn:3-8-2-1``, ``convnet-16``...) with build options, training state and server move."""
+    """A model spec (``cnn:3-8-2-1``, ``convnet-16``...) with build options, training state and server move;
+    ``file``: its weights, a state dict read as tensors only (relative paths from where the sweep runs)."""
 
     spec: str
+    file: Optional[str] = None
     act: Optional[str] = None
     init: str = "default"
     seed: int = Field(0, ge=0)
@@ -141,8 +143,22 @@ class ModelEntry(_Strict):
         extra = [f"act={self.act}"] if self.act else []
         extra += [f"init={self.init}"] if self.init != "default" else []
         text = self.spec + (f"({','.join(extra)})" if extra else "")
+        text += f"[{Path(self.file).name}]" if self.file else ""
         text += f"@{self.training.epochs}ep" if self.training.epochs else ""
         return text + (f"+{self.server.key}" if self.server is not None else "")
+
+    def build_options(self) -> dict[str, Any]:
+        """The trial's ``model_options``: build arguments, and the weights file with its digest (a changed file is a
+        new trial)."""
+        options: dict[str, Any] = {"act": self.act, "init": self.init, "seed": self.seed, "options": dict(self.options)}
+        if self.file:
+            from ..models.files import file_digest
+
+            if not Path(self.file).is_file():
+                raise ConfigError(f"models: no weights file at {self.file!r} (field file of model {self.spec!r}); "
+                                  "give a state dict's path, relative to where the sweep runs")
+            options.update(file=self.file, file_digest=file_digest(self.file))
+        return options
 
 
 class AttackEntry(_Strict):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
+from ..defenses import family_of
 from ..errors import ConfigError, LeakbenchError
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ def attack_culprit(a: "AttackEntry") -> tuple:
 def rule_values(spec: "SweepSpec") -> dict[str, set[str]]:
     """Per rule key, the values a rule can match in ``spec`` (names and labels, as text)."""
     defenses = spec.defense_specs()
-    families = {"+".join(p.strip().partition(":")[0] for p in d.split("+")) for d in defenses}
+    families = {family_of(d)[0] for d in defenses}
     return {"dataset": {v for d in spec.datasets for v in (d.name, d.key)},
             "model": {v for m in spec.models for v in (m.spec, m.key)},
             "attack": {v for a in spec.attacks for v in (a.name, a.key)},

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from ..errors import ConfigError
+from ..progress import sweep_progress
 from .images import save_trial_files
 from .plan import plan
 from .preflight import check_size, preflight
@@ -112,13 +113,13 @@ class Sweep:
         todo = self.todo()
         skipped = len(self.trials) - len(todo)
         runner = self.runner or make_runner(workers=self.workers, ray=self.ray, cache_dir=self.store.cache_dir)
-        bar = _bar(len(self.trials), skipped, self.spec.name) if progress else contextlib.nullcontext(None)
+        bar = sweep_progress(len(self.trials), skipped, self.spec.name) if progress else contextlib.nullcontext(None)
         try:
             with bar as advance:
                 for result in runner.run(self._feed(todo, start)):
                     self._commit(result)
                     if advance is not None:
-                        advance(result)
+                        advance(result.status)
                     if self.on_result is not None:
                         self.on_result(self.by_key[result.key], result)
         except KeyboardInterrupt:
@@ -140,26 +141,6 @@ class Sweep:
                 "counts": self.store.counts(self.by_key), "ran": self.ran, "retry_failed": self.retry_failed,
                 "executor": (self.runner.state_dict() if self.runner is not None
                              else {"workers": self.workers, "ray": self.ray})}
-
-
-@contextlib.contextmanager
-def _bar(total: int, done: int, name: str):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
-
-    counts = {"done": 0, "failed": 0, "n/a": 0}
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                   TimeRemainingColumn())
-    task = bar.add_task(name, total=total, completed=done, counts="")
-
-    def advance(result: TrialResult) -> None:
-        counts[result.status] = counts.get(result.status, 0) + 1
-        text = " ".join(f"{k} {v}" for k, v in counts.items() if v)
-        bar.update(task, advance=1, counts=f"[dim]{text}[/dim]")
-
-    with bar:
-        yield advance
 
 
 def evaluate(spec: "SweepSpec | str | Path | dict", db: "str | Path" = "results.db", *, workers: int = 1,

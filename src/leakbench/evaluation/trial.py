@@ -35,15 +35,15 @@ from ..errors import LeakbenchError, UnsupportedThreatModel
 KINDS = ("attack", "utility", "bound", "weights", "membership")
 #: the threat models a trial can assume (the usual taxonomy; :func:`threat_model` says which one a trial has).
 THREAT_MODELS = ("eavesdropper", "informed-eavesdropper", "malicious-server", "published-weights", "membership")
-#: defense families the Cramér–Rao bound models, and the argument of ``cramer_rao`` each sets.
-BOUND_ARGUMENTS = {"noise": "sigma", "clip": "clip", "prune": "prune"}
+#: defense families the Cramér–Rao bound models: the argument of ``cramer_rao`` each sets, and the defense's parameter.
+BOUND_ARGUMENTS = {"noise": ("sigma", "sigma"), "clip": ("clip", "C"), "prune": ("prune", "p")}
 STATUSES = ("pending", "running", "done", "failed", "timed out", "n/a")
 #: fields of a :class:`TrialSpec` that do not change its result (labels and execution settings).
 NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "trial_seconds", "save_images")
 
 
 #: fields added after the first store format; empty values leave a trial's key as it was.
-ADDED_FIELDS = ("server", "target", "membership")
+ADDED_FIELDS = ("server", "target", "membership", "indices")
 
 
 def threat_model(spec: dict[str, Any]) -> str:
@@ -97,6 +97,7 @@ class TrialSpec:
     server: dict = field(default_factory=dict)
     target: dict = field(default_factory=dict)
     membership: dict = field(default_factory=dict)
+    indices: list = field(default_factory=list)
     dataset_key: str = ""
     model_key: str = ""
     attack_key: str = ""
@@ -159,6 +160,8 @@ class TrialResult:
     traceback: Optional[str] = None
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     worker: str = ""
+    #: the attack's resolved options (preset + overrides), for the CLI's metrics.json; not stored
+    attack_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -202,6 +205,12 @@ def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Optional[P
     model = build(spec.model, input_shape=data.shape, classes=data.num_classes, act=opts.get("act"),
                   init=opts.get("init", "default"), seed=int(opts.get("seed", 0)), device=device,
                   **dict(opts.get("options") or {}))
+    if opts.get("file"):
+        from ..models.files import file_digest, load_weights
+
+        if opts.get("file_digest") and file_digest(opts["file"]) != opts["file_digest"]:
+            raise LeakbenchError(f"the model file {opts['file']!r} changed since the trial was planned; re-plan it")
+        load_weights(model, opts["file"], field="model file")
     epochs = int(spec.training.get("epochs", 0))
     if epochs == 0:
         return model
@@ -228,7 +237,10 @@ def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Optional[P
 
 
 def batch_for(spec: TrialSpec, data) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch ``spec.batch`` of the ``spec.images`` samples drawn with ``spec.seed`` (the same images for every B)."""
+    """Batch ``spec.batch`` of the ``spec.images`` samples drawn with ``spec.seed`` (the same images for every B),
+    or exactly the samples ``spec.indices``."""
+    if spec.indices:
+        return data.batch(indices=list(spec.indices))
     pool = max(spec.images, spec.batch_size * (spec.batch + 1))
     x, y = data.batch(pool, seed=spec.seed)
     lo = spec.batch * spec.batch_size
@@ -245,9 +257,10 @@ class _Clock:
     the model and the observation are ready, so loading or training never eats into it.
     """
 
-    def __init__(self, limit: Optional[float]) -> None:
+    def __init__(self, limit: Optional[float], report=None) -> None:
         self.start = time.perf_counter()
         self.limit = limit
+        self.report = report
         self.timings: dict[str, float] = {}
         self._mark = self.start
         self._budget_start = self.start
@@ -261,6 +274,8 @@ class _Clock:
         self._budget_start = time.perf_counter()
 
     def progress(self, done: int, total: int, loss: float) -> None:
+        if self.report is not None:
+            self.report(done, total, loss)
         if self.limit is not None and time.perf_counter() - self._budget_start > self.limit:
             raise TrialTimeout(f"ran {done} of {total} steps: the attack exceeded budget.trial_seconds={self.limit:g}")
 
@@ -268,9 +283,14 @@ class _Clock:
         return {**self.timings, "total": time.perf_counter() - self.start}
 
 
-def run_trial(spec: TrialSpec, *, cache_dir: "str | Path | None" = None) -> TrialResult:
-    """Run one trial; never raises for a problem of the trial itself (see the module docstring)."""
-    clock = _Clock(spec.trial_seconds)
+def run_trial(spec: TrialSpec, *, cache_dir: "str | Path | None" = None, progress=None,
+              strict: bool = False) -> TrialResult:
+    """Run one trial; never raises for a problem of the trial itself (see the module docstring).
+
+    ``progress(done, total, loss)`` receives the attack's progress.  ``strict=True`` (the CLI's
+    ``attack`` command) lets errors propagate instead of recording them as ``failed``/``n/a``.
+    """
+    clock = _Clock(spec.trial_seconds, progress)
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, int(spec.threads)))
     try:
@@ -285,10 +305,14 @@ def run_trial(spec: TrialSpec, *, cache_dir: "str | Path | None" = None) -> Tria
                                          error=f"non-finite result: {', '.join(bad)} (a diverged run is a failure, "
                                                "not a score)", timings=result.timings)
     except UnsupportedThreatModel as err:
+        if strict:
+            raise
         result = TrialResult(key=spec.key, status="n/a", error=str(err))
     except TrialTimeout as err:  # the wall-clock guard: shown as "timed out", never silently dropped from S_D
         result = TrialResult(key=spec.key, status="timed out", error=str(err))
     except Exception as err:  # recorded with the trial, the sweep goes on
+        if strict:
+            raise
         result = TrialResult(key=spec.key, status="failed", error=f"{type(err).__name__}: {err}",
                              traceback=tb.format_exc())
     finally:
@@ -430,7 +454,8 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
                   "labels": (labels.numpy().astype(np.int64) if labels is not None
                              else np.full(images.shape[0], -1, dtype=np.int64))}
     return TrialResult(key=spec.key, status="done", metrics=metrics, per_sample=per_sample, arrays=arrays,
-                       timings={"attack_reported": float(rec.trace.get("seconds", 0.0))})
+                       timings={"attack_reported": float(rec.trace.get("seconds", 0.0))},
+                       attack_options=dict(rec.options or {}))
 
 
 def _utility_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
@@ -444,7 +469,8 @@ def _utility_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
                      batch_size=int(spec.batch_size or u["batch_size"]), lr=float(u["lr"]), seed=int(u.get("seed", 0)),
                      data_options=dict(spec.data_options) or None, model_options=model_options,
                      test_fraction=float(u["test_fraction"]), loss=spec.threat.get("loss", "ce"),
-                     cache_dir=False if cache_dir is None else str(Path(cache_dir) / "utility"), device=spec.device)
+                     cache_dir=False if cache_dir is None else str(Path(cache_dir) / "utility"), device=spec.device,
+                     model_file=opts.get("file") or None)
     clock.lap("train")
     metrics = {k: _number(getattr(result, k, None))
                for k in ("train_loss", "train_accuracy", "test_accuracy", "epsilon", "samples_seen", "steps")}
@@ -456,17 +482,20 @@ def _bound_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     """Cramér–Rao bound on the RMSE of unbiased estimators for the trial's batch (Liu et al. 2024, Sec. 3)."""
     from ..analysis.bounds import cramer_rao
 
+    from ..defenses import parse, parts_of
+
     arguments: dict[str, float] = {}
-    for part in spec.defense.split("+"):
-        name, _, args = part.strip().partition(":")
-        if name == "none":
+    for part in parts_of(parse(spec.defense)):
+        if part.family == "none":
             continue
-        if name not in BOUND_ARGUMENTS:
-            raise UnsupportedThreatModel(f"the Cramér–Rao bound models {', '.join(BOUND_ARGUMENTS)}, not {name!r}")
-        values = [a.strip() for a in args.split(",")]
-        if name in ("clip", "prune") and len(values) > 1 and values[1] != "global":
-            raise UnsupportedThreatModel(f"the Cramér–Rao bound models global {name} only, not {part.strip()!r}")
-        arguments[BOUND_ARGUMENTS[name]] = float(values[0])
+        if part.family not in BOUND_ARGUMENTS:
+            raise UnsupportedThreatModel(f"the Cramér–Rao bound models {', '.join(BOUND_ARGUMENTS)}, not "
+                                         f"{part.family!r}")
+        values = part.parameters
+        if values.get("scope", "global") != "global":
+            raise UnsupportedThreatModel(f"the Cramér–Rao bound models global {part.family} only, not {part.spec!r}")
+        name, value = BOUND_ARGUMENTS[part.family]
+        arguments[name] = float(values[value])
     if not arguments.get("sigma"):
         raise UnsupportedThreatModel("the Cramér–Rao bound needs gradient noise (noise:σ) in the defense")
     device = torch.device(spec.device)

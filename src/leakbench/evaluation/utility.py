@@ -258,12 +258,13 @@ def utility(model_spec: str, dataset: "str | ImageDataset | tuple[ImageDataset, 
             defense: "str | Defense | None" = "none", *, epochs: int = 5, batch_size: int = 16, lr: float = 0.1,
             seed: int = 0, data_options: dict | None = None, model_options: dict | None = None,
             test_fraction: float = 0.25, loss: str = "ce", cache_dir: "str | os.PathLike | bool | None" = None,
-            device: "str | torch.device" = "cpu") -> UtilityResult:
+            device: "str | torch.device" = "cpu", model_file: "str | os.PathLike | None" = None) -> UtilityResult:
     """Train ``model_spec`` on ``dataset`` with ``defense`` in every step and measure what it costs.
 
     The model is built with ``seed`` (and ``model_options`` such as ``act``); the data is
     split into train/test by class with ``test_fraction`` held out (a (train, test) pair is
-    used as given).  Results are cached by configuration (``cache_dir=False`` disables).
+    used as given).  ``model_file``: a state dict the model starts from (:mod:`leakbench.models.files`).
+    Results are cached by configuration (``cache_dir=False`` disables).
     """
     if not isinstance(model_spec, str):
         raise ConfigError(f"expected a model spec string like 'mlp:32' (for modules use train_model), got "
@@ -277,6 +278,10 @@ def utility(model_spec: str, dataset: "str | ImageDataset | tuple[ImageDataset, 
         "defense": defense_obj.spec, "epochs": epochs, "batch_size": batch_size, "lr": float(lr),
         "seed": int(seed), "loss": loss,
     }
+    if model_file is not None:
+        from ..models.files import file_digest
+
+        config["model_file"] = file_digest(model_file)
     root = cache_root(cache_dir)
     path = root / f"{config_key(config)}.json" if root is not None else None
     if path is not None and path.exists():
@@ -289,6 +294,10 @@ def utility(model_spec: str, dataset: "str | ImageDataset | tuple[ImageDataset, 
             pass  # a broken cache entry is recomputed and overwritten
     model = build(model_spec, input_shape=train.shape, classes=train.num_classes, seed=seed, device=device,
                   **dict(model_options or {}))
+    if model_file is not None:
+        from ..models.files import load_weights
+
+        load_weights(model, model_file, field="model_file")
     run = train_model(model, train, defense=defense_obj, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
                       device=device, loss=loss)
     test_loss, test_accuracy = loss_and_accuracy(model, test.images.to(device), test.labels.to(device), loss=loss)

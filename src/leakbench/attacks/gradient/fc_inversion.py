@@ -12,7 +12,11 @@ For a linear layer z = W x + b and one sample, the gradient constraint (eq. 1b) 
   scalar t solves ∂ℓ/∂z(t W v + b) = s·u / t (a one-dimensional search, any loss).
 
 For a batch of B samples ∇W[k]/∇b[k] = Σ_m δ_{m,k} x_m / Σ_m δ_{m,k}: an affine
-combination of the batch, not a sample.  ``fc-inversion`` then returns the B
+combination of the batch, not a sample.
+
+An update after several local SGD steps (FedAvg) keeps eq. 4 exact at batch 1: the first layer's
+input never changes, so ΔW = −η Σ_t δ_t xᵀ and Δb = −η Σ_t δ_t, and ΔW[k]/Δb[k] = x whatever the
+steps, minibatches or epochs (the bias path only: eq. 5 needs δ of one step).  ``fc-inversion`` then returns the B
 combinations of the B largest |∇b[k]| and says so in ``trace["recovered"]``.
 
 The helpers (:func:`output_layer`, :func:`act_derivative`, :func:`act_inverse`,
@@ -139,12 +143,14 @@ def output_layer(weight: torch.Tensor, bias: torch.Tensor | None, grad_w: torch.
     return OutputSolve(t * v, s * u / t, "scalar solve (eq. 5 at the output)", scalar(t) / float(s))
 
 
-def analytic_reasons(obs: Observation, *, attack: str, batch_one: bool = True) -> list[str]:
-    """Requirements shared by the analytic attacks (gradient of one step, loss, batch size)."""
+def analytic_reasons(obs: Observation, *, attack: str, batch_one: bool = True,
+                     several_steps: bool = False) -> list[str]:
+    """Requirements shared by the analytic attacks (gradient of one step — or of several with
+    ``several_steps`` —, loss, batch size)."""
     reasons = []
     if obs.kind == "weights":
         reasons.append(f"{attack} needs a shared gradient, not trained weights")
-    elif obs.kind == "update" and obs.local_steps != 1:
+    elif obs.kind == "update" and obs.local_steps != 1 and not several_steps:
         reasons.append(f"{attack} needs the gradient of one step; got an update after {obs.local_steps} local steps")
     if obs.train_mode and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in obs.model.modules()):
         reasons.append(f"{attack} cannot invert batch normalisation in training mode")
@@ -186,7 +192,7 @@ class FCInversion(Attack):
     presets = {"quick": {}}
 
     def requirements(self, obs: Observation) -> list[str]:
-        reasons = analytic_reasons(obs, attack=self.name, batch_one=False)
+        reasons = analytic_reasons(obs, attack=self.name, batch_one=False, several_steps=True)
         chain, why = chain_or_reason(obs)
         if chain is None:
             return reasons + [why]
@@ -199,6 +205,9 @@ class FCInversion(Attack):
         if id(first.layer.weight) not in index:
             reasons.append(f"the weight gradient of {first.name!r} is not shared")
         has_bias = first.layer.bias is not None and id(first.layer.bias) in index
+        if not has_bias and obs.kind == "update" and obs.local_steps != 1:
+            reasons.append(f"without a bias in the first layer fc-inversion needs the gradient of one step; got an "
+                           f"update after {obs.local_steps} local steps")
         if not has_bias:
             if obs.batch_size != 1:
                 reasons.append("without a bias in the first layer fc-inversion needs batch 1 (eq. 5)")
