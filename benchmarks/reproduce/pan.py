@@ -6,7 +6,8 @@ batch gradient of a ReLU MLP; Theorem 2: otherwise the perturbations leaving the
 space of dimension (d0 − rank W0)(M − rank A) — the batch is not determined.  The stored text holds the
 proofs only: the main paper's curves (fraction vs batch size) are not in ../shared/papers, so the
 "paper" column here is the prediction of Proposition 2 computed on the same batch
-(:func:`leakbench.analysis.exclusivity`), which the attack must match sample for sample.
+(:func:`leakbench.analysis.exclusivity`): the attack must recover at least those samples, and every
+sample it flags unique should be exact (the "attack: unique" and "recovered" columns side by side).
 
 Ours: ``exclusivity`` on ReLU MLPs (CIFAR-10 held-out images, float64, untrained, seed 0) at
 B = 1 … 64; "recovered" = samples reconstructed at PSNR ≥ 40 dB (exact up to round-off gives > 100 dB).

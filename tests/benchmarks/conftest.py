@@ -12,9 +12,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-@pytest.fixture(autouse=True)
-def bundled_data(monkeypatch, tmp_path):
-    """Point the benchmark images at a missing file, so they come from the bundled photos."""
+@pytest.fixture(autouse=True, scope="session")
+def bundled_data(tmp_path_factory):
+    """Point the benchmark images at a missing file, so they come from the bundled photos (session-wide:
+    module-scoped fixtures of the tests build their rows before any function-scoped patch would apply)."""
     import benchmarks.common
 
-    monkeypatch.setattr(benchmarks.common, "CIFAR_NPZ", tmp_path / "absent.npz")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(benchmarks.common, "CIFAR_NPZ", tmp_path_factory.mktemp("nodata") / "absent.npz")
+        yield
