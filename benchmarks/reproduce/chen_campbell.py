@@ -116,7 +116,7 @@ def run(full: bool = False, only: list[str] | None = None) -> None:
     images = 3 if full else 1
     results, source = appendix_e(full=full, only=only, images=images)
     budget = ("paper budgets: hybrid 10 000/8 000/1 000 it per layer (lr 1e-3), IG 4 800 steps" if full else
-              "quick budgets: hybrid 300/200/100 it (lr 1e-2), IG 300 steps")
+              "quick budgets: hybrid 300/200/100 it (lr 0.1), IG 300 steps")
     paper_vs_ours("Chen & Campbell Appendix E — PSNR (standard, dB) per variant: ours vs the paper",
                   ["variant", "attack", "PSNR ours", "PSNR paper", "paper (peak 255)", "s"],
                   [(r["variant"], r["attack"], r["psnr"], "" if r["paper_psnr"] is None else r["paper_psnr"],
