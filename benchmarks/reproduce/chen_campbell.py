@@ -67,11 +67,12 @@ def attacks(full: bool) -> dict[str, dict]:
     return {"rgap": {}, "hybrid": {"preset": "quick"}, "inverting-gradients": {"preset": "quick"}}
 
 
-def appendix_e(*, full: bool = False, only: list[str] | None = None, images: int = 1,
+def appendix_e(*, full: bool = False, only: list[str] | None = None, images: int = 1, first: int = 0,
                overrides: dict[str, dict] | None = None, controls: bool = True,
                names: tuple[str, ...] = ("rgap", "hybrid", "inverting-gradients")) -> tuple[list[dict], str]:
-    """One row per (variant, attack or control): mean standard PSNR over ``images`` held-out images."""
-    ds, idx, source = held_out_images(images)
+    """One row per (variant, attack or control): mean standard PSNR over ``images`` held-out images
+    (from the ``first``-th on: CIFAR-10 index 500 + first)."""
+    ds, idx, source = held_out_images(images, offset=first)
     plan = {k: v for k, v in attacks(full).items() if k in names}
     for name, extra in (overrides or {}).items():
         plan[name] = {**plan.get(name, {}), **extra}
