@@ -12,12 +12,14 @@ import time
 
 #: name → (module, what it reproduces)
 REPRODUCTIONS = {
-    "chen-campbell": ("chen_campbell", "Chen & Campbell 2022: Table 1 (security metric) and Appendix E (R-GAP vs hybrid vs IG)"),
+    "chen-campbell": ("chen_campbell",
+                      "Chen & Campbell 2022: Table 1 (security metric) and Appendix E (R-GAP vs hybrid vs IG)"),
     "pan": ("pan", "Pan et al. 2022: fraction reconstructable through neuron exclusivity against batch size"),
     "liu-table1": ("liu_table1", "Liu et al. 2024 Table 1: Cramér–Rao bound scaling in width, dimension, defenses"),
     "liu-table4": ("liu_table4", "Liu et al. 2024 Table 4 (slice): 4 attacks × defenses at B = 2/4/8"),
     "cpa-presets": ("cpa_presets", "Cocktail Party: default vs the paper preset with / without the paper's TV term"),
-    "haim": ("haim", "Haim et al. 2022 / Buzaglo et al. 2023: kkt reconstruction counts vs the nearest-neighbour control"),
+    "haim": ("haim",
+             "Haim et al. 2022 / Buzaglo et al. 2023: kkt reconstruction counts vs the nearest-neighbour control"),
     "provable-margin": ("provable_margin", "Provable attacks on shallow nets, Figure 1: margin fractions against d"),
 }
 

@@ -24,7 +24,8 @@ from leakbench.analysis import security_metric
 from ..bench_analytic import TABLE1
 from .common import Quote, grey, held_out_images, noise_observation, paper_vs_ours, score
 
-TABLE1_QUOTE = Quote("chen-campbell2022-linear-systems-gradient-matching.txt", "Table 1 (Sec. 4; stored text lines 103–112)")
+TABLE1_QUOTE = Quote("chen-campbell2022-linear-systems-gradient-matching.txt",
+                     "Table 1 (Sec. 4; stored text lines 103–112)")
 APPE_QUOTE = Quote("chen-campbell2022-linear-systems-gradient-matching.txt",
                    "Appendix E, the supplement's table of MSE, PSNR (stored text lines 196–208)")
 

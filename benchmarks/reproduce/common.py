@@ -48,7 +48,8 @@ class Quote:
     stored: bool = True
 
     def __str__(self) -> str:
-        return f"{self.where} — " + (f"../shared/papers/{self.file}" if self.stored else f"{self.file} (not in ../shared/papers)")
+        where = f"../shared/papers/{self.file}" if self.stored else f"{self.file} (not in ../shared/papers)"
+        return f"{self.where} — {where}"
 
 
 def held_out_images(count: int, *, offset: int = 0) -> tuple[lb.ImageDataset, list[int], str]:

@@ -65,7 +65,8 @@ def defenses(m: int = 64, d: int = 10) -> list[dict]:
     rows = []
     for k in (2.0, 4.0):
         r = _bound(m, d, clip=plain.grad_norm / k)
-        rows.append({"defense": f"clip C = ‖G‖/{k:g}", "exact": r.exact / plain.exact, "trace": r.trace / plain.trace,
+        rows.append({"defense": f"clip C = ‖G‖/{k:g}", "exact": r.exact / plain.exact,
+                     "trace": r.trace / plain.trace,
                      "paper": two_layer_scaling("clip", d=d, m=m, sigma=SIGMA, C=plain.grad_norm / k,
                                                 grad_norm=plain.grad_norm).lower
                      / two_layer_scaling("none", d=d, m=m, sigma=SIGMA).lower})
@@ -93,5 +94,6 @@ def run(full: bool = False, only=None) -> None:
                   ["defense", "ours: exact ratio", "ours: trace-form ratio", "paper's rate (nominal p)",
                    "paper's rate with p̂ (Prop. 3.4)"],
                   [(r["defense"], r["exact"], r["trace"], r["paper"], r.get("paper_hat", "")) for r in drows],
-                  quote=QUOTE, note="clip: max(1, ‖G‖/C); prune: 1/√(1 − p); p̂ = the pruned fraction of ‖J‖² "
-                                    "(magnitude pruning drops the small entries, which carry little of J)")
+                  quote=QUOTE,
+                  note="clip: max(1, ‖G‖/C); prune: 1/√(1 − p); p̂ = the pruned fraction of ‖J‖² "
+                       "(magnitude pruning drops the small entries, which carry little of J)")

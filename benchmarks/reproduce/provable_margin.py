@@ -19,7 +19,8 @@ from __future__ import annotations
 from ..bench_margin import one
 from .common import Quote, paper_vs_ours
 
-QUOTE = Quote("provable-privacy-attacks-trained-shallow-networks.txt", "Sec. 5, Figure 1 (a)–(c) (stored text lines 174–189)")
+QUOTE = Quote("provable-privacy-attacks-trained-shallow-networks.txt",
+              "Sec. 5, Figure 1 (a)–(c) (stored text lines 174–189)")
 PAPER_TREND = {"train": "rises with d towards 1", "test": "falls with d towards 0"}
 
 
