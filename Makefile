@@ -13,7 +13,7 @@ $(BIN)/python:
 # torch is pinned first so no other requirement can pull a CUDA build.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,ray]'
+	$(BIN)/pip install --quiet -e '.[dev,ray,flower]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(BIN)/leakbench demo
 
 test: $(STAMP)
+	$(BIN)/ruff check src tests
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)

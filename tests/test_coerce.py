@@ -12,7 +12,7 @@ from leakbench.errors import ConfigError
 
 @pytest.mark.parametrize("text, annotation, expected", [
     ("100", int, 100), ("0.5", float, 0.5), ("yes", bool, True), ("off", bool, False), ("x", str, "x"),
-    ("none", Optional[int], None), ("3", int | None, 3), ("a, b", Sequence[str], ["a", "b"]),
+    ("none", Optional[int], None), ("3", int | None, 3), ("a, b", Sequence[str], ["a", "b"]),  # noqa: UP045 (both spellings are read)
     ("2", int | str, "2"), ("1e-3", Any, 1e-3), ("null", Any, None), ("adam", Any, "adam"),
 ])
 def test_text_becomes_the_declared_type(text, annotation, expected):

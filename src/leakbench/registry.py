@@ -7,7 +7,7 @@ raises :class:`~leakbench.errors.ConfigError` listing the known ones.
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from .errors import ConfigError
 
@@ -21,14 +21,20 @@ class Registry(Generic[T]):
         self.kind = kind
         self._items: dict[str, Callable[..., T]] = {}
         self._help: dict[str, str] = {}
+        self._info: dict[str, Any] = {}
 
-    def register(self, name: str, factory: Callable[..., T] | None = None, *, help: str | None = None):
-        """Register ``factory`` under ``name``; usable as a decorator."""
+    def register(self, name: str, factory: Callable[..., T] | None = None, *, help: str | None = None,
+                 info: Any = None):
+        """Register ``factory`` under ``name``; usable as a decorator.
+
+        ``info``: metadata of the entry (e.g. a metric's label and direction), read back with :meth:`info`.
+        """
 
         def deco(f: Callable[..., T]) -> Callable[..., T]:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._items[name] = f
+            self._info[name] = info
             doc = help if help is not None else (f.__doc__ or "").strip().splitlines()
             self._help[name] = doc if isinstance(doc, str) else (doc[0] if doc else "")
             return f
@@ -55,6 +61,11 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self._items)
+
+    def info(self, name: str) -> Any:
+        """The metadata registered with ``name`` (None if none was given)."""
+        self.get(name)
+        return self._info[name]
 
     def describe(self) -> dict[str, str]:
         """name → one-line description (for ``leakbench list``)."""

@@ -88,3 +88,26 @@ def test_models_without_conv_and_bad_inputs():
         security_metric("cnn:3-6-1-0")
     with pytest.raises(UnsupportedThreatModel, match="BatchNorm2d"):
         security_metric("convnet-4", (3, 32, 32))
+
+
+def _ra_by_hand(layers):
+    """RA-i from the top convolution down (Zhu & Blaschko 2021, Sec. 3.3): v below = the surplus above."""
+    virtual, out = 0, []
+    for layer in reversed(layers):
+        ra = layer.input_dim - (layer.output_dim + layer.gradient_rows + virtual)
+        out.append((virtual, ra))
+        virtual = max(0, -ra)
+    return out[::-1]
+
+
+def test_ra_i_propagates_virtual_constraints_through_every_layer():
+    """Three stride-2 convolutions on 3×16×16: each layer above leaves a surplus that becomes the virtual
+    constraints of the layer below, all the way to the input layer."""
+    report = security_metric("cnn:3-4-2-1,3-4-2-1,3-4-2-1", (3, 16, 16))
+    layers = report.layers
+    assert [(l.input_dim, l.output_dim, l.gradient_rows) for l in layers] == [(768, 256, 108), (256, 64, 144),
+                                                                               (64, 16, 144)]
+    # top: 64 − (16 + 144) = −96 → 96 virtual below; middle: 256 − (64 + 144 + 96) = −48 → 48 below;
+    # input layer: 768 − (256 + 108 + 48) = 356
+    assert [(l.ra_virtual, l.ra_i) for l in layers] == [(48, 356), (96, -48), (0, -96)]
+    assert [(l.ra_virtual, l.ra_i) for l in layers] == _ra_by_hand(layers)

@@ -91,7 +91,9 @@ def test_process_pool_matches_in_process(tmp_path):
     for key in ra:
         assert ra[key]["metrics"] == rb[key]["metrics"]
         assert ra[key]["per_sample"] == rb[key]["per_sample"]
-    assert len({r["worker"] for r in rb.values()}) >= 1
+    local_workers = {r["worker"] for r in ra.values()}
+    pool_workers = {r["worker"] for r in rb.values()}
+    assert all(pool_workers) and pool_workers.isdisjoint(local_workers), "the pool's processes ran the trials"
 
 
 def _children(pid: int) -> list[int]:

@@ -165,7 +165,7 @@ def _point(defense, rmse, loss, b=1, threat="eavesdropper"):
 
 def test_pareto_front_equals_a_brute_force():
     rng = random.Random(1)
-    for trial in range(40):
+    for _ in range(40):
         pts = [_point(f"d{i}", rng.choice([0.1, 0.2, 0.3, rng.random()]), rng.choice([0.0, 0.1, rng.random()]))
                for i in range(rng.randrange(1, 12))]
         pts.append(_point("broken", float("nan"), 0.0))
@@ -251,3 +251,14 @@ def test_defense_family():
     assert defense_family("none") == ("none", "")
     assert defense_family("prune:0.9") == ("prune", "0.9")
     assert defense_family("clip:4+noise:0.01") == ("clip+noise", "4, 0.01")
+
+
+@pytest.mark.parametrize("names", [("a", "z"), ("z", "a")])
+def test_ssim_breaks_a_tie_of_rmse_and_psnr_towards_the_higher_ssim(names):
+    """Liu et al. (2024), Table 4 as the module reads it: equal RMSE and PSNR, then the higher SSIM is stronger
+    (both name orders, so the last tie-break by name cannot decide it)."""
+    better, worse = names
+    rows = [row(worse, "none", 2, 0.3, psnr=10.0, ssim=0.2), row(better, "none", 2, 0.3, psnr=10.0, ssim=0.7)]
+    (best,) = strongest(rows)
+    assert best.attack == better and best.ssim == 0.7
+    assert [s.attack for s in best.scores] == [better, worse]

@@ -89,3 +89,36 @@ def test_failed_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
     again = _unchecked(spec, db, retry_failed=True)
     assert again.ran == 3 and again.counts["failed"] == 3
     assert {v[1] for v in finished(db).values() if v[0] == "failed"} == {2}  # attempts
+
+
+class _InterruptDuringTrial:
+    """A runner stopped (Ctrl-C) while its first trial runs: the sweep has claimed it, nothing is committed."""
+
+    def __init__(self):
+        self.claimed = []
+
+    def run(self, trials):
+        for trial in trials:
+            self.claimed.append(trial.key)
+            raise KeyboardInterrupt
+        yield  # a generator, like every runner
+
+    def state_dict(self):
+        return {"runner": "interrupt"}
+
+
+def test_interrupt_during_a_trial_gives_its_claim_back(tmp_path):
+    """The claim in flight at Ctrl-C returns to pending with its attempt undone (Store.release), so a resumed
+    sweep runs it as if it had never started."""
+    db = tmp_path / "r.db"
+    runner = _InterruptDuringTrial()
+    sweep = Sweep(TINY, db, runner=runner)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run()
+    assert len(runner.claimed) == 1
+    assert sweep.store.counts() == {"pending": N_TRIALS}
+    sweep.store.close()
+    state = finished(db)
+    assert state[runner.claimed[0]] == ("pending", 0, None)
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT worker FROM trials WHERE key = ?", runner.claimed[:1]).fetchone() == (None,)

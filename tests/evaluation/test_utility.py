@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 import leakbench as lb
 from leakbench.defenses import DEFENSES, Defense, epsilon
 from leakbench.errors import ConfigError
-from leakbench.evaluation.utility import TrainResult, UtilityResult, split, train_model, utility
+from leakbench.evaluation.utility import TrainResult, UtilityResult, loss_and_accuracy, split, train_model, utility
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -131,7 +132,8 @@ def test_pruning_degrades_utility_with_p(digits):
 def test_utility_result_and_defaults_are_fast_on_digits(digits, tmp_path):
     r = utility("mlp:32", "digits", "dpsgd:1,1", cache_dir=tmp_path)
     assert isinstance(r, UtilityResult) and r.defense == "dpsgd:1,1" and not r.cached
-    assert 0 < r.train_loss < 3 and 0 <= r.train_accuracy <= 1 and 0.1 < r.test_accuracy <= 1
+    # chance on 10 balanced classes: loss ln 10 ≈ 2.30, accuracy 0.1 (measured: loss 0.89, accuracies 0.83, 0.84)
+    assert r.train_loss < 0.5 * math.log(10) and r.train_accuracy > 0.5 and 0.5 < r.test_accuracy <= 1
     assert r.epsilon is not None and r.epsilon > 0 and r.seconds < 60
     n_train = round(len(digits) * 0.75)
     assert r.config["defense"] == "dpsgd:1,1" and r.config["epochs"] == 5 and r.config["batch_size"] == 16
@@ -164,13 +166,16 @@ def test_utility_is_cached_by_configuration(digits, tmp_path, monkeypatch):
 def test_utility_accepts_a_train_test_pair(digits):
     train, test = digits.subset(list(range(300))), digits.subset(list(range(300, 400)))
     r = utility("mlp:16", (train, test), epochs=1, cache_dir=False)
-    assert r.config["test_fraction"] is None and 0 <= r.test_accuracy <= 1
+    # one epoch on 300 digits: above the 0.1 of chance on the 100 held-out ones (measured 0.26)
+    assert r.config["test_fraction"] is None and 0.18 < r.test_accuracy <= 1
 
 
 def test_secagg_training_draws_other_clients_from_the_training_set(small):
+    before, _ = loss_and_accuracy(_model(small), small.images, small.labels, loss="ce")
     result = train_model(_model(small), small, defense="secagg:3", epochs=1, batch_size=50)
-    # 3 clients' batches per round: ⌈8 rounds / 3⌉ rounds, so about one epoch of samples seen
-    assert result.steps == 3 and result.samples_seen == 3 * 3 * 50 and result.train_loss < 2.5
+    # 3 clients' batches per round: ⌈8 rounds / 3⌉ rounds, so about one epoch of samples seen; the 3 steps
+    # lower the loss of the same initial model (measured 2.35 → 2.27)
+    assert result.steps == 3 and result.samples_seen == 3 * 3 * 50 and result.train_loss < before - 0.02
 
 
 @pytest.mark.parametrize("defense,cost", [("none", 1), ("local:3,0.1", 3), ("secagg:4", 4),

@@ -6,8 +6,9 @@ import torch
 
 import leakbench as lb
 from leakbench.errors import ConfigError
-from leakbench.models.targets import (TargetConfig, TrainedTarget, _directions, _gram_generic, _gram_linear,
-                                      _linear_only, _make_model, kkt_residual, margins, train_target)
+from leakbench.analysis.stationarity import _directions, _gram_generic, _gram_linear, _linear_only, kkt_residual
+from leakbench.models.targets import (TargetConfig, TrainedTarget,
+                                      _make_model, margins, train_target)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

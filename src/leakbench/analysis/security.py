@@ -144,7 +144,7 @@ def _upstreams(chain: Chain, model: nn.Module, x: torch.Tensor | None, y: torch.
         gen = torch.Generator().manual_seed(seed)
         return [torch.randn(int(math.prod(b.output_shape)), generator=gen, dtype=torch.float64) for b in convs]
     outputs: dict[int, torch.Tensor] = {}
-    handles = [b.layer.register_forward_hook(lambda m, i, o, k=id(b.layer): outputs.__setitem__(k, o))
+    handles = [b.layer.register_forward_hook(lambda m, i, o, k=id(b.layer): outputs.__setitem__(k, o))  # noqa: B008 (binds each layer)
                for b in convs]
     try:
         out = model(x)

@@ -5,7 +5,7 @@
 from . import gradient, trained  # noqa: F401  (registration)
 from .base import ATTACKS, Attack, Reconstruction, attack, create, register
 from .labels import idlg, label_counts, recover_labels
-from .matching import GradientMatcher, MatchingSettings
+from .gradient_matching import GradientMatcher, MatchingSettings
 
 
 def names() -> list[str]:

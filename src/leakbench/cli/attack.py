@@ -20,6 +20,7 @@ from ..defenses import parse as parse_defense
 from ..errors import ConfigError, UnsupportedThreatModel
 from ..evaluation.trial import TrialSpec, dataset_for, run_trial
 from ..losses import LOSSES
+from ..metrics import score_columns
 from ..models import parse_spec
 from ..models.files import file_digest, read_state
 from ..progress import rich_progress
@@ -27,8 +28,8 @@ from ..report import format_metric, save_grid
 from .common import (_print_paths, app, check_out_dir, console, data_options, parse_assignments, parse_device,
                      parse_indices, reports_errors, write_json)
 
-#: metrics shown by ``leakbench attack`` (keys of the compare dict, plus the attack's seconds).
-TABLE_METRICS = ("mse", "rmse", "psnr", "ssim", "label_acc", "seconds")
+#: metrics shown by ``leakbench attack``: the stored scores of the metric registry, plus the attack's seconds.
+TABLE_METRICS = (*score_columns(), "seconds")
 
 
 

@@ -12,6 +12,7 @@ Offline datasets (no network, no files): ``digits``, ``photos``, ``sphere``,
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..registry import Registry
@@ -20,19 +21,27 @@ from .dataset import ImageDataset
 
 DATASETS: Registry[ImageDataset] = Registry("dataset")
 
-DATASETS.register("digits", offline.digits)
-DATASETS.register("photos", offline.photos)
-DATASETS.register("sphere", offline.sphere)
-DATASETS.register("gaussian-mixture", offline.gaussian_mixture)
-DATASETS.register("cifar10", files.cifar10)
-DATASETS.register("cifar100", files.cifar100)
-DATASETS.register("mnist", files.mnist)
-DATASETS.register("fashion-mnist", files.fashion_mnist)
-DATASETS.register("folder", files.folder)
-DATASETS.register("npz", files.npz)
 
-#: datasets that need neither files nor network.
-OFFLINE = ("digits", "photos", "sphere", "gaussian-mixture")
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Metadata of a registered dataset (``DATASETS.info(name)``)."""
+
+    offline: bool  # needs neither files nor network
+
+
+DATASETS.register("digits", offline.digits, info=DatasetInfo(offline=True))
+DATASETS.register("photos", offline.photos, info=DatasetInfo(offline=True))
+DATASETS.register("sphere", offline.sphere, info=DatasetInfo(offline=True))
+DATASETS.register("gaussian-mixture", offline.gaussian_mixture, info=DatasetInfo(offline=True))
+DATASETS.register("cifar10", files.cifar10, info=DatasetInfo(offline=False))
+DATASETS.register("cifar100", files.cifar100, info=DatasetInfo(offline=False))
+DATASETS.register("mnist", files.mnist, info=DatasetInfo(offline=False))
+DATASETS.register("fashion-mnist", files.fashion_mnist, info=DatasetInfo(offline=False))
+DATASETS.register("folder", files.folder, info=DatasetInfo(offline=False))
+DATASETS.register("npz", files.npz, info=DatasetInfo(offline=False))
+
+#: datasets that need neither files nor network (from the registry).
+OFFLINE = tuple(name for name in DATASETS.names() if DATASETS.info(name).offline)
 
 
 def options(name: str) -> dict[str, object]:
@@ -55,4 +64,4 @@ def load(name: str, **opts: object) -> ImageDataset:
     return DATASETS.create(name, **opts)
 
 
-__all__ = ["ImageDataset", "DATASETS", "load", "options", "OFFLINE"]
+__all__ = ["ImageDataset", "DATASETS", "DatasetInfo", "load", "options", "OFFLINE"]

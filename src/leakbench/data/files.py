@@ -9,19 +9,14 @@
 Absent files raise :class:`~leakbench.errors.DataNotFound` saying which files
 were looked for and where to put them; ``download=True`` fetches the official
 archives (md5-checked) where the network allows.  The default ``root`` is
-``$LEAKBENCH_DATA`` or ``~/.cache/leakbench/data``.
+``$LEAKBENCH_DATA`` or ``~/.cache/leakbench/data``; finding the root and downloading are in
+:mod:`leakbench.data.download`, the option checks in :mod:`leakbench.data.checks`.
 """
 from __future__ import annotations
 
 import gzip
-import hashlib
-import http.client
 import os
 import pickle
-import shutil
-import tarfile
-import urllib.error
-import urllib.request
 import zipfile
 import zlib
 from pathlib import Path
@@ -31,10 +26,9 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataNotFound
+from .checks import apply_limit, check_bytes, choice, int_option, set_channels
 from .dataset import MAX_CLASSES, ImageDataset
-from .offline import _choice, _int_option, apply_limit, check_bytes, set_channels
-
-PathLike = str | os.PathLike
+from .download import PathLike, data_root, default_root, extract_tar, fetch, md5_of  # noqa: F401  (default_root: public here too)
 
 CIFAR10_CLASSES = [
     "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
@@ -106,68 +100,10 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 
 
 # ------------------------------------------------------------------ shared helpers
-def default_root() -> Path:
-    """Where file datasets live unless ``root`` is given: ``$LEAKBENCH_DATA`` or ``~/.cache/leakbench/data``."""
-    return Path(os.environ.get("LEAKBENCH_DATA") or Path.home() / ".cache" / "leakbench" / "data")
-
-
-def _root(root: PathLike | None) -> Path:
-    if root is None:
-        return default_root().expanduser()
-    if not isinstance(root, (str, os.PathLike)):
-        raise ConfigError(f"expected a directory path, got {root!r} (field root)")
-    return Path(root).expanduser()
-
-
 def _bool(value: object, field: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"expected True or False, got {value!r} (field {field})")
     return value
-
-
-def _md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def fetch(url: str, dest: Path, *, md5: str | None = None, timeout: float = 60.0) -> Path:
-    """Fetch ``url`` to ``dest`` (via a ``.part`` file), checking ``md5``; DataNotFound on any failure."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
-    try:
-        request = urllib.request.Request(url, headers={"User-Agent": "leakbench"})
-        with urllib.request.urlopen(request, timeout=timeout) as response, open(part, "wb") as out:
-            shutil.copyfileobj(response, out, 1 << 20)
-    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:  # HTTP, timeouts, DNS, disk
-        part.unlink(missing_ok=True)
-        reason = getattr(exc, "reason", None) or exc
-        raise DataNotFound(
-            f"could not download {url} ({reason}); download it by hand and put it in {dest.parent}"
-        ) from None
-    if md5 is not None and _md5(part) != md5:
-        part.unlink(missing_ok=True)
-        raise DataNotFound(
-            f"downloaded {url} but its md5 does not match {md5} (corrupt or changed file); "
-            f"retry, or put a good copy at {dest}"
-        )
-    part.replace(dest)
-    return dest
-
-
-def _extract_tar(archive: Path, root: Path) -> None:
-    with tarfile.open(archive, "r:gz") as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(root, filter="data")
-        else:  # pragma: no cover - Python without extraction filters
-            base = root.resolve()
-            for member in tar.getmembers():
-                target = (root / member.name).resolve()
-                if base not in target.parents and target != base:
-                    raise DataNotFound(f"refusing to extract {member.name!r} outside {root} from {archive}")
-            tar.extractall(root)
 
 
 # ------------------------------------------------------------------ CIFAR
@@ -216,9 +152,9 @@ def _find_cifar(which: str, root: Path, train: bool, download_: bool) -> list[Pa
             return [folder / n for n in names]
     if download_:
         archive = root / spec["url"].rsplit("/", 1)[1]
-        if not (archive.is_file() and _md5(archive) == spec["md5"]):  # reuse a good earlier download
+        if not (archive.is_file() and md5_of(archive) == spec["md5"]):  # reuse a good earlier download
             fetch(spec["url"], archive, md5=spec["md5"])
-        _extract_tar(archive, root)
+        extract_tar(archive, root)
         folder = root / spec["folder"]
         if all((folder / n).is_file() for n in names):
             return [folder / n for n in names]
@@ -263,10 +199,10 @@ def cifar10(
     airplane, automobile, ship and truck → 1 (vehicle), the six animals → 0.
     """
     train, download_ = _bool(train, "train"), _bool(download, "download")
-    _choice(binary, field="binary", allowed=(None, "vehicles-animals"))
+    choice(binary, field="binary", allowed=(None, "vehicles-animals"))
     if limit is not None:
-        limit = _int_option(limit, field="limit", minimum=1)
-    paths = _find_cifar("cifar10", _root(root), train, download_)
+        limit = int_option(limit, field="limit", minimum=1)
+    paths = _find_cifar("cifar10", data_root(root), train, download_)
     images, labels = _cifar_tensors(*_cifar_arrays(paths, "labels", limit), limit)
     classes = list(CIFAR10_CLASSES)
     if binary == "vehicles-animals":
@@ -286,8 +222,8 @@ def cifar100(
     """CIFAR-100 (32×32 colour) from ``root/cifar-100-python``: 100 fine labels, or 20 with ``coarse=True``."""
     train, download_, coarse = _bool(train, "train"), _bool(download, "download"), _bool(coarse, "coarse")
     if limit is not None:
-        limit = _int_option(limit, field="limit", minimum=1)
-    paths = _find_cifar("cifar100", _root(root), train, download_)
+        limit = int_option(limit, field="limit", minimum=1)
+    paths = _find_cifar("cifar100", data_root(root), train, download_)
     key = "coarse_labels" if coarse else "fine_labels"
     images, labels = _cifar_tensors(*_cifar_arrays(paths, key, limit), limit)
     return ImageDataset(images, labels, list(CIFAR100_COARSE if coarse else CIFAR100_FINE), "cifar100")
@@ -366,8 +302,8 @@ def _idx_dataset(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     train, download_ = _bool(train, "train"), _bool(download_, "download")
     if limit is not None:
-        limit = _int_option(limit, field="limit", minimum=1)
-    base = _root(root)
+        limit = int_option(limit, field="limit", minimum=1)
+    base = data_root(root)
     prefix = "train" if train else "t10k"
     image_path, label_path = _find_idx(
         which, base, [f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte"], download_
@@ -394,7 +330,7 @@ def mnist(
 
     ``binary="odd-even"`` relabels even digits 0 and odd digits 1 (classes ["even", "odd"]).
     """
-    _choice(binary, field="binary", allowed=(None, "odd-even"))
+    choice(binary, field="binary", allowed=(None, "odd-even"))
     images, labels = _idx_dataset("mnist", root, train, download, limit)
     classes = [str(k) for k in range(10)]
     if binary == "odd-even":
@@ -433,13 +369,13 @@ def folder(
 
     if root is None:
         raise ConfigError("expected a directory with one sub-folder per class, got None (field root)")
-    base = _root(root)
+    base = data_root(root)
     if size is not None:
-        size = _int_option(size, field="size", minimum=1)
+        size = int_option(size, field="size", minimum=1)
     if channels is not None:
-        _choice(channels, field="channels", allowed=(1, 3))
+        choice(channels, field="channels", allowed=(1, 3))
     if limit is not None:
-        limit = _int_option(limit, field="limit", minimum=1)
+        limit = int_option(limit, field="limit", minimum=1)
     class_dirs = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".")) if base.is_dir() else []
     files = [
         (label, f)
@@ -506,9 +442,9 @@ def npz(
     if not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"expected the path of an .npz file, got {path!r} (field path)")
     file = Path(path).expanduser()
-    _choice(layout, field="layout", allowed=(None, "nhwc", "nchw"))
+    choice(layout, field="layout", allowed=(None, "nhwc", "nchw"))
     if limit is not None:
-        limit = _int_option(limit, field="limit", minimum=1)
+        limit = int_option(limit, field="limit", minimum=1)
     if not file.is_file():
         raise DataNotFound(f"npz file not found: looked for {file}; put the file there or pass path=...")
     try:

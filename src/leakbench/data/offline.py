@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from .checks import MAX_BYTES, apply_limit, check_bytes, choice, float_option, int_option, set_channels
 from .dataset import ImageDataset
 
 #: scikit-image photos that ship with the package (``cat`` duplicates ``chelsea``).
@@ -32,62 +33,8 @@ PHOTO_NAMES: tuple[str, ...] = (
     "colorwheel",
 )
 
-#: largest in-memory dataset a generating loader builds (float32 bytes); larger sizes are refused up front.
-MAX_BYTES = 2 * 1024**3
-
 #: patches whose pixel standard deviation is below this are dropped (near constant).
 MIN_PATCH_STD = 0.02
-
-
-# ------------------------------------------------------------------ helpers
-def _int_option(value: object, *, field: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"expected an int >= {minimum}, got {value!r} (field {field})")
-    return int(value)
-
-
-def _float_option(value: object, *, field: str, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise ConfigError(f"expected a number, got {value!r} (field {field})")
-    if not math.isfinite(float(value)) or (positive and value <= 0):
-        raise ConfigError(f"expected a {'positive ' if positive else ''}finite number, got {value!r} (field {field})")
-    return float(value)
-
-
-def check_bytes(samples: int, per_sample: int, *, field: str, value: object, fix: str) -> None:
-    """Refuse before allocating when ``samples × per_sample`` float32 values pass :data:`MAX_BYTES`."""
-    need = 4 * int(samples) * int(per_sample)
-    if need > MAX_BYTES:
-        raise ConfigError(f"expected a dataset of at most {MAX_BYTES / 1024**3:.0f} GiB in memory, got "
-                          f"{need / 1024**3:,.1f} GiB for {field}={value!r} (field {field}); {fix}")
-
-
-def _choice(value: object, *, field: str, allowed: tuple) -> object:
-    if value not in allowed:
-        raise ConfigError(f"expected {field} to be one of {', '.join(map(repr, allowed))}; got {value!r} (field {field})")
-    return value
-
-
-def apply_limit(images: torch.Tensor, labels: torch.Tensor, limit: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep the first ``limit`` samples (all when ``limit`` is None)."""
-    if limit is None:
-        return images, labels
-    n = _int_option(limit, field="limit", minimum=1)
-    return images[:n], labels[:n]
-
-
-def set_channels(images: torch.Tensor, channels: int) -> torch.Tensor:
-    """Convert N×C×H×W images in [0,1] to 1 (luminance) or 3 (repeated grey) channels."""
-    _choice(channels, field="channels", allowed=(1, 3))
-    c = images.shape[1]
-    if c == channels:
-        return images
-    if channels == 3 and c == 1:
-        return images.expand(-1, 3, -1, -1).contiguous()
-    if channels == 1 and c >= 3:
-        weights = torch.tensor([0.2125, 0.7154, 0.0721], dtype=images.dtype)  # ITU-R 709, as skimage.rgb2gray
-        return torch.einsum("nchw,c->nhw", images[:, :3], weights).unsqueeze(1).clamp_(0, 1)
-    raise ConfigError(f"cannot convert {c}-channel images to {channels} channels (field channels)")
 
 
 # ------------------------------------------------------------------ digits
@@ -105,9 +52,9 @@ def digits(
     """
     from sklearn.datasets import load_digits
 
-    size = _int_option(size, field="size", minimum=8)
-    _choice(channels, field="channels", allowed=(1, 3))
-    _choice(binary, field="binary", allowed=(None, "odd-even"))
+    size = int_option(size, field="size", minimum=8)
+    choice(channels, field="channels", allowed=(1, 3))
+    choice(binary, field="binary", allowed=(None, "odd-even"))
     bunch = load_digits()
     images = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
     labels = torch.from_numpy(bunch.target.astype(np.int64))
@@ -176,11 +123,11 @@ def photos(
     Near-constant patches (std < 0.02) are dropped; ``per_photo`` keeps at most that
     many evenly spaced patches per photo.  ``grayscale=True`` gives one channel.
     """
-    size = _int_option(size, field="size", minimum=8)
+    size = int_option(size, field="size", minimum=8)
     if scale is not None:
-        scale = _int_option(scale, field="scale", minimum=1)
+        scale = int_option(scale, field="scale", minimum=1)
     if per_photo is not None:
-        per_photo = _int_option(per_photo, field="per_photo", minimum=1)
+        per_photo = int_option(per_photo, field="per_photo", minimum=1)
     if not isinstance(grayscale, bool):
         raise ConfigError(f"expected True or False, got {grayscale!r} (field grayscale)")
 
@@ -236,11 +183,11 @@ def sphere(
     ``rule_seed`` (kept apart from ``seed`` so train and test draws share the rule);
     "first-coordinate" = sign of x₁; "random" = independent fair coins.
     """
-    n = _int_option(n, field="n", minimum=1)
-    d = _int_option(d, field="d", minimum=1)
-    _choice(rule, field="rule", allowed=SPHERE_RULES)
-    seed = _int_option(seed, field="seed", minimum=0)
-    rule_seed = _int_option(rule_seed, field="rule_seed", minimum=0)
+    n = int_option(n, field="n", minimum=1)
+    d = int_option(d, field="d", minimum=1)
+    choice(rule, field="rule", allowed=SPHERE_RULES)
+    seed = int_option(seed, field="seed", minimum=0)
+    rule_seed = int_option(rule_seed, field="rule_seed", minimum=0)
     check_bytes(2 * n, d, field="n" if n >= d else "d", value=max(n, d), fix="use a smaller n or d")
     rng = np.random.default_rng(seed)
     g = rng.standard_normal((n, d))
@@ -272,12 +219,12 @@ def gaussian_mixture(
     Adjacent means are ``separation`` apart: they sit on a circle in the first two
     coordinates (on a line, centred at 0, when d = 1).
     """
-    n = _int_option(n, field="n", minimum=1)
-    d = _int_option(d, field="d", minimum=1)
-    k = _int_option(classes, field="classes", minimum=2)
-    separation = _float_option(separation, field="separation")
-    std = _float_option(std, field="std", positive=True)
-    seed = _int_option(seed, field="seed", minimum=0)
+    n = int_option(n, field="n", minimum=1)
+    d = int_option(d, field="d", minimum=1)
+    k = int_option(classes, field="classes", minimum=2)
+    separation = float_option(separation, field="separation")
+    std = float_option(std, field="std", positive=True)
+    seed = int_option(seed, field="seed", minimum=0)
     check_bytes(3 * n, d, field="n" if n >= d else "d", value=max(n, d), fix="use a smaller n or d")
     means = np.zeros((k, d))
     if d == 1:

@@ -44,7 +44,7 @@ class Runner(abc.ABC):
     def run(self, trials: Iterable[TrialSpec]) -> Iterator[TrialResult]:
         """Run ``trials`` (pulled lazily), yielding each result as it finishes."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a no-op unless the runner holds processes or a cluster)
         """Release processes or the cluster connection."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -431,7 +431,7 @@ class RayRunner(Runner):
                 except Exception:  # already gone
                     pass
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a no-op unless the runner holds processes or a cluster)
         if self._ray.is_initialized():
             for actors in list(self._actors.values()):
                 for actor in list(actors):

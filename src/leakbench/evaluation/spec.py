@@ -20,7 +20,8 @@ registered attack or defense is usable in a spec without touching this file::
     seeds: [0]
     exclude: [{attack: dlg, batch_size: 4}]
 
-:func:`load_spec` reads a path, YAML text or a mapping and raises one
+:func:`load_spec` reads a path, YAML text or a mapping (:mod:`.specsource`: YAML with line numbers),
+checks every name through the registries (:mod:`.specnames`) and raises one
 :class:`~leakbench.errors.ConfigError` reading
 ``"spec.yaml line 7, field attacks[1].name: unknown attack 'dgl'. Did you mean 'dlg'? Known attacks: ..."``.
 """
@@ -35,7 +36,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
-from .speccheck import MAX_SPEC_NODES, MAX_TRIALS, check_size, read_text
+from .speccheck import MAX_SPEC_NODES, MAX_TRIALS
+from .specsource import Source as _Source
+from .specsource import pydantic_message, read_spec
 
 #: keys an include/exclude rule may name.
 RULE_KEYS = ("dataset", "model", "batch_size", "attack", "defense", "seed")
@@ -390,121 +393,6 @@ class SweepSpec(_Strict):
         return list(seen)
 
 
-# ----------------------------------------------------------------------------- loading
-
-
-class _Source:
-    """Where a spec came from and the YAML line of every field path."""
-
-    def __init__(self, name: str, lines: dict[tuple, int]) -> None:
-        self.name, self.lines = name, lines
-
-    def where(self, path: tuple) -> str:
-        """``"spec.yaml line 7, field attacks[1].name"`` (the nearest enclosing line when the field is absent)."""
-        line = None
-        for cut in range(len(path), -1, -1):
-            if path[:cut] in self.lines:
-                line = self.lines[path[:cut]]
-                break
-        at = f"{self.name} line {line}" if line is not None else self.name
-        return f"{at}, field {_dotted(path)}" if path else at
-
-
-def _dotted(path: tuple) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-def _line_map(node: yaml.Node, path: tuple, out: dict[tuple, int], source: str) -> None:
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        seen: set = set()
-        for key_node, value_node in node.value:
-            key = key_node.value
-            if key in seen:
-                raise ConfigError(f"{source} line {key_node.start_mark.line + 1}, field {_dotted(path + (key,))}: "
-                                  f"duplicate key {key!r}; keep one of them")
-            seen.add(key)
-            out[path + (key,)] = key_node.start_mark.line + 1
-            _line_map(value_node, path + (key,), out, source)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _line_map(item, path + (i,), out, source)
-
-
-def _read(source: "str | Path | Mapping") -> tuple[Any, _Source]:
-    if isinstance(source, Mapping):
-        return dict(source), _Source("spec", {})
-    if isinstance(source, SweepSpec):
-        return source.model_dump(), _Source("spec", {})
-    path = Path(source) if isinstance(source, Path) or ("\n" not in str(source) and
-                                                         str(source).endswith((".yaml", ".yml"))) else None
-    if path is not None:
-        if not path.is_file():
-            raise ConfigError(f"expected a sweep spec file, got {str(path)!r} (no such file)")
-        text, name = read_text(path), path.name
-    else:
-        text, name = str(source), "spec"
-    try:
-        node = yaml.compose(text)
-        check_size(node, name)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{name}{where}: not valid YAML ({problem}); check indentation and quoting") from None
-    lines: dict[tuple, int] = {}
-    if node is not None:
-        _line_map(node, (), lines, name)
-    return data, _Source(name, lines)
-
-
-_FIXES = {
-    "extra_forbidden": "remove it or fix its spelling; known fields: {known}",
-    "missing": "add it",
-    "too_short": "give at least one entry",
-}
-
-
-def _pydantic_message(err: Mapping[str, Any], spec_root: Any) -> tuple[tuple, str]:
-    path = tuple(p for p in err["loc"] if not (isinstance(p, str) and p[:1].isupper()))  # drop model-name tags
-    msg = err["msg"].removeprefix("Value error, ")
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        owner = _owner_model(path[:-1])
-        known = ", ".join(owner.model_fields) if owner is not None else "see docs/evaluation.md"
-        return path, f"unknown field {path[-1]!r}; " + _FIXES[kind].format(known=known)
-    if kind == "missing":
-        return path, f"missing required field {path[-1]!r}; {_FIXES[kind]}"
-    if kind in _FIXES:
-        return path, f"{msg.lower()}; {_FIXES[kind]}"
-    if "input" in err and kind not in ("value_error",):
-        return path, f"{msg.lower()}, got {err['input']!r}"
-    return path, msg
-
-
-def _owner_model(path: tuple) -> type[BaseModel] | None:
-    """The pydantic model describing the mapping at ``path`` (for listing its fields)."""
-    model: Any = SweepSpec
-    for part in path:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        if field is None:
-            return None
-        annotation = field.annotation
-        for _ in range(3):  # unwrap Optional[...] and list[...]
-            args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-                break
-            annotation = args[0] if args else annotation
-        model = annotation
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
 def load_spec(source: "str | Path | Mapping | SweepSpec", *, check: bool = True) -> SweepSpec:
     """Read and validate a sweep spec (a path, YAML text or a mapping).
 
@@ -516,14 +404,14 @@ def load_spec(source: "str | Path | Mapping | SweepSpec", *, check: bool = True)
         if check:
             check_names(source, _Source("spec", {}))
         return source
-    data, where = _read(source)
+    data, where = read_spec(source)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where.name}: expected a mapping with datasets, models, batch_sizes, attacks..., "
                           f"got {type(data).__name__}")
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as err:
-        problems = [_pydantic_message(e, data) for e in err.errors()]
+        problems = [pydantic_message(e, SweepSpec) for e in err.errors()]
         path, msg = problems[0]
         more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
         raise ConfigError(f"{where.where(path)}: {msg}{more}") from None

@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
+from ..metrics.scores import score_columns
 from .trial import TrialResult, TrialSpec, threat_model
 
 SCHEMA_VERSION = 1
-MEAN_COLUMNS = ("mse", "rmse", "psnr", "ssim", "label_acc")
+#: the batch scores stored as columns of ``results`` (from the metrics' registry, :data:`leakbench.metrics.SCORES`).
+MEAN_COLUMNS = score_columns()
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT);
@@ -42,12 +44,12 @@ CREATE TABLE IF NOT EXISTS trials (
 );
 CREATE INDEX IF NOT EXISTS trials_status ON trials(status);
 CREATE TABLE IF NOT EXISTS results (
-    key TEXT PRIMARY KEY REFERENCES trials(key), mse REAL, rmse REAL, psnr REAL, ssim REAL, label_acc REAL,
+    key TEXT PRIMARY KEY REFERENCES trials(key), {score_columns},
     seconds REAL, metrics TEXT, per_sample TEXT, timings TEXT, committed REAL
 );
 CREATE TABLE IF NOT EXISTS images (key TEXT NOT NULL, kind TEXT NOT NULL, path TEXT NOT NULL,
                                    PRIMARY KEY (key, kind));
-"""
+""".replace("{score_columns}", ", ".join(f"{c} REAL" for c in MEAN_COLUMNS))
 
 
 def _json(value: Any) -> str:
@@ -289,7 +291,7 @@ class Store:
         with self._tx() as c:
             c.execute("UPDATE trials SET status = ?, error = ?, traceback = ?, finished = ?, worker = ? WHERE key = ?",
                       (result.status, result.error, result.traceback, time.time(), result.worker, result.key))
-            c.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            c.execute(f"INSERT OR REPLACE INTO results VALUES ({', '.join('?' * (len(MEAN_COLUMNS) + 6))})",
                       (result.key, *(_real(m.get(k)) for k in MEAN_COLUMNS), result.seconds, _json(m),
                        _json(result.per_sample), _json(result.timings), time.time()))
             c.execute("DELETE FROM images WHERE key = ?", (result.key,))
@@ -317,7 +319,7 @@ class Store:
             where.append("t.kind = ?"), args.append(kind)
         if status is not None:
             where.append("t.status = ?"), args.append(status)
-        sql = ("SELECT t.*, r.mse, r.rmse, r.psnr, r.ssim, r.label_acc, r.seconds, r.metrics, r.per_sample, r.timings,"
+        sql = ("SELECT t.*, " + "".join(f"r.{c}, " for c in MEAN_COLUMNS) + "r.seconds, r.metrics, r.per_sample, r.timings,"
                " (SELECT path FROM images i WHERE i.key = t.key AND i.kind = 'npz') AS npz,"
                " (SELECT path FROM images i WHERE i.key = t.key AND i.kind = 'png') AS png"
                " FROM trials t LEFT JOIN results r ON r.key = t.key"

@@ -9,7 +9,9 @@
 - :mod:`.perceptual` — optional LPIPS, only when its weights are on disk.
 
 ``METRICS`` maps metric names to the per-sample functions, so sweep specs and
-the CLI name metrics the same way.  This package imports nothing from
+the CLI name metrics the same way; each entry carries its :class:`MetricInfo`
+(``METRICS.info(name)``: label, higher-is-better, format), and :data:`SCORES`
+lists the batch scores of ``compare`` from which every table's columns are generated.  This package imports nothing from
 attacks, evaluation or report.
 """
 from __future__ import annotations
@@ -21,17 +23,21 @@ from .image import cosine, mse, ncc, psnr, rmse, ssim
 from .matching import match, pairwise_mse
 from .membership import MembershipScores, accuracy_at, membership_scores, roc_auc, tpr_at_fpr
 from .perceptual import lpips_available, lpips_distance
+from .scores import SCORES, MetricInfo, score_columns
 from .voting import VotingResult, ncc_matrix, scale_unit, vote
 
 METRICS: Registry = Registry("metric")
-METRICS.register("mse", mse)
-METRICS.register("rmse", rmse)
-METRICS.register("psnr", psnr)
-METRICS.register("ssim", ssim)
-METRICS.register("cosine", cosine)
+METRICS.register("mse", mse, info=SCORES["mse"])
+METRICS.register("rmse", rmse, info=SCORES["rmse"])
+METRICS.register("psnr", psnr, info=SCORES["psnr"])
+METRICS.register("ssim", ssim, info=SCORES["ssim"])
+METRICS.register("cosine", cosine, info=MetricInfo("cosine", higher_is_better=True, column=False))
 
 __all__ = [
     "METRICS",
+    "SCORES",
+    "MetricInfo",
+    "score_columns",
     "compare",
     "match",
     "pairwise_mse",

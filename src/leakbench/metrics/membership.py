@@ -31,7 +31,7 @@ def _arrays(scores: object, members: object) -> tuple[np.ndarray, np.ndarray]:
     if s.shape != m.shape or s.size == 0:
         raise ConfigError(f"expected one membership flag per score, got {s.size} scores and {m.size} flags "
                           "(fields scores, members)")
-    if not set(np.unique(m).tolist()) <= {0, 1, True, False}:
+    if not set(np.unique(m).tolist()) <= {0, 1}:  # True == 1, False == 0
         raise ConfigError("expected members as booleans (True = in the training set) (field members)")
     m = m.astype(bool)
     if m.all() or not m.any():

@@ -16,7 +16,7 @@ from .init import INITS, SMALL_INIT_STD, initialize, weighted_layers
 from .generator import UNetGenerator
 from .layers import ACTIVATIONS, DEFAULT_NEGATIVE_SLOPE, activation, activation_name
 from .malicious import ImprintBlock, RandomFeatureHead, imprint, random_head
-from .targets import KKTResidual, TargetConfig, TrainedTarget, kkt_residual, train_target
+from .targets import TargetConfig, TrainedTarget, train_target
 from .spec import MODELS, Family, LayerInfo, build, canonical_spec, count_parameters, describe, parse_spec
 from .zoo import CNN, MLP, BasicBlock, ConvLayerSpec, ConvNet, LeNet, ResNet18, TwoLayer, conv_output_size
 
@@ -51,5 +51,14 @@ __all__ = [
     "UNetGenerator",
     "imprint",
     "random_head",
-    "KKTResidual", "TargetConfig", "TrainedTarget", "kkt_residual", "train_target",
+    "TargetConfig", "TrainedTarget", "train_target",
 ]
+
+
+def __getattr__(name: str):
+    """``KKTResidual`` and ``kkt_residual`` live in :mod:`leakbench.analysis.stationarity`; still importable here."""
+    if name in ("KKTResidual", "kkt_residual"):
+        from ..analysis import stationarity as module
+
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -304,7 +304,7 @@ class ResNet18(nn.Module):
         self.act1 = make_act()
         blocks: list[nn.Module] = []
         in_ch = width
-        for stage, (mult, stride) in enumerate(((1, 1), (2, 2), (4, 2), (8, 2)), start=1):
+        for mult, stride in ((1, 1), (2, 2), (4, 2), (8, 2)):
             out_ch = mult * width
             layer = nn.Sequential(
                 BasicBlock(in_ch, out_ch, stride=stride, act=make_act, norm=norm, conv_bias=bias),

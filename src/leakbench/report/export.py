@@ -15,15 +15,20 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..evaluation.plan import defense_family
 from ..evaluation.strongest import Strongest
+from ..metrics.scores import score_columns
 
 #: first characters that make a spreadsheet read a cell as a formula.
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 
 #: columns of the results table, in order (utility metrics for utility trials, the bound for bound trials).
+#: the utility columns (of utility trials).
+UTILITY_COLUMNS = ("train_loss", "train_accuracy", "test_accuracy", "epsilon")
+
+#: columns of the results table, in order (the scores from :data:`leakbench.metrics.SCORES`, utility metrics for
+#: utility trials, the bound for bound trials).
 RESULT_COLUMNS = ("key", "kind", "dataset", "model", "attack", "defense", "defense_family", "defense_parameter",
-                  "batch_size", "seed", "batch", "status", "mse", "rmse", "psnr", "ssim", "label_acc",
-                  "train_loss", "train_accuracy", "test_accuracy", "epsilon", "lower_bound_rmse", "seconds", "attempts", "worker",
-                  "error", "npz", "png")
+                  "batch_size", "seed", "batch", "status", *score_columns(), *UTILITY_COLUMNS, "lower_bound_rmse",
+                  "seconds", "attempts", "worker", "error", "npz", "png")
 
 
 def result_records(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -35,7 +40,7 @@ def result_records(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         record = {c: r.get(c) for c in RESULT_COLUMNS}
         record.update(defense_family=family, defense_parameter=parameter,
                       error=(r.get("error") or "").splitlines()[0] if r.get("error") else None)
-        for name in ("train_loss", "train_accuracy", "test_accuracy", "epsilon"):
+        for name in UTILITY_COLUMNS:
             record[name] = metrics.get(name) if r.get("kind") == "utility" else None
         record["lower_bound_rmse"] = metrics.get("exact_rmse") if r.get("kind") == "bound" else None
         out.append(record)

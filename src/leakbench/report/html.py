@@ -31,6 +31,7 @@ from ..evaluation.store import Store
 from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, membership_table, privacy_utility,
                                     strongest, threat_model, usable, utility_table, verdicts, weights_table)
 from .attack_section import SUMMARY_BUDGET, Drawn, attack_section, verdict_sentence
+from .federated_section import federated_section, federated_summary
 from .export import RESULT_COLUMNS, result_records, strongest_records, write_csv, write_parquet
 from .markup import esc, muted, table
 from .plots import CRAMER_RAO
@@ -271,6 +272,9 @@ def _write(store: Store, out: Path) -> ReportFiles:
             body.append(membership_section(members, out, drawn))
         sections.append(f'<section class="threat" id="threat-{esc(t)}" data-threat="{esc(t)}">'
                         f"<h2>{esc(title)}</h2><p><i>The attacker {esc(text)}</i></p>{''.join(body)}</section>")
+    federated = federated_section(rows, out, drawn)
+    summary = (_summary(threats, rows, points, weights, members, bool(bounds)) if sections or not federated
+               else federated_summary(rows))
     files.plots, files.grids, files.threats = drawn.plots, drawn.grids, threats
 
     status = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no trials"
@@ -289,8 +293,9 @@ def _write(store: Store, out: Path) -> ReportFiles:
 the attack with the lowest mean RMSE on that setting) at the utility it costs. Each threat model below is a
 separate question: an attack that needs a malicious server is never the strongest attack against an
 eavesdropper.</p>
-{_summary(threats, rows, points, weights, members, bool(bounds))}
-{''.join(sections) or muted("No finished trials yet.")}
+{summary}
+{''.join(sections) or ("" if federated else muted("No finished trials yet."))}
+{federated}
 
 <h2>Attacks that did not apply, failed trials</h2>
 {_problems_section(rows)}

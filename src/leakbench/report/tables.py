@@ -1,33 +1,28 @@
 """Metric tables: the mean scores of :func:`leakbench.compare` as markdown."""
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
-#: (key in the compare dict, row label) in display order; keys absent or None are shown as "n/a".
+from ..metrics.scores import SCORES, MetricInfo
+
+#: how the attack's time is shown beside the scores.
+SECONDS = MetricInfo("seconds", higher_is_better=False, fmt=".2f")
+
+#: (key in the compare dict, row label) in display order, generated from :data:`leakbench.metrics.SCORES`;
+#: keys absent or None are shown as "n/a".
 METRIC_ROWS: tuple[tuple[str, str], ...] = (
-    ("mse", "MSE"),
-    ("rmse", "RMSE"),
-    ("psnr", "PSNR (dB)"),
-    ("ssim", "SSIM"),
-    ("label_acc", "label accuracy"),
-    ("seconds", "seconds"),
+    *((name, info.label) for name, info in SCORES.items() if info.column),
+    ("seconds", SECONDS.label),
 )
 
 __all__ = ["METRIC_ROWS", "format_metric", "metrics_table"]
 
 
 def format_metric(key: str, value: Any) -> str:
-    """One metric value as text: "n/a" for None, 2 decimals for PSNR and seconds, 4 significant digits else."""
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if not math.isfinite(value):
-        return str(value)
-    if key in ("psnr", "seconds"):
-        return f"{value:.2f}"
-    return f"{value:.4g}"
+    """One metric value as text in its registered format (2 decimals for PSNR and seconds, 4 significant digits
+    else); "n/a" for None."""
+    info = SECONDS if key == "seconds" else SCORES.get(key, MetricInfo(key, higher_is_better=False))
+    return info.format(value)
 
 
 def metrics_table(scores: Mapping[str, Any]) -> str:
@@ -38,8 +33,8 @@ def metrics_table(scores: Mapping[str, Any]) -> str:
     """
     rows = [(label, format_metric(key, scores.get(key))) for key, label in METRIC_ROWS
             if key != "seconds" or "seconds" in scores]
-    if scores.get("lpips") is not None:
-        rows.append(("LPIPS", format_metric("lpips", scores["lpips"])))
+    extra = [name for name, info in SCORES.items() if not info.column]
+    rows += [(SCORES[name].label, format_metric(name, scores[name])) for name in extra if scores.get(name) is not None]
     width = max(len("metric"), *(len(r[0]) for r in rows))
     vwidth = max(len("value"), *(len(r[1]) for r in rows))
     lines = [f"| {'metric':<{width}} | {'value':>{vwidth}} |", f"|{'-' * (width + 2)}|{'-' * (vwidth + 1)}:|"]

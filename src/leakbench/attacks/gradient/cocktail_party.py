@@ -50,7 +50,8 @@ from ...errors import expect
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..objectives import total_variation
-from .tensor_features import attacker_model, block_input, invert_features, shared_gradient
+from ..feature_blocks import invert_features
+from ..observed import attacker_model, block_input, shared_gradient
 
 DOMAINS = ("edges", "pixels")
 

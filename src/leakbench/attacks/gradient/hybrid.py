@@ -2,7 +2,7 @@
 
 At every convolutional layer i, from the output towards the input, R-GAP's
 minimum-norm least-squares solution x̂_i of the stacked system U x = V (eqs. 6–8,
-:mod:`.rgap`) is the starting point of a correction by gradient matching (eqs. 9–11
+:mod:`~leakbench.attacks.rgap_solver`) is the starting point of a correction by gradient matching (eqs. 9–11
 in the unconstrained form of Appendix B, eq. 16):
 
     min_x  w_cos · Σ_{j ≥ i} (1 − cos(∇θ_j L(f_{≥i}(x), y), ∇θ_j observed))    (eq. 10: cosine)
@@ -47,8 +47,8 @@ from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
 from ..objectives import GradientDistance, total_variation
-from .fc_inversion import param_index
-from .rgap import LayerSystem, RGAPOptions, rgap_reasons, solve
+from ..observed import param_index
+from ..rgap_solver import LayerSystem, RGAPOptions, rgap_reasons, solve
 
 __all__ = ["Hybrid", "HybridOptions"]
 

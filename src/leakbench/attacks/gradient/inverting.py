@@ -21,7 +21,7 @@ from __future__ import annotations
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
-from ..matching import GradientMatcher, MatchingSettings
+from ..gradient_matching import GradientMatcher, MatchingSettings
 
 # α_TV: the authors' reference implementation (inversefed, ConvNet on CIFAR-10) weighs TV by 1e-4
 # on standardised images.  TV of standardised images is TV/σ, so on [0, 1] pixels (σ = 0.25, the

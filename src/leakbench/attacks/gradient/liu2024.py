@@ -43,9 +43,7 @@ directions ẑ_i (weights r_i → c_i r_i).
 ``generator=False`` optimises the pixels directly (Inverting Gradients' signed Adam and box; ``step_unit``,
 ``init_std`` and ``schedule`` as in :mod:`.inverting`).  ``distance="cosine"`` (a departure) replaces the
 per-tensor L_grad by IG's single cosine over all tensors: with ``feature=0``, pixels and IG's step this *is*
-Inverting Gradients (tested), the baseline for ablating the feature term alone.  Measured (untrained BN-free
-convnet-8, 32 px photos, batch 4, 500 steps, no head): the per-tensor form reaches RMSE 0.38–0.40 where the
-global cosine reaches 0.22 (a flat grey image: 0.29).
+Inverting Gradients (tested), the baseline for ablating the feature term alone.
 The feature term needs the random block; with ``feature=0`` the attack runs on any model.
 """
 from __future__ import annotations
@@ -62,7 +60,7 @@ from ...models.generator import UNetGenerator
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
-from ..matching import (
+from ..gradient_matching import (
     SCHEDULES,
     STEP_UNITS,
     GradientMatcher,
@@ -70,12 +68,9 @@ from ..matching import (
     step_schedule,
 )
 from ..objectives import layer_weights
-from .tensor_features import (
-    block_requirements,
-    find_block,
-    shared_gradient,
-    tensor_features,
-)
+from ..feature_blocks import block_requirements, find_block
+from ..observed import shared_gradient
+from ..tensor_moments import tensor_features
 
 FEATURE_FORMS = ("auto", "cosine", "signed", "projection")
 BLOCK_WEIGHTS = ("l0", "mean", "exclude")

@@ -55,7 +55,7 @@ from ...losses import get_loss
 from ...models.malicious import ImprintBlock, find_module
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
-from .tensor_features import shared_gradient
+from ..observed import shared_gradient
 
 __all__ = ["RobbingTheFed", "RobbingOptions", "bin_differences", "lone_check_reason", "lone_gradients"]
 

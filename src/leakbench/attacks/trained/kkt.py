@@ -37,24 +37,9 @@ changes the function).  The box is the observation's ``data_range`` (the network
 inputs: for mean-subtracted data, [0, 1] shifted by the mean); when the observation
 grants the training mean, returned images are moved back to data space by adding it.
 
-What the weights must carry (measured on 10 random-label points of the sphere in d = 10,
-``twolayer:200`` trained far out with ``train_target(schedule="adaptive")``, 20 candidates,
-8 runs × 3 000 iterations, rescale 5): the stationarity condition determines the points only
-if the first layer has at least about n distinct neuron directions with different
-activation patterns — neuron j gives w_j ∝ Σ_{i active} λ_i y_i (x_i, 1), one equation per
-direction.  With the paper's first-layer std 10⁻⁴ a two-layer net collapses to a few
-directions early in training (early alignment; 4–18 significant directions on data
-seeds 0–4), so many candidate sets satisfy the condition and fit it better than the
-training set (stationarity 0.03 against ≈ 0.2); recovered at cosine ≥ 0.9: 2, 0, 3, 6, 4 of
-10 on data seeds 0–4.  With first-layer std 0.3 (``init_scale=0.3``, between the paper's
-small and the standard initialisation of its appendix C.3.1) 110–180 directions survive and
-the attack settles near the training set: at cosine ≥ 0.8, 7, 9, 7, 9, 8 of 10 (cosine
-≥ 0.9: 5, 5, 5, 7, 6), while fresh points of the same distribution reach cosine 0.8 far less
-often (14–17 % of them; 0.4–2 % at 0.9).  The remaining imprecision is the kinks: hundreds
-of (neuron, sample) pairs sit at w_j·x_i + b_j ≈ 0, where ReLU′ may be anything in [0, 1]
-(see :func:`leakbench.models.targets.kkt_residual` with ``kink_tol``) but the soft gate
-sigmoid(α z) is 1/2, so the training set itself only fits the soft-gate condition to
-≈ 0.2–0.45 (relative); ``tests/attacks/trained/test_kkt.py`` runs data seed 1.
+What the weights must carry — at least about n distinct first-layer neuron directions with different
+activation patterns (neuron j gives w_j ∝ Σ_{i active} λ_i y_i (x_i, 1), one equation per direction) —
+and the measurements behind it are in ``docs/trained.md`` ("Measured: what the weights must carry").
 """
 from __future__ import annotations
 
