@@ -30,8 +30,8 @@ Inverting Gradients therefore needs the budget for Adam to travel from the least
 steps) on CNN3-V1 (16.69 against 14.30) and CNN3-V4 (14.11 against 10.80) as in the paper's Appendix E,
 but not on CNN4-V1 (10.58 against 12.97) nor on CNN3-V1 with image 501 (12.50 against 14.42): the
 paper's lead is over its CosineTV, which scores 3–7 dB.  At 300 / 200 / 100 iterations it trails
-more often.  ``quick``'s lr 0.1 (was 1e-2,
-the same cost) gains 0.4–2.9 dB on CNN3-V1/V2/V4 and CNN4-V1, images 500 and 501.
+more often.  ``quick``'s lr 0.1 (was 1e-2, the same cost) gains 0.4–2.9 dB on CNN3-V1/V2/V4 and
+CNN4-V1, images 500 and 501.
 """
 from __future__ import annotations
 
