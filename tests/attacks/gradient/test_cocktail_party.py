@@ -78,3 +78,16 @@ def test_requirements_and_options():
     with pytest.raises(lb.ConfigError, match="domain"):
         lb.attacks.create("cocktail-party", domain="fourier")
     assert lb.attacks.create("cocktail-party", preset="paper").options.domain == "pixels"
+
+
+def test_paper_preset_carries_the_papers_tv_term():
+    """The paper's objective has λ_TV·TV (its ablation: the second most important term); without it the
+    pixel-domain unmixing is far worse.  Bundled photos, B = 4, 300 iterations."""
+    assert lb.attacks.create("cocktail-party", preset="paper").options.tv > 0
+    ds = lb.load("photos", size=32)
+    x, y = ds.batch(4, seed=0)
+    obs = lb.observe(lb.build("mlp:256", input_shape=ds.shape, classes=ds.num_classes, seed=0), x, y)
+    with_tv = lb.compare(lb.attack("cocktail-party", obs, preset="paper", iterations=300), x)["psnr"]
+    without = lb.compare(lb.attack("cocktail-party", obs, preset="paper", iterations=300, tv=0.0), x)["psnr"]
+    grey = lb.compare(torch.full_like(x, 0.5), x)["psnr"]
+    assert with_tv > without + 4 and without > grey  # measured: 21.6, 15.2, grey 11.1 dB
