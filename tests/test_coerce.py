@@ -1,7 +1,8 @@
 """The one option coercer shared by the CLI's data options and every attack's options."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Sequence
 
 import pytest
 

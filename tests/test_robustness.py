@@ -35,7 +35,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1
                                                     os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
 
 
-def _spec(w: Path, name: str, text: "str | bytes | dict") -> Path:
+def _spec(w: Path, name: str, text: str | bytes | dict) -> Path:
     path = w / f"{name}.yaml"
     if isinstance(text, dict):
         text = yaml.safe_dump(text, sort_keys=False)

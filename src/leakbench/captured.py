@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import OrderedDict
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -70,7 +70,7 @@ def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return named
 
 
-def _tensors(values: "Sequence[torch.Tensor] | Mapping[str, torch.Tensor]", named, what: str) -> list[torch.Tensor]:
+def _tensors(values: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], named, what: str) -> list[torch.Tensor]:
     """The captured tensors in the model's parameter order, checked for presence, shape and finiteness."""
     if isinstance(values, Mapping):
         missing = [n for n, _ in named if n not in values]
@@ -137,7 +137,7 @@ def _observation(kind, model, shared, *, batch_size, labels, loss, input_shape, 
                        local_batches=local_batches, train_mode=train, defense=defense, extras=extras)
 
 
-def from_gradients(model: nn.Module, grads: "Sequence[torch.Tensor] | Mapping[str, torch.Tensor]", *,
+def from_gradients(model: nn.Module, grads: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], *,
                    batch_size: int, labels=None, loss: str = "ce", input_shape=None, normalize=None,
                    train: bool = False, defense: str = "none"):
     """An observation of the gradient ``grads`` a client computed on ``batch_size`` samples at ``model``'s weights.

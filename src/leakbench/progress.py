@@ -10,9 +10,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import sys
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \

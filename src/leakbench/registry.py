@@ -7,7 +7,8 @@ raises :class:`~leakbench.errors.ConfigError` listing the known ones.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterator
 
 from .errors import ConfigError
 

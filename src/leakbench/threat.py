@@ -81,7 +81,7 @@ class Observation:
         named = dict(self.model.named_parameters())
         return {n: named[n].detach() for n in self.param_names}
 
-    def to(self, device: "str | torch.device") -> "Observation":
+    def to(self, device: str | torch.device) -> Observation:
         """A copy on ``device`` (model, shared tensors, labels and BN statistics)."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return replace(
@@ -93,14 +93,14 @@ class Observation:
         )
 
     @classmethod
-    def from_gradients(cls, model: nn.Module, grads, **options) -> "Observation":
+    def from_gradients(cls, model: nn.Module, grads, **options) -> Observation:
         """A captured client gradient as an observation (see :func:`leakbench.captured.from_gradients`)."""
         from .captured import from_gradients
 
         return from_gradients(model, grads, **options)
 
     @classmethod
-    def from_update(cls, model_before: nn.Module, model_after: nn.Module, **options) -> "Observation":
+    def from_update(cls, model_before: nn.Module, model_after: nn.Module, **options) -> Observation:
         """A captured model update as an observation (see :func:`leakbench.captured.from_update`)."""
         from .captured import from_update
 
@@ -200,7 +200,7 @@ def observe(
     train: bool = False,
     labels_known: bool = False,
     bn_stats: bool = False,
-    defense: "str | object | None" = None,
+    defense: str | object | None = None,
     population: object | None = None,
     seed: int = 0,
 ) -> Observation:
@@ -325,12 +325,12 @@ __all__ = ["KINDS", "Observation", "observe", "ConfigError"]
 
 
 def observe_weights(
-    model: "nn.Module | object",
+    model: nn.Module | object,
     *,
-    input_shape: "tuple[int, ...] | None" = None,
+    input_shape: tuple[int, ...] | None = None,
     num_classes: int | None = None,
-    data_range: "tuple[float, float] | None" = None,
-    data_mean: "torch.Tensor | None" = None,
+    data_range: tuple[float, float] | None = None,
+    data_mean: torch.Tensor | None = None,
     margin: float | None = None,
 ) -> Observation:
     """What someone who downloads a trained model sees: its weights, no gradient (``kind="weights"``).

@@ -143,8 +143,8 @@ class Scaling:
     """Table 1's rates: ``upper`` (tensor-based attack, Wang et al. 2023; ``None`` = unknown) and ``lower``."""
 
     defense: str
-    upper: "float | np.ndarray | None"
-    lower: "float | np.ndarray"
+    upper: float | np.ndarray | None
+    lower: float | np.ndarray
 
 
 def two_layer_scaling(defense: str, *, d, m, B=1, sigma=1.0, sigma0=0.0, p=0.0, C=None, grad_norm=None) -> Scaling:

@@ -27,7 +27,7 @@ For a ReLU MLP and a batch X = [x_1 … x_M] (d0 × M):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

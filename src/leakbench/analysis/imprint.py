@@ -25,7 +25,7 @@ measured).  ``imprint_expected(block, B)`` uses it (population = the holdout's s
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -49,7 +49,7 @@ def _log_choose(n: torch.Tensor, k: int) -> torch.Tensor:
     return torch.lgamma(n + 1) - math.lgamma(k + 1) - torch.lgamma(n - k + 1)
 
 
-def imprint_expected(bins: "int | object", batch: int, *, masses: Sequence[float] | torch.Tensor | None = None,
+def imprint_expected(bins: int | object, batch: int, *, masses: Sequence[float] | torch.Tensor | None = None,
                      population: int | None = None) -> float:
     """Expected number of the ``batch`` samples alone in one of ``bins`` bins (exactly recovered).
 

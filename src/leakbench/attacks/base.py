@@ -12,7 +12,8 @@ import dataclasses
 import time
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
+from collections.abc import Callable
 
 import torch
 
@@ -43,7 +44,7 @@ class Reconstruction:
         return int(self.images.shape[0])
 
 
-ATTACKS: Registry["Attack"] = Registry("attack")
+ATTACKS: Registry[Attack] = Registry("attack")
 
 
 class Attack(abc.ABC):

@@ -20,7 +20,7 @@ cancels where the match is close, the elementwise form does not.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -30,7 +30,7 @@ DISTANCES = ("l2", "cosine", "cosine-layer")
 LAYER_WEIGHTS = ("equal", "l0")
 
 
-def layer_weights(kind: "str | Sequence[float]", params: Sequence[torch.Tensor]) -> list[float]:
+def layer_weights(kind: str | Sequence[float], params: Sequence[torch.Tensor]) -> list[float]:
     """Per-tensor weights: ``equal`` (1 each), ``l0`` (non-zero count of each parameter), or explicit."""
     if isinstance(kind, str):
         if kind == "equal":
@@ -61,7 +61,7 @@ class LinearFactors:
         """δᵀz formed (for checks)."""
         return self.delta.T @ self.z
 
-    def scaled(self, factor: float) -> "LinearFactors":
+    def scaled(self, factor: float) -> LinearFactors:
         return LinearFactors(self.delta * factor, self.z)
 
     def dot(self, target: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -96,11 +96,11 @@ class GradientDistance:
             self.weight_sum = float(sum(self.weights[i] for i in self.active))
         self._wide: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # float64 T and ‖T‖² of factorised L2 terms
 
-    def _terms(self, i: int, d: "Gradient") -> tuple[torch.Tensor, torch.Tensor]:
+    def _terms(self, i: int, d: Gradient) -> tuple[torch.Tensor, torch.Tensor]:
         """(⟨d, t_i⟩, ‖d‖²) of a factorised entry."""
         return d.dot(self.target[i]), d.sq().to(d.delta.dtype)
 
-    def _l2(self, i: int, d: "Gradient") -> torch.Tensor:
+    def _l2(self, i: int, d: Gradient) -> torch.Tensor:
         if not isinstance(d, LinearFactors):
             return (d - self.target[i]).pow(2).sum()
         wide = torch.promote_types(d.delta.dtype, torch.float64)
@@ -110,7 +110,7 @@ class GradientDistance:
         t, t_sq = self._wide[i]
         return (d.sq() - 2 * d.dot(t, wide) + t_sq).to(d.delta.dtype)
 
-    def __call__(self, dummy: "Sequence[Gradient]") -> torch.Tensor:
+    def __call__(self, dummy: Sequence[Gradient]) -> torch.Tensor:
         w, t = self.weights, self.target
         if self.kind == "l2":
             return sum(w[i] * self._l2(i, dummy[i]) for i in self.active)

@@ -11,7 +11,7 @@ gradient-invariant dimension.  ``--json`` prints the report as JSON instead.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -77,7 +77,7 @@ def security_command(
 def exclusivity_command(
     model: Annotated[str, typer.Option(help="ReLU MLP spec, e.g. mlp:1000 or mlp:1000-1000.")],
     data: Annotated[str, typer.Option(help="Dataset name (see `leakbench list datasets`).")] = "digits",
-    data_option: Annotated[Optional[list[str]], typer.Option(
+    data_option: Annotated[list[str] | None, typer.Option(
         help="Dataset option KEY=VALUE (repeatable), e.g. size=28.")] = None,
     batch_size: Annotated[int, typer.Option(help="Batch size M.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed of the batch and of the perturbation search.")] = 0,

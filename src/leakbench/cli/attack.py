@@ -6,7 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Mapping, Optional
+from typing import Annotated, Any
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -40,21 +41,21 @@ class RunSpec:
     data: str = "photos"
     data_options: dict[str, Any] = field(default_factory=dict)
     model: str = "convnet"
-    act: Optional[str] = None
+    act: str | None = None
     init: str = "default"
     model_seed: int = 0
     attack: str = "inverting-gradients"
-    preset: Optional[str] = None
+    preset: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
-    batch_size: Optional[int] = 1
+    batch_size: int | None = 1
     seed: int = 0
-    indices: Optional[list[int]] = None
+    indices: list[int] | None = None
     loss: str = "ce"
     local_steps: int = 0
     labels_known: bool = False
     defense: str = "none"
     device: str = "cpu"
-    model_file: Optional[str] = None
+    model_file: str | None = None
 
 
 @dataclass
@@ -164,30 +165,30 @@ def default_out(attack: str, data: str) -> Path:
 @reports_errors
 def attack_command(
     data: Annotated[str, typer.Option(help="Dataset name (see `leakbench list datasets`).")] = "photos",
-    data_option: Annotated[Optional[list[str]], typer.Option(
+    data_option: Annotated[list[str] | None, typer.Option(
         "--data-option", metavar="KEY=VALUE", help="Dataset option, repeatable (e.g. size=32).")] = None,
     model: Annotated[str, typer.Option(help="Model spec, e.g. convnet-16, cnn:3-6-1-0, mlp:100.")] = "convnet",
-    act: Annotated[Optional[str], typer.Option(help="Activation (default: the family's).")] = None,
+    act: Annotated[str | None, typer.Option(help="Activation (default: the family's).")] = None,
     init: Annotated[str, typer.Option(help="Weight initialisation scheme.")] = "default",
     model_seed: Annotated[int, typer.Option(help="Seed of the model's initialisation.")] = 0,
     attack: Annotated[str, typer.Option(help="Attack name (see `leakbench list attacks`).")] = "inverting-gradients",
-    preset: Annotated[Optional[str], typer.Option(help="Attack preset (default: the attack's default).")] = None,
-    option: Annotated[Optional[list[str]], typer.Option(
+    preset: Annotated[str | None, typer.Option(help="Attack preset (default: the attack's default).")] = None,
+    option: Annotated[list[str] | None, typer.Option(
         "--option", metavar="KEY=VALUE", help="Attack option, repeatable (e.g. iterations=500).")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(
+    batch_size: Annotated[int | None, typer.Option(
         help="Batch size (default 1, or the number of --indices).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the batch choice, the defense and the attack.")] = 0,
-    indices: Annotated[Optional[str], typer.Option(help="Exact sample indices, e.g. 1,5,9.")] = None,
+    indices: Annotated[str | None, typer.Option(help="Exact sample indices, e.g. 1,5,9.")] = None,
     loss: Annotated[str, typer.Option(help="Client's training loss (see `leakbench list losses`).")] = "ce",
     local_steps: Annotated[int, typer.Option(help="0 shares the gradient; k ≥ 1 the update after k steps.")] = 0,
     labels_known: Annotated[bool, typer.Option("--labels-known/--no-labels-known",
                                                help="Grant the batch's labels to the attacker.")] = False,
     defense: Annotated[str, typer.Option(help="Defense spec, e.g. none or clip:4+noise:0.01.")] = "none",
     device: Annotated[str, typer.Option(help="Torch device for the model, the batch and the attack.")] = "cpu",
-    model_file: Annotated[Optional[Path], typer.Option(
+    model_file: Annotated[Path | None, typer.Option(
         help="Weights for --model: a state dict saved with torch.save(model.state_dict(), path) "
              "(read as tensors only).")] = None,
-    out: Annotated[Optional[Path], typer.Option(
+    out: Annotated[Path | None, typer.Option(
         help="Output directory (default runs/<attack>-<data>-<timestamp>).")] = None,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="No progress bar and no table; print only the output directory.")] = False,

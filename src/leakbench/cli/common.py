@@ -12,7 +12,8 @@ import os
 import sqlite3
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Callable, Mapping, NoReturn, Sequence
+from typing import Annotated, Any, NoReturn
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.text import Text
@@ -34,9 +34,9 @@ def demo_spec_path() -> Path:
 @reports_errors
 def demo_command(
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("leakbench-demo"),
-    workers: Annotated[Optional[int], typer.Option(
+    workers: Annotated[int | None, typer.Option(
         help="Local processes running trials (default: 2, or 1 on a single core).")] = None,
-    spec: Annotated[Optional[Path], typer.Option(help="Run this sweep spec instead of the bundled one.")] = None,
+    spec: Annotated[Path | None, typer.Option(help="Run this sweep spec instead of the bundled one.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar; print only the report path.")] = False,
 ) -> None:
     """Every threat model on bundled 32×32 photos (B = 1, 4, 8): results.db, report/index.html."""

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import shlex
 from pathlib import Path
-from typing import Annotated, Any, Mapping, Optional, Sequence
+from typing import Annotated, Any
+from collections.abc import Mapping, Sequence
 
 import typer
 from rich.table import Table
@@ -68,8 +69,8 @@ def print_failures(store: Store, keys: Mapping[str, Any], limit: int = 5) -> Non
         console.print(f"… and {len(failed) - limit} more failed trial(s); see the report", highlight=False)
 
 
-def resume_command(spec: Path, db: Path, *, workers: int, ray: Optional[str], retry_failed: bool, yes: bool,
-                   report: Optional[Path]) -> str:
+def resume_command(spec: Path, db: Path, *, workers: int, ray: str | None, retry_failed: bool, yes: bool,
+                   report: Path | None) -> str:
     """The exact ``leakbench evaluate`` command line that resumes this sweep."""
     parts = ["leakbench", "evaluate", str(spec), "--db", str(db)]
     parts += ["--workers", str(workers)] if workers != 1 else []
@@ -83,16 +84,16 @@ def resume_command(spec: Path, db: Path, *, workers: int, ray: Optional[str], re
 @app.command("evaluate")
 @reports_errors
 def evaluate_command(
-    spec: Annotated[Optional[Path], typer.Argument(help="Sweep spec (YAML), see docs/evaluation.md.")] = None,
-    preset: Annotated[Optional[str], typer.Option(
+    spec: Annotated[Path | None, typer.Argument(help="Sweep spec (YAML), see docs/evaluation.md.")] = None,
+    preset: Annotated[str | None, typer.Option(
         help="Run a bundled spec instead: demo, liu2024 (Liu et al. 2024's setting, for a GPU or Ray).")] = None,
     db: Annotated[Path, typer.Option(help="SQLite results store (created or resumed).")] = Path("results.db"),
     workers: Annotated[int, typer.Option(help="Local processes running trials (1 = in this process).")] = 1,
-    ray: Annotated[Optional[str], typer.Option(
+    ray: Annotated[str | None, typer.Option(
         help="Run trials as Ray tasks: auto (a running cluster, else a local one), local, or an ADDRESS.")] = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Run failed trials again.")] = False,
-    max_trials: Annotated[Optional[int], typer.Option(help="Stop after this many trials (resume later).")] = None,
-    report: Annotated[Optional[Path], typer.Option(help="Also write the HTML report into this directory.")] = None,
+    max_trials: Annotated[int | None, typer.Option(help="Stop after this many trials (resume later).")] = None,
+    report: Annotated[Path | None, typer.Option(help="Also write the HTML report into this directory.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate the spec and count trials; run nothing.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no table.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Allow a sweep larger than the spec's max_trials "

@@ -10,7 +10,7 @@ global RNG.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -148,13 +148,13 @@ class ImageDataset:
         return torch.bincount(self.labels.cpu(), minlength=self.num_classes)
 
     # ---------------------------------------------------------------- derived
-    def subset(self, indices: IndexLike) -> "ImageDataset":
+    def subset(self, indices: IndexLike) -> ImageDataset:
         """A new dataset holding exactly the samples at ``indices`` (in that order)."""
         idx = _as_index_array(indices, field="indices", upper=len(self), what="sample")
         t = torch.from_numpy(idx).to(self.images.device)
         return replace(self, images=self.images[t], labels=self.labels[t], classes=list(self.classes))
 
-    def to(self, device: torch.device | str) -> "ImageDataset":
+    def to(self, device: torch.device | str) -> ImageDataset:
         """A copy with images and labels on ``device``."""
         return replace(self, images=self.images.to(device), labels=self.labels.to(device), classes=list(self.classes))
 

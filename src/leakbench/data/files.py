@@ -20,7 +20,7 @@ import pickle
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

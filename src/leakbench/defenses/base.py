@@ -19,14 +19,15 @@ import functools
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
+from collections.abc import Callable
 
 import torch
 
 from ..errors import ConfigError
 from ..registry import Registry
 
-DEFENSES: Registry["Defense"] = Registry("defense")
+DEFENSES: Registry[Defense] = Registry("defense")
 STAGES = ("shared", "model", "step", "round", "aggregate")
 
 #: ``gradient(model, params, x, y, loss_fn, generator) -> list[Tensor]``: one step's gradient, in ``params`` order.
@@ -56,8 +57,8 @@ class ClientPlan:
     clients: int = 1
     reduce: str = "mean"
     population: Any = None
-    before: list["Defense"] = field(default_factory=list)
-    after: list["Defense"] = field(default_factory=list)
+    before: list[Defense] = field(default_factory=list)
+    after: list[Defense] = field(default_factory=list)
     info: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -71,7 +72,7 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def positional_parameters(factory: Callable[..., Any]) -> tuple[inspect.Parameter, ...]:
     """The parameters a spec fills in order (positional-or-keyword), cached per factory."""
     return tuple(p for p in inspect.signature(factory).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD)
@@ -293,7 +294,7 @@ def family_of(spec: str) -> tuple[str, str]:
     return d.family, d.arguments
 
 
-def parse(spec: "str | Defense | None") -> Defense:
+def parse(spec: str | Defense | None) -> Defense:
     """A :class:`Defense` from a spec string (``None`` and ``"none"`` give the identity)."""
     if spec is None:
         return Identity()

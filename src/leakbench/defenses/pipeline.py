@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -75,7 +76,7 @@ def minibatches(n: int, epochs: int, batch: int | None, *, shuffle: bool = False
     return steps
 
 
-def plan_for(defense: "str | Defense | None", *, local_steps: int = 0, local_lr: float = 0.1,
+def plan_for(defense: str | Defense | None, *, local_steps: int = 0, local_lr: float = 0.1,
              local_batch: int | None = None, local_shuffle: bool = False, population: Any = None) -> ClientPlan:
     """The :class:`ClientPlan` of ``defense`` for a round with ``local_steps`` given by the caller."""
     plan = ClientPlan(population=population)
@@ -169,7 +170,7 @@ def other_batches(population: Any, count: int, size: int, *, like_x: torch.Tenso
     return [(xs[i * size:(i + 1) * size], ys[i * size:(i + 1) * size]) for i in range(count)]
 
 
-def share(defense: "str | Defense | None", model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
+def share(defense: str | Defense | None, model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
           y: torch.Tensor, loss_fn: LossFn, *, generator: torch.Generator, local_steps: int = 0,
           local_lr: float = 0.1, local_batch: int | None = None, local_shuffle: bool = False,
           population: Any = None) -> Shared:

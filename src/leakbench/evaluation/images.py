@@ -45,7 +45,7 @@ def tile(originals: np.ndarray, reconstructions: np.ndarray, *, pad: int = 1) ->
     return np.concatenate(rows + [bottom], axis=0)
 
 
-def save_trial_files(directory: "str | Path", result: TrialResult, *, png: bool = True) -> dict[str, Path]:
+def save_trial_files(directory: str | Path, result: TrialResult, *, png: bool = True) -> dict[str, Path]:
     """Write the trial's arrays (and a tile PNG); ``{}`` when the trial has no arrays."""
     if not result.arrays:
         return {}

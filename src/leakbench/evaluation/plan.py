@@ -7,7 +7,8 @@ section) come first: they are few and the privacy–utility plot needs them all.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 from ..defenses import family_of
 from .spec import SweepSpec

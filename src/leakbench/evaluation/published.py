@@ -76,7 +76,7 @@ def _target_key(target: dict, seed: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def target_for(spec, cache_dir: "str | Path | None" = None):
+def target_for(spec, cache_dir: str | Path | None = None):
     """(trained target, the data it was drawn from) for a weights/membership trial, cached per process and on disk."""
     from ..data import load
     from ..models.targets import TrainedTarget, train_target
@@ -139,7 +139,7 @@ def weights_scores(candidates: torch.Tensor, members: torch.Tensor, nonmembers: 
     return out
 
 
-def weights_trial(spec, clock, cache_dir) -> "Any":
+def weights_trial(spec, clock, cache_dir) -> Any:
     """Train (or load) the target, attack its weights, score the candidates with their control."""
     from ..threat import observe_weights
     from .trial import TrialResult, run_attack
@@ -184,7 +184,7 @@ def _residual(target) -> float | None:
         return None
 
 
-def membership_trial(spec, clock, cache_dir) -> "Any":
+def membership_trial(spec, clock, cache_dir) -> Any:
     """Membership inference against a binary target in one margin-knowledge setting."""
     from ..attacks.trained.membership import MEMBERSHIP_ATTACKS
     from ..metrics.membership import membership_scores

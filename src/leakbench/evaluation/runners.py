@@ -22,7 +22,8 @@ import os
 import threading
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any
+from collections.abc import Iterable, Iterator
 
 from ..errors import ConfigError
 from .trial import TrialResult, TrialSpec, run_trial
@@ -34,7 +35,7 @@ class Runner(abc.ABC):
 
     name = "runner"
 
-    def __init__(self, *, cache_dir: "str | Path | None" = None) -> None:
+    def __init__(self, *, cache_dir: str | Path | None = None) -> None:
         # absolute: a Ray actor's working directory is not the driver's
         self.cache_dir = None if cache_dir is None else os.path.abspath(cache_dir)
         self.submitted = 0
@@ -50,7 +51,7 @@ class Runner(abc.ABC):
     def state_dict(self) -> dict[str, Any]:
         return {"runner": self.name, "submitted": self.submitted, "finished": self.finished}
 
-    def __enter__(self) -> "Runner":
+    def __enter__(self) -> Runner:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -105,7 +106,7 @@ def _failed(trial: TrialSpec, why: str) -> TrialResult:
 class _Worker:
     """One pool process, its pipe and the trials sent to it that have not come back (in order)."""
 
-    def __init__(self, ctx, parent_pid: int, cache_dir: Optional[str], index: int) -> None:
+    def __init__(self, ctx, parent_pid: int, cache_dir: str | None, index: int) -> None:
         self.conn, child = ctx.Pipe(duplex=True)
         # the kernel's parent-death signal follows the thread that starts the process: only the main thread's
         kernel = threading.current_thread() is threading.main_thread()
@@ -151,7 +152,7 @@ class PoolRunner(Runner):
 
     name = "pool"
 
-    def __init__(self, workers: int, *, cache_dir: "str | Path | None" = None, chunk_seconds: float = 0.25) -> None:
+    def __init__(self, workers: int, *, cache_dir: str | Path | None = None, chunk_seconds: float = 0.25) -> None:
         super().__init__(cache_dir=cache_dir)
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ConfigError(f"expected --workers ≥ 1, got {workers!r}")
@@ -166,7 +167,7 @@ class PoolRunner(Runner):
         self._spawned += 1
         return _Worker(self._ctx, os.getpid(), self.cache_dir, self._spawned)
 
-    def start(self, *, wait: bool = False) -> "PoolRunner":
+    def start(self, *, wait: bool = False) -> PoolRunner:
         """Start the workers (they warm up in parallel); with ``wait``, until each has said it is ready."""
         while len(self._pool) < self.workers:
             self._pool.append(self._spawn())
@@ -280,8 +281,8 @@ class RayRunner(Runner):
 
     name = "ray"
 
-    def __init__(self, address: str = "auto", *, num_cpus: Optional[int] = None,
-                 cache_dir: "str | Path | None" = None, actors: Optional[int] = None,
+    def __init__(self, address: str = "auto", *, num_cpus: int | None = None,
+                 cache_dir: str | Path | None = None, actors: int | None = None,
                  chunk_seconds: float = 0.5) -> None:
         super().__init__(cache_dir=cache_dir)
         self.address = address
@@ -351,7 +352,7 @@ class RayRunner(Runner):
             return self._new_actor(cpus, gpus)
         return min(actors, key=lambda a: a[1])
 
-    def start(self, *, threads: int = 1, device: str = "cpu", wait: bool = False) -> "RayRunner":
+    def start(self, *, threads: int = 1, device: str = "cpu", wait: bool = False) -> RayRunner:
         """Create every actor that trials with ``threads`` and ``device`` fit (they warm up in parallel)."""
         ray = self._connect()
         cpus, gpus = self.resources(TrialSpec(kind="attack", dataset="", model="", threads=threads, device=device))
@@ -364,7 +365,7 @@ class RayRunner(Runner):
     def run(self, trials: Iterable[TrialSpec]) -> Iterator[TrialResult]:
         ray = self._connect()
         source = iter(trials)
-        ahead: Optional[TrialSpec] = None
+        ahead: TrialSpec | None = None
         exhausted = False
         running: dict[Any, tuple[list, list[TrialSpec]]] = {}
         try:
@@ -446,8 +447,8 @@ class RayRunner(Runner):
                 "actors": sum(len(a) for a in self._actors.values())}
 
 
-def make_runner(*, workers: int = 1, ray: Optional[str] = None, cache_dir: "str | Path | None" = None,
-                num_cpus: Optional[int] = None) -> Runner:
+def make_runner(*, workers: int = 1, ray: str | None = None, cache_dir: str | Path | None = None,
+                num_cpus: int | None = None) -> Runner:
     """The executor for ``--workers``/``--ray``: Ray when ``ray`` is given, else a pool for ``workers > 1``."""
     if ray is not None:
         return RayRunner(ray, num_cpus=num_cpus, cache_dir=cache_dir)

@@ -30,7 +30,8 @@ from __future__ import annotations
 import itertools
 import string
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
+from collections.abc import Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -53,7 +54,7 @@ class DatasetEntry(_Strict):
 
     name: str
     options: dict[str, Any] = Field(default_factory=dict)
-    label: Optional[str] = None
+    label: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -96,12 +97,12 @@ class ServerEntry(_Strict):
     equal-mass quantiles or centre the random head (``center: calibration``).
     """
 
-    imprint: Optional[dict[str, Any]] = None
-    random_head: Optional[dict[str, Any]] = None
+    imprint: dict[str, Any] | None = None
+    random_head: dict[str, Any] | None = None
     public: int = Field(256, ge=2)
 
     @model_validator(mode="after")
-    def _one_move(self) -> "ServerEntry":
+    def _one_move(self) -> ServerEntry:
         given = [name for name in SERVER_MOVES if getattr(self, name) is not None]
         if len(given) != 1:
             raise ValueError(f"expected exactly one server move ({' or '.join(SERVER_MOVES)}), got "
@@ -125,14 +126,14 @@ class ModelEntry(_Strict):
     ``file``: its weights, a state dict read as tensors only (relative paths from where the sweep runs)."""
 
     spec: str
-    file: Optional[str] = None
-    act: Optional[str] = None
+    file: str | None = None
+    act: str | None = None
     init: str = "default"
     seed: int = Field(0, ge=0)
     options: dict[str, Any] = Field(default_factory=dict)
     training: TrainingEntry = Field(default_factory=TrainingEntry)
-    server: Optional[ServerEntry] = None
-    label: Optional[str] = None
+    server: ServerEntry | None = None
+    label: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -173,10 +174,10 @@ class AttackEntry(_Strict):
     """
 
     name: str
-    preset: Optional[str] = None
+    preset: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     threat: dict[str, Any] = Field(default_factory=dict)
-    label: Optional[str] = None
+    label: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -243,11 +244,11 @@ class TargetEntry(_Strict):
     """
 
     dataset: DatasetEntry
-    classes: Optional[list[Any]] = None
+    classes: list[Any] | None = None
     per_class: int = Field(10, ge=1)
-    nonmembers: Optional[int] = Field(None, ge=1)
+    nonmembers: int | None = Field(None, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)
-    label: Optional[str] = None
+    label: str | None = None
 
     @property
     def key(self) -> str:
@@ -332,8 +333,8 @@ class BoundsEntry(_Strict):
 class BudgetEntry(_Strict):
     """Time limits: per trial (stopped at the attack's next progress report) and per sweep run."""
 
-    trial_seconds: Optional[float] = Field(None, gt=0)
-    sweep_minutes: Optional[float] = Field(None, gt=0)
+    trial_seconds: float | None = Field(None, gt=0)
+    sweep_minutes: float | None = Field(None, gt=0)
 
 
 class SweepSpec(_Strict):
@@ -351,15 +352,15 @@ class SweepSpec(_Strict):
     membership: list[MembershipEntry] = Field(default_factory=list)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     threat: ThreatEntry = Field(default_factory=ThreatEntry)
-    utility: Optional[UtilityEntry] = None
-    bounds: Optional[BoundsEntry] = None
+    utility: UtilityEntry | None = None
+    bounds: BoundsEntry | None = None
     budget: BudgetEntry = Field(default_factory=BudgetEntry)
     include: list[dict[str, Any]] = Field(default_factory=list)
     exclude: list[dict[str, Any]] = Field(default_factory=list)
     device: str = "cpu"
     threads: int = Field(1, ge=1)
     save_images: bool = True
-    max_trials: Optional[int] = Field(None, ge=1)  # the largest sweep this spec may plan (default MAX_TRIALS)
+    max_trials: int | None = Field(None, ge=1)  # the largest sweep this spec may plan (default MAX_TRIALS)
 
     @field_validator("batch_sizes")
     @classmethod
@@ -378,7 +379,7 @@ class SweepSpec(_Strict):
         return values
 
     @model_validator(mode="after")
-    def _some_work(self) -> "SweepSpec":
+    def _some_work(self) -> SweepSpec:
         if not (self.attacks or self.weights or self.membership):
             raise ValueError("expected at least one of attacks, weights or membership; add attacks: [dlg] "
                              "(gradient attacks), a weights: entry or a membership: entry")
@@ -393,7 +394,7 @@ class SweepSpec(_Strict):
         return list(seen)
 
 
-def load_spec(source: "str | Path | Mapping | SweepSpec", *, check: bool = True) -> SweepSpec:
+def load_spec(source: str | Path | Mapping | SweepSpec, *, check: bool = True) -> SweepSpec:
     """Read and validate a sweep spec (a path, YAML text or a mapping).
 
     With ``check`` (default), every name is resolved through the registries
@@ -420,7 +421,7 @@ def load_spec(source: "str | Path | Mapping | SweepSpec", *, check: bool = True)
     return spec
 
 
-def check_names(spec: SweepSpec, where: "_Source | None" = None) -> None:
+def check_names(spec: SweepSpec, where: _Source | None = None) -> None:
     """Resolve every name of ``spec`` through the registries (see :mod:`.specnames`)."""
     from .specnames import check_names as check
 

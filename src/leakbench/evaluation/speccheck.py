@@ -9,7 +9,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 import yaml
 
@@ -40,7 +41,7 @@ def read_text(path: Path) -> str:
                           f"offset {err.start}; save the spec as UTF-8") from None
 
 
-def check_size(node: "yaml.Node | None", name: str, limit: int = MAX_SPEC_NODES) -> None:
+def check_size(node: yaml.Node | None, name: str, limit: int = MAX_SPEC_NODES) -> None:
     """Count the nodes ``node`` expands to (each alias at every use) without expanding it; refuse past ``limit``.
 
     Shared nodes are counted once per use through a memo on node identity, so an 8-level
@@ -72,7 +73,7 @@ def check_size(node: "yaml.Node | None", name: str, limit: int = MAX_SPEC_NODES)
                           f"got more (an alias bomb?); write the lists out or use fewer nested aliases")
 
 
-def attack_culprit(a: "AttackEntry") -> tuple:
+def attack_culprit(a: AttackEntry) -> tuple:
     """The field of an attack entry that :func:`create` refuses: ``("options", key)``, ``("preset",)`` or ``()``."""
     from ..attacks import create as create_attack
     from .specnames import _attack_fields
@@ -93,7 +94,7 @@ def attack_culprit(a: "AttackEntry") -> tuple:
     return ("options",) if a.options else ()
 
 
-def rule_values(spec: "SweepSpec") -> dict[str, set[str]]:
+def rule_values(spec: SweepSpec) -> dict[str, set[str]]:
     """Per rule key, the values a rule can match in ``spec`` (names and labels, as text)."""
     defenses = spec.defense_specs()
     families = {family_of(d)[0] for d in defenses}
@@ -105,7 +106,7 @@ def rule_values(spec: "SweepSpec") -> dict[str, set[str]]:
             "seed": {str(s) for s in spec.seeds}}
 
 
-def check_rule(spec: "SweepSpec", rule: Mapping[str, Any], kind: str, i: int, where: "_Source") -> None:
+def check_rule(spec: SweepSpec, rule: Mapping[str, Any], kind: str, i: int, where: _Source) -> None:
     """Every value an include/exclude rule names must match something in the spec (a typo selects nothing)."""
     from .spec import RULE_KEYS
 

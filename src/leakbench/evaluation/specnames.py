@@ -14,7 +14,7 @@ from .speccheck import attack_culprit, check_rule
 __all__ = ["check_names", "server_options"]
 
 
-def check_names(spec: SweepSpec, where: "_Source | None" = None) -> None:
+def check_names(spec: SweepSpec, where: _Source | None = None) -> None:
     """Resolve every name of ``spec`` through the registries; a :class:`ConfigError` naming the line otherwise."""
     where = where or _Source("spec", {})
     from ..attacks import ATTACKS, create as create_attack

@@ -9,7 +9,8 @@ Used by :mod:`.spec` (the schema) and :mod:`.specnames` (the registry checks).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import yaml
 from pydantic import BaseModel
@@ -61,7 +62,7 @@ def line_map(node: yaml.Node, path: tuple, out: dict[tuple, int], source: str) -
             line_map(item, path + (i,), out, source)
 
 
-def read_spec(source: "str | Path | Mapping") -> tuple[Any, Source]:
+def read_spec(source: str | Path | Mapping) -> tuple[Any, Source]:
     if isinstance(source, Mapping):
         return dict(source), Source("spec", {})
     if isinstance(source, BaseModel):

@@ -24,7 +24,8 @@ import socket
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from ..errors import ConfigError
 from ..metrics.scores import score_columns
@@ -56,7 +57,7 @@ def _json(value: Any) -> str:
     return json.dumps(value, default=str, allow_nan=True)
 
 
-def _real(value: Any) -> Optional[float]:
+def _real(value: Any) -> float | None:
     if value is None or isinstance(value, bool):
         return None if value is None else float(value)
     try:
@@ -113,7 +114,7 @@ def _open_readonly(path: Path, timeout: float) -> sqlite3.Connection:
 class Store:
     """A sweep's SQLite store (see the module docstring); ``Store("results.db")``."""
 
-    def __init__(self, path: "str | Path", *, timeout: float = 60.0, readonly: bool = False) -> None:
+    def __init__(self, path: str | Path, *, timeout: float = 60.0, readonly: bool = False) -> None:
         self.path = Path(path)
         self.readonly = readonly
         if self.path.suffix == "" or self.path.is_dir():
@@ -152,13 +153,13 @@ class Store:
     def close(self) -> None:
         self._conn.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def meta(self, name: str) -> Optional[str]:
+    def meta(self, name: str) -> str | None:
         row = self._conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
         return None if row is None else row[0]
 
@@ -285,7 +286,7 @@ class Store:
             c.executemany("UPDATE trials SET status = 'pending', worker = NULL, attempts = attempts - 1 "
                           "WHERE key = ? AND status = 'running' AND worker = ?", [(k, worker) for k in keys])
 
-    def commit(self, result: TrialResult, files: Mapping[str, "str | Path"] | None = None) -> None:
+    def commit(self, result: TrialResult, files: Mapping[str, str | Path] | None = None) -> None:
         """Store a finished trial (status, error, metrics, timings, image files) in one transaction."""
         m = result.metrics
         with self._tx() as c:
@@ -299,20 +300,20 @@ class Store:
                           [(result.key, kind, str(p)) for kind, p in (files or {}).items()])
 
     # ------------------------------------------------------------------ queries
-    def status(self, keys: Optional[Iterable[str]] = None) -> dict[str, str]:
+    def status(self, keys: Iterable[str] | None = None) -> dict[str, str]:
         """key → status (of ``keys`` or of every trial)."""
         rows = self._conn.execute("SELECT key, status FROM trials").fetchall()
         table = {r["key"]: r["status"] for r in rows}
         return table if keys is None else {k: table[k] for k in keys if k in table}
 
-    def counts(self, keys: Optional[Iterable[str]] = None) -> dict[str, int]:
+    def counts(self, keys: Iterable[str] | None = None) -> dict[str, int]:
         """How many trials (of ``keys`` or in all) have each status."""
         out: dict[str, int] = {}
         for s in self.status(keys).values():
             out[s] = out.get(s, 0) + 1
         return out
 
-    def rows(self, *, kind: Optional[str] = None, status: Optional[str] = None) -> list[dict[str, Any]]:
+    def rows(self, *, kind: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
         """Trials joined with their results and image paths, as dicts (JSON columns decoded)."""
         where, args = [], []
         if kind is not None:

@@ -40,7 +40,8 @@ import math
 import numbers
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -78,7 +79,7 @@ def usable(row: Mapping[str, Any]) -> bool:
     return row.get("status") == "done" and finite(row.get("rmse"))
 
 
-def npz_path(row: Mapping[str, Any]) -> Optional[str]:
+def npz_path(row: Mapping[str, Any]) -> str | None:
     """The row's saved arrays (``npz`` column, or ``images["npz"]``), None when it has none."""
     images = row.get("images")
     path = row.get("npz") or (images.get("npz") if isinstance(images, Mapping) else None)
@@ -93,7 +94,7 @@ def _reason(row: Mapping[str, Any]) -> str:
     return f"{status}: {error[0]}" if error else str(status)
 
 
-def _mean(values: Iterable[Any]) -> Optional[float]:
+def _mean(values: Iterable[Any]) -> float | None:
     vals = [float(v) for v in values if finite(v)]
     return sum(vals) / len(vals) if vals else None
 
@@ -105,14 +106,14 @@ class AttackScore:
     attack: str
     rmse: float
     psnr: float
-    ssim: Optional[float]
+    ssim: float | None
     trials: int
     failed: int = 0
-    not_applicable: Optional[str] = None
-    rmse_std: Optional[float] = None
+    not_applicable: str | None = None
+    rmse_std: float | None = None
     reasons: list[str] = field(default_factory=list)
     timed_out: int = 0
-    chance_rmse: Optional[float] = None
+    chance_rmse: float | None = None
 
 
 @dataclass
@@ -123,20 +124,20 @@ class Strongest:
     model: str
     defense: str
     batch_size: int
-    attack: Optional[str]
+    attack: str | None
     rmse: float
     psnr: float
-    ssim: Optional[float]
+    ssim: float | None
     scores: list[AttackScore] = field(default_factory=list)
     threat_model: str = "eavesdropper"
-    chance_rmse: Optional[float] = None
+    chance_rmse: float | None = None
 
     @property
     def family(self) -> str:
         return defense_family(self.defense)[0]
 
     @property
-    def beats_chance(self) -> Optional[bool]:
+    def beats_chance(self) -> bool | None:
         """False when the strongest attack is no closer than a flat image at the data mean (None: unknown)."""
         return beats_chance(self.rmse, self.chance_rmse)
 
@@ -157,18 +158,18 @@ class PrivacyUtilityPoint:
     model: str
     defense: str
     batch_size: int
-    attack: Optional[str]
+    attack: str | None
     rmse: float
-    train_loss: Optional[float]
-    train_loss_increase: Optional[float]
-    test_accuracy: Optional[float]
-    accuracy_drop: Optional[float]
-    bound: Optional[float] = None
+    train_loss: float | None
+    train_loss_increase: float | None
+    test_accuracy: float | None
+    accuracy_drop: float | None
+    bound: float | None = None
     threat_model: str = "eavesdropper"
-    utility_loss: Optional[float] = None
+    utility_loss: float | None = None
     gain: bool = False
-    epsilon: Optional[float] = None
-    chance_rmse: Optional[float] = None
+    epsilon: float | None = None
+    chance_rmse: float | None = None
 
     @property
     def family(self) -> str:
@@ -184,19 +185,19 @@ class Verdict:
     model: str
     batch_size: int
     budget: float
-    defense: Optional[str]
-    attack: Optional[str]
-    rmse: Optional[float]
-    utility_loss: Optional[float]
-    baseline_rmse: Optional[float]
-    baseline_attack: Optional[str]
+    defense: str | None
+    attack: str | None
+    rmse: float | None
+    utility_loss: float | None
+    baseline_rmse: float | None
+    baseline_attack: str | None
     gain: bool = False
-    epsilon: Optional[float] = None
-    chance_rmse: Optional[float] = None
-    baseline_chance: Optional[float] = None
+    epsilon: float | None = None
+    chance_rmse: float | None = None
+    baseline_chance: float | None = None
 
 
-def beats_chance(rmse: Any, chance: Any) -> Optional[bool]:
+def beats_chance(rmse: Any, chance: Any) -> bool | None:
     """Whether a reconstruction's RMSE is below the chance level: a flat image at the data mean.
 
     ``True`` (it beats chance), ``False`` (RMSE ≥ chance: the attack learnt nothing about the batch that a flat
@@ -262,7 +263,7 @@ def strongest(rows: Iterable[Mapping[str, Any]]) -> list[Strongest]:
 UTILITY_METRICS = ("train_loss", "train_accuracy", "test_accuracy", "epsilon", "samples_seen")
 
 
-def utility_table(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, dict[str, Optional[float]]]:
+def utility_table(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, dict[str, float | None]]:
     """(dataset, model, defense, batch size) → mean utility metrics of the usable utility trials.
 
     A utility trial is usable when it is ``done`` with a finite training loss.  Batch size 0 = a utility
@@ -279,7 +280,7 @@ def utility_table(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, dict[str, Op
 
 
 def utility_for(table: Mapping[tuple, Mapping[str, Any]], dataset: str, model: str, defense: str,
-                size: int) -> Optional[Mapping[str, Any]]:
+                size: int) -> Mapping[str, Any] | None:
     """The utility of a defense setting at a batch size, else the batch-size-0 one, else None."""
     return table.get((dataset, model, defense, size)) or table.get((dataset, model, defense, 0))
 
@@ -300,7 +301,7 @@ def bounds_table(rows: Iterable[Mapping[str, Any]], *, metric: str = "exact_rmse
 
 
 def utility_loss(table: Mapping[tuple, Mapping[str, Any]], dataset: str, model: str, defense: str,
-                 size: int) -> tuple[Optional[float], Optional[float], bool]:
+                 size: int) -> tuple[float | None, float | None, bool]:
     """(measured training-loss increase over ``none``, the same clamped at 0, True if it was a gain).
 
     ``none`` costs 0 by definition; (None, None, False) where either training was not measured.
@@ -315,14 +316,14 @@ def utility_loss(table: Mapping[tuple, Mapping[str, Any]], dataset: str, model: 
 
 
 def privacy_utility(best: Iterable[Strongest], utility: Mapping[tuple, Mapping[str, Any]],
-                    bounds: Optional[Mapping[tuple, float]] = None) -> list[PrivacyUtilityPoint]:
+                    bounds: Mapping[tuple, float] | None = None) -> list[PrivacyUtilityPoint]:
     """One point per S_D setting; utility loss against the undefended run of the same dataset, model and B."""
     points = []
     for s in best:
         u = utility_for(utility, s.dataset, s.model, s.defense, s.batch_size) or {}
         base = utility_for(utility, s.dataset, s.model, "none", s.batch_size) or {}
 
-        def diff(key: str, sign: float, u=u, base=base) -> Optional[float]:
+        def diff(key: str, sign: float, u=u, base=base) -> float | None:
             a, b = u.get(key), base.get(key)
             return sign * (a - b) if finite(a) and finite(b) else None
 
@@ -409,7 +410,7 @@ class WeightsSummary:
     nonmembers_nn: int = 0
     members_ssim: dict[float, int] = field(default_factory=dict)
     control_ssim: dict[float, int] = field(default_factory=dict)
-    kkt_residual: Optional[float] = None
+    kkt_residual: float | None = None
     rows: list[Mapping[str, Any]] = field(default_factory=list)
 
 
@@ -460,9 +461,9 @@ class MembershipScore:
     model: str
     defense: str
     setting: str
-    auc: Optional[float] = None
-    tpr_at_1pct: Optional[float] = None
-    tpr_at_01pct: Optional[float] = None
+    auc: float | None = None
+    tpr_at_1pct: float | None = None
+    tpr_at_01pct: float | None = None
     members: int = 0
     nonmembers: int = 0
     trials: int = 0

@@ -17,7 +17,8 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from ..errors import ConfigError
 from ..progress import sweep_progress
@@ -43,7 +44,7 @@ class SweepSummary:
     ran: int
     counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
-    stopped: Optional[str] = None
+    stopped: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -54,10 +55,10 @@ class SweepSummary:
 class Sweep:
     """A sweep spec bound to a store and an executor; :meth:`run` it, :meth:`state_dict` to inspect it."""
 
-    def __init__(self, spec: "SweepSpec | str | Path | dict", db: "str | Path | Store" = "results.db", *,
-                 workers: int = 1, ray: Optional[str] = None, retry_failed: bool = False,
-                 max_trials: Optional[int] = None, runner: Optional[Runner] = None,
-                 on_result: Optional[Callable[[TrialSpec, TrialResult], None]] = None, force: bool = False,
+    def __init__(self, spec: SweepSpec | str | Path | dict, db: str | Path | Store = "results.db", *,
+                 workers: int = 1, ray: str | None = None, retry_failed: bool = False,
+                 max_trials: int | None = None, runner: Runner | None = None,
+                 on_result: Callable[[TrialSpec, TrialResult], None] | None = None, force: bool = False,
                  check: bool = True) -> None:
         self.spec = load_spec(spec)
         self.preflight = preflight(self.spec) if check else None  # every dataset, model and the size, up front
@@ -105,7 +106,7 @@ class Sweep:
     def run(self, *, progress: bool = False) -> SweepSummary:
         """Run every trial still to do; each is committed to the store as soon as it finishes."""
         start = time.perf_counter()
-        self.stopped: Optional[str] = None
+        self.stopped: str | None = None
         self.store.recover()
         self.store.add(self.trials)
         self.store.set_meta("spec", dump_spec(self.spec))
@@ -143,8 +144,8 @@ class Sweep:
                              else {"workers": self.workers, "ray": self.ray})}
 
 
-def evaluate(spec: "SweepSpec | str | Path | dict", db: "str | Path" = "results.db", *, workers: int = 1,
-             ray: Optional[str] = None, retry_failed: bool = False, max_trials: Optional[int] = None,
+def evaluate(spec: SweepSpec | str | Path | dict, db: str | Path = "results.db", *, workers: int = 1,
+             ray: str | None = None, retry_failed: bool = False, max_trials: int | None = None,
              progress: bool = False, force: bool = False) -> SweepSummary:
     """Run (or resume) the sweep ``spec`` into the SQLite store ``db``; see :class:`Sweep`."""
     sweep = Sweep(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials, force=force)

@@ -25,7 +25,7 @@ import time
 import traceback as tb
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -89,7 +89,7 @@ class TrialSpec:
     batch: int = 0
     seed: int = 0
     attack: str = ""
-    preset: Optional[str] = None
+    preset: str | None = None
     options: dict = field(default_factory=dict)
     threat: dict = field(default_factory=dict)
     utility: dict = field(default_factory=dict)
@@ -103,14 +103,14 @@ class TrialSpec:
     attack_key: str = ""
     device: str = "cpu"
     threads: int = 1
-    trial_seconds: Optional[float] = None
+    trial_seconds: float | None = None
     save_images: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrialSpec":
+    def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -156,8 +156,8 @@ class TrialResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     per_sample: dict[str, list] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
-    error: Optional[str] = None
-    traceback: Optional[str] = None
+    error: str | None = None
+    traceback: str | None = None
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     worker: str = ""
     #: the attack's resolved options (preset + overrides), for the CLI's metrics.json; not stored
@@ -197,7 +197,7 @@ def _model_key(spec: TrialSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Optional[Path] = None) -> torch.nn.Module:
+def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Path | None = None) -> torch.nn.Module:
     """Build the trial's model and bring it to its training state (trained weights cached per process and on disk)."""
     from ..models import build
 
@@ -257,7 +257,7 @@ class _Clock:
     the model and the observation are ready, so loading or training never eats into it.
     """
 
-    def __init__(self, limit: Optional[float], report=None) -> None:
+    def __init__(self, limit: float | None, report=None) -> None:
         self.start = time.perf_counter()
         self.limit = limit
         self.report = report
@@ -283,7 +283,7 @@ class _Clock:
         return {**self.timings, "total": time.perf_counter() - self.start}
 
 
-def run_trial(spec: TrialSpec, *, cache_dir: "str | Path | None" = None, progress=None,
+def run_trial(spec: TrialSpec, *, cache_dir: str | Path | None = None, progress=None,
               strict: bool = False) -> TrialResult:
     """Run one trial; never raises for a problem of the trial itself (see the module docstring).
 
@@ -400,7 +400,7 @@ def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Modu
     return getattr(malicious, name)(model, input_shape=data.shape, **options)
 
 
-def run_attack(spec: TrialSpec, obs, clock: _Clock) -> "Any":
+def run_attack(spec: TrialSpec, obs, clock: _Clock) -> Any:
     """The spec's attack run on ``obs`` under the trial's budget, or the ``n/a`` result saying why it cannot run."""
     from ..attacks import create
 
@@ -511,7 +511,7 @@ def _bound_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     return TrialResult(key=spec.key, status="done", metrics=metrics)
 
 
-def _number(value: Any) -> Optional[float]:
+def _number(value: Any) -> float | None:
     return None if value is None else float(value)
 
 

@@ -77,7 +77,7 @@ class UtilityResult:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "UtilityResult":
+    def from_dict(cls, d: dict[str, Any]) -> UtilityResult:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -131,8 +131,8 @@ def _check_budget(epochs: int, batch_size: int, lr: float) -> None:
         raise ConfigError(f"expected lr > 0, got {lr!r} (field lr)")
 
 
-def train_model(model: nn.Module, data: ImageDataset, *, defense: "str | Defense | None" = "none", epochs: int = 5,
-                batch_size: int = 16, lr: float = 0.1, seed: int = 0, device: "str | torch.device" = "cpu",
+def train_model(model: nn.Module, data: ImageDataset, *, defense: str | Defense | None = "none", epochs: int = 5,
+                batch_size: int = 16, lr: float = 0.1, seed: int = 0, device: str | torch.device = "cpu",
                 loss: str = "ce", population: ImageDataset | None = None) -> TrainResult:
     """Train ``model`` in place by mini-batch SGD where every step's shared tensors go through ``defense``.
 
@@ -221,7 +221,7 @@ def _fingerprint(data: ImageDataset) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_root(cache_dir: "str | os.PathLike | bool | None") -> Path | None:
+def cache_root(cache_dir: str | os.PathLike | bool | None) -> Path | None:
     """The cache directory: ``cache_dir``, else ``$LEAKBENCH_CACHE/utility``, else ``~/.cache/leakbench/utility``."""
     if cache_dir is False:
         return None
@@ -254,11 +254,11 @@ def _resolve_data(dataset, data_options, test_fraction, seed) -> tuple[ImageData
                       f"got {type(dataset).__name__} (argument dataset)")
 
 
-def utility(model_spec: str, dataset: "str | ImageDataset | tuple[ImageDataset, ImageDataset]",
-            defense: "str | Defense | None" = "none", *, epochs: int = 5, batch_size: int = 16, lr: float = 0.1,
+def utility(model_spec: str, dataset: str | ImageDataset | tuple[ImageDataset, ImageDataset],
+            defense: str | Defense | None = "none", *, epochs: int = 5, batch_size: int = 16, lr: float = 0.1,
             seed: int = 0, data_options: dict | None = None, model_options: dict | None = None,
-            test_fraction: float = 0.25, loss: str = "ce", cache_dir: "str | os.PathLike | bool | None" = None,
-            device: "str | torch.device" = "cpu", model_file: "str | os.PathLike | None" = None) -> UtilityResult:
+            test_fraction: float = 0.25, loss: str = "ce", cache_dir: str | os.PathLike | bool | None = None,
+            device: str | torch.device = "cpu", model_file: str | os.PathLike | None = None) -> UtilityResult:
     """Train ``model_spec`` on ``dataset`` with ``defense`` in every step and measure what it costs.
 
     The model is built with ``seed`` (and ``model_options`` such as ``act``); the data is

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .trial import TrialResult, TrialSpec, run_trial, worker_id
 
@@ -72,7 +72,7 @@ def _send(conn, message: Any) -> None:
         os._exit(0)  # the parent is gone: nobody is left to commit the result
 
 
-def serve(conn, parent_pid: int, cache_dir: Optional[str], kernel: bool = True) -> None:
+def serve(conn, parent_pid: int, cache_dir: str | None, kernel: bool = True) -> None:
     """A pool worker's loop: receive a chunk (a list of trials, ``None`` to stop), send back each result."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it gives back the claims
     die_with_parent(parent_pid, kernel=kernel)
@@ -106,7 +106,7 @@ def ray_device(trial: TrialSpec) -> TrialSpec:
 class TrialActor:
     """A Ray actor that runs chunks of trials (decorated with ``ray.remote`` by the Ray executor)."""
 
-    def __init__(self, cache_dir: "str | Path | None" = None) -> None:
+    def __init__(self, cache_dir: str | Path | None = None) -> None:
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         warm_up()
 

@@ -88,7 +88,7 @@ def lpips_available(*, net: str = "alex") -> tuple[bool, str]:
     return True, ""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(net: str) -> torch.nn.Module:
     import lpips  # optional dependency, imported only when used
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -30,7 +31,7 @@ FORMAT = "leakbench-model"
 _FIX = "save it with torch.save(model.state_dict(), path) or leakbench.models.save_model(model, path)"
 
 
-def file_digest(path: "str | Path") -> str:
+def file_digest(path: str | Path) -> str:
     """The file's SHA-256 (hex, first 16 digits): it keys cached trained models and stored trials."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -39,7 +40,7 @@ def file_digest(path: "str | Path") -> str:
     return digest.hexdigest()[:16]
 
 
-def _read(path: "str | Path", field: str) -> Any:
+def _read(path: str | Path, field: str) -> Any:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"no model file at {str(file)!r} ({field}); give the path of a saved state dict")
@@ -56,7 +57,7 @@ def _read(path: "str | Path", field: str) -> Any:
                           "are read (files are data, never code): " + _FIX) from None
 
 
-def read_state(path: "str | Path", *, field: str = "model file") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def read_state(path: str | Path, *, field: str = "model file") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(state dict, metadata) of a state-dict file or a leakbench model file (metadata empty for the former)."""
     raw = _read(path, field)
     if isinstance(raw, Mapping) and raw.get("format") == FORMAT:
@@ -73,7 +74,7 @@ def read_state(path: "str | Path", *, field: str = "model file") -> tuple[dict[s
     return dict(state), meta
 
 
-def load_weights(model: nn.Module, path: "str | Path", *, field: str = "model file") -> nn.Module:
+def load_weights(model: nn.Module, path: str | Path, *, field: str = "model file") -> nn.Module:
     """Load the state dict in ``path`` into ``model`` (in place, returned), naming what does not fit."""
     state, _ = read_state(path, field=field)
     own = model.state_dict()
@@ -94,7 +95,7 @@ def load_weights(model: nn.Module, path: "str | Path", *, field: str = "model fi
     return model
 
 
-def save_model(model: nn.Module, path: "str | Path") -> Path:
+def save_model(model: nn.Module, path: str | Path) -> Path:
     """Write a leakbench model built by :func:`~leakbench.models.build` (spec, shape, classes, options, weights)."""
     for name in ("spec", "input_shape", "classes"):
         if getattr(model, name, None) is None:
@@ -109,7 +110,7 @@ def save_model(model: nn.Module, path: "str | Path") -> Path:
     return out
 
 
-def load_model(path: "str | Path", *, device: "str | torch.device" = "cpu") -> nn.Module:
+def load_model(path: str | Path, *, device: str | torch.device = "cpu") -> nn.Module:
     """Rebuild the model saved by :func:`save_model` (architecture from the file, then its weights)."""
     from .spec import build
 

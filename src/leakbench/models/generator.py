@@ -12,7 +12,7 @@ Every sample is generated independently (group norm, no batch statistics).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

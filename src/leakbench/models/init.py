@@ -26,7 +26,7 @@ fresh running statistics.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -9,7 +9,7 @@ no slope.  Pass ``negative_slope=`` to change it.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 

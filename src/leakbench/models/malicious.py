@@ -33,7 +33,7 @@ import math
 import warnings
 from collections import OrderedDict
 from statistics import NormalDist
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

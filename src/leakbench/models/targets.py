@@ -178,7 +178,7 @@ class TrainedTarget:
         return path
 
     @classmethod
-    def load(cls, path: str | Path, *, device: str | torch.device = "cpu") -> "TrainedTarget":
+    def load(cls, path: str | Path, *, device: str | torch.device = "cpu") -> TrainedTarget:
         """Read a target written by :meth:`save` (weights, data, config; bit-identical)."""
         path = Path(path)
         if not path.is_file():

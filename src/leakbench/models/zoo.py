@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn

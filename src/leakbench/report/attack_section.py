@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -40,12 +41,12 @@ def budget_text(u: float) -> str:
     return "at any utility cost" if math.isinf(u) else f"at a utility loss ≤ {u:g}"
 
 
-def _at_b(pairs: Sequence[tuple[int, Optional[float]]]) -> str:
+def _at_b(pairs: Sequence[tuple[int, float | None]]) -> str:
     parts = [f"{num(v)}" + (f" at B = {b}" if len(pairs) > 1 else "") for b, v in pairs]
     return ", ".join(parts)
 
 
-def verdict_sentence(found: Sequence[Verdict], *, upto: Optional[float] = None) -> str:
+def verdict_sentence(found: Sequence[Verdict], *, upto: float | None = None) -> str:
     """One plain sentence (HTML) for the verdicts of one budget over the batch sizes of a dataset and model."""
     found = sorted(found, key=lambda v: v.batch_size)
     if not found:
@@ -123,7 +124,7 @@ def _ordered_defenses(defenses: Sequence[str]) -> list[tuple[str, list[str]]]:
     return list(groups.items())
 
 
-def _score_cell(a: Optional[AttackScore], best: bool) -> Any:
+def _score_cell(a: AttackScore | None, best: bool) -> Any:
     if a is None:
         return (hover("·", "not run: the spec made no trial of this attack here"), "na")
     if a.not_applicable:
@@ -142,7 +143,7 @@ def _score_cell(a: Optional[AttackScore], best: bool) -> Any:
     return (text, " ".join(c for c in ("best" if best else "", "chance" if chance else "") if c))
 
 
-def table4(best: Sequence[Strongest], size: int, bounds: Optional[Mapping[tuple, float]] = None) -> str:
+def table4(best: Sequence[Strongest], size: int, bounds: Mapping[tuple, float] | None = None) -> str:
     """Attacks (rows) × defense settings (columns, grouped by family) at one batch size; S_D highlighted.
 
     ``bounds``: (threat model, dataset, model, defense, B) → Cramér–Rao value, shown as a last row.
@@ -173,7 +174,7 @@ def table4(best: Sequence[Strongest], size: int, bounds: Optional[Mapping[tuple,
     return table([], [*rows, *footer], head_html=head, css="t4")
 
 
-def _eps_label(defense: str, eps: Sequence[tuple[int, Optional[float]]]) -> str:
+def _eps_label(defense: str, eps: Sequence[tuple[int, float | None]]) -> str:
     vals = [(b, e) for b, e in eps if finite(e)]
     if not vals:
         return esc(defense)
@@ -219,7 +220,7 @@ def table5(util: Mapping[tuple, Mapping[str, Any]], dataset: str, model: str, de
     return table([], rows, head_html=head) + note
 
 
-def _grid(rows: Sequence[Mapping[str, Any]], s: Strongest, out: Path) -> Optional[tuple[Path, str]]:
+def _grid(rows: Sequence[Mapping[str, Any]], s: Strongest, out: Path) -> tuple[Path, str] | None:
     """The best attack's reconstruction of the setting (first seed and batch with images), originals on top."""
     mine = [r for r in rows if (r.get("kind") or "attack") == "attack" and usable(r) and r.get("attack") == s.attack
             and threat_model(r) == s.threat_model and (r.get("dataset"), r.get("model"), r.get("defense"),
@@ -247,7 +248,7 @@ def _grid(rows: Sequence[Mapping[str, Any]], s: Strongest, out: Path) -> Optiona
 
 def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequence[Strongest],
                    points: Sequence[PrivacyUtilityPoint], util: Mapping[tuple, Mapping[str, Any]],
-                   out: Path, drawn: Drawn, bounds: Optional[Mapping[tuple, float]] = None) -> str:
+                   out: Path, drawn: Drawn, bounds: Mapping[tuple, float] | None = None) -> str:
     """The HTML of one gradient threat model's section (its settings in ``best`` / ``points``)."""
     parts = []
     mine = [s for s in best if s.threat_model == threat]

@@ -11,7 +11,8 @@ import csv
 import importlib.util
 import math
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..evaluation.plan import defense_family
 from ..evaluation.strongest import Strongest
@@ -68,8 +69,8 @@ def safe_cell(value: Any) -> Any:
     return "'" + value
 
 
-def write_csv(records: Sequence[Mapping[str, Any]], path: "str | Path",
-              columns: Optional[Sequence[str]] = None) -> Path:
+def write_csv(records: Sequence[Mapping[str, Any]], path: str | Path,
+              columns: Sequence[str] | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     columns = list(columns or (records[0].keys() if records else RESULT_COLUMNS))
@@ -84,7 +85,7 @@ def parquet_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("pandas", "pyarrow"))
 
 
-def write_parquet(records: Sequence[Mapping[str, Any]], path: "str | Path") -> Optional[Path]:
+def write_parquet(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
     """Write a Parquet file; ``None`` (nothing written) when pandas or pyarrow is missing."""
     if not parquet_available():
         return None

@@ -23,7 +23,8 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from .. import __version__
 from ..errors import ConfigError
@@ -98,7 +99,7 @@ class ReportFiles:
     index: Path
     csv: Path
     strongest_csv: Path
-    parquet: Optional[Path] = None
+    parquet: Path | None = None
     plots: list[Path] = field(default_factory=list)
     grids: list[Path] = field(default_factory=list)
     threats: list[str] = field(default_factory=list)
@@ -217,7 +218,7 @@ def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, 
     return "".join(parts)
 
 
-def _open(db: "str | Path | Store") -> tuple[Store, bool]:
+def _open(db: str | Path | Store) -> tuple[Store, bool]:
     if isinstance(db, Store):
         return db, False
     if not Path(db).is_file():
@@ -226,7 +227,7 @@ def _open(db: "str | Path | Store") -> tuple[Store, bool]:
     return Store(db), True
 
 
-def write_report(db: "str | Path | Store", out: "str | Path") -> ReportFiles:
+def write_report(db: str | Path | Store, out: str | Path) -> ReportFiles:
     """Write ``out/index.html`` (+ plots, grids, CSV/Parquet) for the sweep stored in ``db``."""
     store, close = _open(db)
     try:

@@ -7,7 +7,8 @@ import math
 import numbers
 import re
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 #: what a missing or non-finite number is printed as.
 MISSING = "–"

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 from matplotlib import colormaps
@@ -31,7 +32,7 @@ def plain(label: Any) -> str:
     return str(label).replace("$", r"\$")
 
 
-def _save(fig: Figure, path: "str | Path") -> Path:
+def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
@@ -39,7 +40,7 @@ def _save(fig: Figure, path: "str | Path") -> Path:
     return path
 
 
-def sd_heatmap(best: Sequence[Strongest], path: "str | Path", *, title: str = "") -> Optional[Path]:
+def sd_heatmap(best: Sequence[Strongest], path: str | Path, *, title: str = "") -> Path | None:
     """S_D as a heatmap: defense settings (rows) × batch sizes (columns), colour and text = best-attack RMSE.
 
     Red = low RMSE (the strongest attack reconstructs well: the setting leaks), green = high; the scale runs
@@ -81,7 +82,7 @@ def sd_heatmap(best: Sequence[Strongest], path: "str | Path", *, title: str = ""
     return _save(fig, path)
 
 
-def pareto_plot(points: Sequence[PrivacyUtilityPoint], path: "str | Path", *, title: str = "") -> Optional[Path]:
+def pareto_plot(points: Sequence[PrivacyUtilityPoint], path: str | Path, *, title: str = "") -> Path | None:
     """Best-attack RMSE against utility loss (Figure 3) with the Pareto front of each batch size.
 
     Marker = defense family, colour = batch size; the front (settings no other setting beats in both higher
@@ -136,8 +137,8 @@ def pareto_plot(points: Sequence[PrivacyUtilityPoint], path: "str | Path", *, ti
     return _save(fig, path)
 
 
-def roc_plot(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], path: "str | Path", *,
-             title: str = "") -> Optional[Path]:
+def roc_plot(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], path: str | Path, *,
+             title: str = "") -> Path | None:
     """ROC curves of membership attacks on a log-scale FPR axis, with the chance diagonal.
 
     ``curves``: (label, FPR, TPR).  FPR = 0 cannot be drawn on a log axis: the axis starts at the smallest

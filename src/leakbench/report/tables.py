@@ -1,7 +1,8 @@
 """Metric tables: the mean scores of :func:`leakbench.compare` as markdown."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from ..metrics.scores import SCORES, MetricInfo
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -48,7 +49,7 @@ def weights_summary_line(found: Sequence[WeightsSummary]) -> str:
             f"{w.n_nonmembers} non-members (chance): {verdict}.")
 
 
-def _weights_grid(w: WeightsSummary, out: Path) -> Optional[tuple[Path, str]]:
+def _weights_grid(w: WeightsSummary, out: Path) -> tuple[Path, str] | None:
     """Reconstructions (bottom) under their nearest training points (top), first trial with images."""
     for r in w.rows:
         npz = npz_path(r)
@@ -98,7 +99,7 @@ def weights_section(found: Sequence[WeightsSummary], out: Path, drawn: Drawn) ->
     return "".join(parts)
 
 
-def _roc_arrays(score: MembershipScore) -> Optional[tuple[np.ndarray, np.ndarray]]:
+def _roc_arrays(score: MembershipScore) -> tuple[np.ndarray, np.ndarray] | None:
     """The ROC of a setting from its trials' ``scores`` / ``is_member`` arrays, pooled; None when absent."""
     s, m = [], []
     for r in score.rows:

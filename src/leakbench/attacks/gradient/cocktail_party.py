@@ -121,7 +121,7 @@ class CPAOptions:
 
 
 def unmix(white: torch.Tensor, pixels: torch.Tensor, *, image_shape: tuple[int, ...] | None,
-          options: "CPAOptions", seed: int = 0, progress=None) -> torch.Tensor:
+          options: CPAOptions, seed: int = 0, progress=None) -> torch.Tensor:
     """Learn the unmixing U of whitened signals ``white`` (B×d'); return U·``pixels`` (B×d) with
     unit-variance rows, where ``pixels`` are the same whitened mixtures before any filtering."""
     b = white.shape[0]

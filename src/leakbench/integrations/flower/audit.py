@@ -16,7 +16,8 @@ import math
 import time
 import traceback as tb
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -44,7 +45,7 @@ class AttackChoice:
         return self.label or self.name
 
 
-def attack_choices(attacks: "str | Mapping | Iterable[str | Mapping]") -> list[AttackChoice]:
+def attack_choices(attacks: str | Mapping | Iterable[str | Mapping]) -> list[AttackChoice]:
     """Attacks from names or sweep-spec entries (``{name, preset, options, threat, label}``), checked now.
 
     An unknown name, preset or option raises the registry's :class:`ConfigError` listing the known ones.
@@ -117,7 +118,7 @@ class Auditor:
     :func:`leakbench.captured.from_update`; ``seed`` seeds every attack.
     """
 
-    def __init__(self, attacks: "str | Mapping | Iterable[str | Mapping]", *, seed: int = 0, device: str = "cpu",
+    def __init__(self, attacks: str | Mapping | Iterable[str | Mapping], *, seed: int = 0, device: str = "cpu",
                  loss: str = "ce", normalize: tuple | None = None, input_shape: Sequence[int] | None = None,
                  train: bool = False, save_images: bool = True) -> None:
         self.choices = attack_choices(attacks)

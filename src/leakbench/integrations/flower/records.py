@@ -6,7 +6,8 @@ in ``flwr.serverapp.strategy``); these helpers read them and turn arrays into to
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord

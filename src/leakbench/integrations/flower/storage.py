@@ -19,7 +19,8 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -60,7 +61,7 @@ def _plain(value: Any) -> Any:
 class AuditLog:
     """Writes one federated run into a store: ``AuditLog("audit.db", run="fedavg")``."""
 
-    def __init__(self, db: "str | Path | Store", *, run: str, model: str = "model", dataset: str = "federated",
+    def __init__(self, db: str | Path | Store, *, run: str, model: str = "model", dataset: str = "federated",
                  description: Mapping[str, Any] | None = None) -> None:
         self.store = db if isinstance(db, Store) else Store(db)
         self.run, self.model, self.dataset = str(run), str(model), str(dataset)
@@ -126,7 +127,7 @@ class AuditLog:
         return [r for r in self.store.rows(kind=kind) if (r.get("spec") or {}).get("run") == self.run]
 
 
-def load_update(path: "str | Path") -> dict[str, torch.Tensor]:
+def load_update(path: str | Path) -> dict[str, torch.Tensor]:
     """An update saved by :meth:`AuditLog.save_update` as tensors by parameter name."""
     with np.load(path) as data:
         return {k: torch.from_numpy(data[k].copy()) for k in data.files}
