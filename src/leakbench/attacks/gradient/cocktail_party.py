@@ -14,10 +14,8 @@ CPA solves it by ICA (Sec. 4):
    ``domain="pixels"`` (preset ``paper``) unmixes the rows themselves as the paper does.
    The ``paper`` preset also turns on the paper's TV term (its objective is −J + λ_TV·TV + λ_MI·R_MI,
    and its ablation ranks TV the second most important term: LPIPS 0.081 → 0.368 without it);
-   λ_TV = 10 on our TV (mean absolute neighbour difference of unit-variance sources), measured on
-   held-out CIFAR-10 batches through ``mlp:1000`` (B = 4 / 8 / 16: 12.3 / 10.1 / 11.3 dB without
-   TV — below a grey image — and 29.3 / 26.6 / 20.0 dB with it; λ_TV = 3: 14.8 / 24.8 / 12.5,
-   30: 29.2 / 26.4 / 20.1, 100: 40.2 / 22.8 / 15.3; docs/reproductions.md);
+   λ_TV = 10 on our TV (mean absolute neighbour difference of unit-variance sources), chosen on
+   held-out CIFAR-10 batches (the sweep and the no-TV control are in docs/reproductions.md);
 2. learn an unmixing matrix U (rows unit-normalised) with Adam on
    −J(UẐ) + λ_MI·R_MI(U) + λ_TV·TV(UẐ) [images] or + λ_NV·R_NV(UẐ) [embeddings], where
    J(s) = (E[G(s)] − E[G(ν)])² is the negentropy approximation with G = log cosh (ν ~ N(0, 1)),

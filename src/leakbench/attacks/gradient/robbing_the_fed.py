@@ -28,9 +28,7 @@ confident iff (1) D_k = g(x̂_k, y)/B for some label y, (2) x̂_k lies in the da
 (3) ⟨q, x̂_k⟩ lies in (c_k, c_{k+1}], each up to the round-off of the observation's dtype:
 tolerance κ·eps·(√d·|D_k| + |∇b_k| + |∇b_{k+1}|) (the cancellation in D_k and the
 prediction's sums over the d pixels; κ = ``consistency``, by default 8 in float32 and 1e4 in
-float64).  Measured on held-out digits and photos (mlp:32, B = K = 8 and 64): in float32 99 % of
-lone bins lie below 2.5 units and 0.2–0.5 % above 8, the smallest of 3 800 blends at 9.5; in
-float64 lone bins stay below ~200 units, blends above 1e11.
+float64; the measured spread of lone bins and blends that sets κ is in docs/feature-attacks.md).
 A lone sample passes all three (exact identities).  A bin of ≥ 2 samples passes (1) only
 if Σ g_i happens to equal the gradient of their blend for some label — one scalar equation
 the data would have to satisfy, almost never within tolerance: in float64 lone bins
