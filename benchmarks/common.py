@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from rich.console import Console
@@ -15,14 +15,15 @@ CIFAR_NPZ = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ci
 console = Console()
 
 
-def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]], note: str = "") -> None:
-    """Print one benchmark table (floats with 4 significant digits)."""
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]], note: str = "", *,
+          out: Console | None = None) -> None:
+    """Print one benchmark table (floats with 4 significant digits) on ``out`` (default: the shared console)."""
     t = Table(title=title, caption=note or None, caption_justify="left")
     for c in columns:
         t.add_column(c)
     for r in rows:
         t.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r])
-    console.print(t)
+    (out or console).print(t)
 
 
 def benchmark_images(count: int, *, seed: int = 0) -> tuple[lb.ImageDataset, str]:

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import torch
 from rich.console import Console
-from rich.table import Table
+
 
 import leakbench as lb
 
 from .. import common as base
+from ..common import table as shared_table
 
 #: first index of the held-out CIFAR-10 images in ../shared/data (the rows no benchmark tunes on)
 HELD_OUT = 500
@@ -31,12 +32,7 @@ console = Console(width=200)
 
 def table(title: str, columns, rows, note: str = "") -> None:
     """Print one table (floats with 4 significant digits) on a wide console, so columns are not cut."""
-    t = Table(title=title, caption=note or None, caption_justify="left")
-    for c in columns:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r])
-    console.print(t)
+    shared_table(title, columns, rows, note, out=console)
 
 
 @dataclass(frozen=True)

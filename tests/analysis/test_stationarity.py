@@ -13,16 +13,6 @@ from leakbench.models.targets import TargetConfig, _make_model, margins, train_t
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def sphere():
-    return lb.load("sphere", n=12, d=20, rule="random", seed=1)
-
-
-@pytest.fixture(scope="module")
-def twolayer(sphere):
-    return train_target(sphere, model="twolayer:200", loss="exponential", lr=0.5, steps=3000, loss_tol=0,
-                        center=False, init="small")
-
 
 def test_residual_is_zero_at_a_constructed_kkt_point(sphere):
     # linear model f(x) = w·x + b with w = Σ λ_i y_i x_i, b = Σ λ_i y_i: exactly stationary

@@ -13,16 +13,6 @@ from leakbench.models.targets import (TrainedTarget,
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def sphere():
-    return lb.load("sphere", n=12, d=20, rule="random", seed=1)
-
-
-@pytest.fixture(scope="module")
-def twolayer(sphere):
-    return train_target(sphere, model="twolayer:200", loss="exponential", lr=0.5, steps=3000, loss_tol=0,
-                        center=False, init="small")
-
 
 def test_training_is_reproducible_and_fits(sphere):
     a = train_target(sphere, model="mlp:30-30", lr=0.5, steps=300, seed=3)

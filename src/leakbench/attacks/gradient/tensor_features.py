@@ -14,22 +14,11 @@ for the tensor when k₃ = 4, as for ReLU).  The coefficients are computed numer
 the block's own activation.
 
 The maths (moments, Hermite orders, the decomposition, the sign) is in
-:mod:`leakbench.attacks.tensor_moments`; the block and feature inversion in
-:mod:`leakbench.attacks.feature_blocks`.  Steps: (1) the span V of the z_i = top-B eigenvectors of P̂ (of Σ_s P̂_s² when the block has
-several outputs; each output row, or rather each left singular vector of the K×m gradient,
-is one scalar observation); App. B.1 runs the power method on P̂, whose fixed point this
-direct eigendecomposition computes.  (2) The projected moments P̂(V, V) and the slices
-T̂(V, V, V)(·, ·, e_r) all have the form U diag(·) Uᵀ with U = [Vᵀz_1, …, Vᵀz_B]; U is found
-by Jennrich's simultaneous diagonalisation of two random combinations of the slices
-(the best of several seeded draws by least-squares fit), then refined by L-BFGS on the fit
-of every slice — a robust rank-B decomposition in place of Kuleshov et al.'s Algorithm 1.
-(3) ẑ_i = V u_i / ‖V u_i‖: unit norm.  The sign (App. F: the method "may have a sign opposite
-to the actual features") is identified, where possible, from the first-order moment (1/m) Σ_j g(w_j) w_j
-≈ μ₁ Σ_i r_i z_i (Stein at order 1; μ₁ = E[σ'] ≠ 0 for ReLU): its coordinates β_i on the u_i carry
-r_i s_i, the matrix slices' diagonals carry r_i, so sign(Σ_s β_{s,i} D_{s,i}·μ₁μ₂) = s_i — an
-addition of ours (``sign_from_moment``; needs k₂ = 2).  Otherwise (tanh, sigmoid) the sign is fixed
-so that Σ ẑ_i > 0, the true sign for non-negative features such as ReLU outputs.  The error grows
-as B·sqrt(d/m) (Theorem 3.1).
+:mod:`leakbench.attacks.tensor_moments`, whose docstring gives the steps: (1) the span of the features
+from the top-B eigenvectors of P̂, (2) Jennrich's simultaneous diagonalisation of the projected slices
+refined by L-BFGS, (3) unit-norm features with their sign from the first-order moment where k₂ = 2.
+The block and feature inversion are in :mod:`leakbench.attacks.feature_blocks`.  The error grows as
+B·sqrt(d/m) (Theorem 3.1).
 
 Blocks: a :class:`~leakbench.models.TwoLayer` model without hidden bias and with Gaussian
 first-layer weights (``init="gaussian"``) — the features are the inputs, and the attack
