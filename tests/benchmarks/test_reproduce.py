@@ -65,10 +65,10 @@ def test_pan_row_attack_recovers_at_least_the_samples_proposition_2_predicts(pan
     assert pan_row["noise_recovered"] == 0  # a noise gradient yields no exact sample
 
 
-@pytest.mark.xfail(strict=True, reason="exclusivity flags a two-sample mixture as unique (reported to the lead)")
 def test_pan_row_every_sample_the_attack_calls_unique_is_exact(pan_row):
-    # bundled photos, mlp:500, B = 4: Proposition 2 predicts 3 (the 4th sample has one ExAN), the attack
-    # calls 4 unique, but its 4th reconstruction is a mixture of two similar images (29.3 dB)
+    # bundled photos, mlp:500, B = 4: Proposition 2 predicts 3 (the 4th sample has one ExAN); a group of neurons
+    # shared by two same-label samples used to pass as a 4th sample, a mixture of the two flagged unique at
+    # 29.3 dB — the attack's verification (exan_inversion._explains) now withdraws that flag
     assert pan_row["unique"] == pan_row["recovered"]
 
 

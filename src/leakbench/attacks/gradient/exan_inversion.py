@@ -60,9 +60,13 @@ class ExclusivityOptions:
     active_tol: float = 1e-7
     #: singular values below rcond·σ_max count as zero in the joint systems.
     rcond: float = 1e-9
+    #: a sample keeps its "unique" flag only if, forwarded from its reconstruction, it predicts the output-layer
+    #: gradient columns of its ExANs to this relative error (exact samples: round-off, ≤ 1e-5 in float32; a
+    #: two-sample mixture: ~0.5).
+    verify_tol: float = 1e-3
 
     def check(self) -> None:
-        for name in ("parallel_tol", "agree_tol", "active_tol", "rcond"):
+        for name in ("parallel_tol", "agree_tol", "active_tol", "rcond", "verify_tol"):
             value = getattr(self, name)
             if not 0 < value < 1:
                 raise ConfigError(f"expected 0 < {name} < 1, got {value} (option {name})")
@@ -197,7 +201,8 @@ class Exclusivity(Attack):
                 continue
             h = _rows_solution(rows[agree], scales[agree])
             direction = gW[H][:, members_kept[agree[0]]]
-            samples.append({"h": h, "label": int(direction.argmin()), "known": True, "exans_top": len(agree)})
+            samples.append({"h": h, "label": int(direction.argmin()), "known": True, "exans_top": len(agree),
+                            "members": [members_kept[a] for a in agree]})
         samples = samples[:M]
         identified = len(samples)
         for i, s in enumerate(samples):
@@ -253,6 +258,10 @@ class Exclusivity(Attack):
             for s in known:
                 s["delta"], s["h"] = s["delta_k"], s["next"]
             unique_layers.append(sum(s["known"] for s in samples))
+        # -- verification: a flagged sample must explain its own ExANs' output-layer columns -------------
+        for s in samples:
+            if s["known"] and not self._explains(s, W, bias, gW[H], H, M, o.verify_tol):
+                s["known"] = False
         # -- output ---------------------------------------------------------------------------------
         lo, hi = obs.data_range
         images = torch.full((M, *obs.input_shape), (lo + hi) / 2, dtype=torch.float64, device=obs.device)
@@ -280,6 +289,23 @@ class Exclusivity(Attack):
         close = dist <= tol
         best = int(close.sum(1).argmax())
         return close[best].nonzero().flatten().tolist()
+
+    @staticmethod
+    def _explains(s: dict, W, bias, g_out: torch.Tensor, H: int, M: int, tol: float) -> bool:
+        """Whether the reconstruction, forwarded through the model, predicts the output-layer gradient columns
+        g(x̂)·h_j(x̂)/M of the neurons it was read from (its ExANs).  Step 1 takes a group of parallel columns
+        for one sample; a group of neurons shared by two samples with nearly parallel loss vectors (same label,
+        similar images, an untrained net) passes that test and its rows agree on a *mixture* of the two — which
+        predicts those columns only up to the difference of the two loss vectors, far above round-off."""
+        h = s["h"]
+        for k in range(H):
+            h = torch.relu(W[k] @ h + bias[k])
+        g = torch.softmax(W[H] @ h + bias[H], 0)
+        g[s["label"]] -= 1
+        cols = s["members"]
+        predicted = torch.outer(g, h[cols]) / M
+        observed = g_out[:, cols]
+        return float((predicted - observed).norm()) <= tol * float(observed.norm().clamp_min(1e-300))
 
     @staticmethod
     def _top_delta(h: torch.Tensor, label: int, W, bias, H: int, M: int) -> torch.Tensor:
