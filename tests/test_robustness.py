@@ -583,9 +583,10 @@ def test_ctrl_c_of_the_demo_prints_the_kept_trials_and_how_to_resume(tmp_path):
 
 
 def _long_spec(tmp_path: Path) -> Path:
-    """A sweep of 8 trials of about 0.5 s each, so a SIGINT lands mid-sweep."""
+    """A sweep of 8 trials of about 1.5 s each, so a SIGINT lands mid-sweep even when the polling lags behind
+    (at 0.5 s a trial, a loaded machine let the sweep finish before the signal arrived)."""
     return _spec(tmp_path, "long", {**GOOD, "images": 8,
-                                    "attacks": [{"name": "inverting-gradients", "options": {"iterations": 40}}]})
+                                    "attacks": [{"name": "inverting-gradients", "options": {"iterations": 120}}]})
 
 
 def _interrupt_after_two_trials(args: list[str], db: Path, cwd: Path) -> str:

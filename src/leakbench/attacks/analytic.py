@@ -6,6 +6,8 @@ from gradients in neural networks for image classification", Sec. 3; Aono et al.
 * :func:`output_layer` — the input h and the loss gradient δ of the output (logit) layer of one
   sample: with a bias gradient δ = ∇b, h = ∇W[k]/∇b[k] (eq. 4); without, ∇W = s·u vᵀ, h = t·v,
   δ = s·u/t with t the root of t·∂ℓ/∂z(t·Wv + b) = s·u (eq. 5 at the output);
+* :func:`observed_output_layer` — :func:`output_layer` on the observation's top block;
+* :func:`linear_input` — a fully connected layer's input from its weight gradient and δ (Lemma 3.1);
 * :func:`analytic_reasons`, :func:`chain_or_reason` — the requirements every analytic attack shares.
 
 Used by ``fc-inversion``, ``rgap``, ``hybrid`` and ``exclusivity``.
@@ -23,7 +25,8 @@ from ..losses import get_loss
 from ..models.matrices import Chain, layer_chain
 from ..threat import Observation
 
-__all__ = ["OutputSolve", "output_layer", "act_derivative", "act_inverse", "analytic_reasons", "chain_or_reason"]
+__all__ = ["OutputSolve", "output_layer", "observed_output_layer", "linear_input", "act_derivative", "act_inverse",
+           "analytic_reasons", "chain_or_reason"]
 
 
 def act_derivative(act: str, h: torch.Tensor, slope: float = 0.0) -> torch.Tensor:
@@ -105,6 +108,26 @@ def output_layer(weight: torch.Tensor, bias: torch.Tensor | None, grad_w: torch.
                               options={"xatol": 1e-14 * max(abs(lo), abs(hi))})
     t = float(refined.x) if refined.fun <= float(values[best]) else float(grid[best])
     return OutputSolve(t * v, s * u / t, "scalar solve (eq. 5 at the output)", scalar(t) / float(s))
+
+
+def observed_output_layer(obs: Observation, chain: Chain, grads, index, labels: torch.Tensor) -> OutputSolve:
+    """:func:`output_layer` on the top block of ``chain`` with the observation's gradients (float64)."""
+    from .observed import layer_gradients
+
+    top = chain.blocks[-1]
+    gw, gb = layer_gradients(obs, top.layer, grads, index)
+    weight = top.layer.weight.detach().double()
+    bias = top.layer.bias.detach().double() if top.layer.bias is not None else None
+    return output_layer(weight, bias, gw, gb, labels[:1], obs.loss)
+
+
+def linear_input(grad_w: torch.Tensor, delta: torch.Tensor, name: str) -> torch.Tensor:
+    """A linear layer's input x = ∇W[k]/δ[k] at the largest |δ[k]| (Lemma 3.1, eqs. 4–5)."""
+    k = int(delta.abs().argmax())
+    if float(delta[k]) == 0.0:
+        raise UnsupportedThreatModel(f"the upstream gradient of {name!r} vanishes; its input is not determined by "
+                                     "the gradient")
+    return grad_w[k] / delta[k]
 
 
 def analytic_reasons(obs: Observation, *, attack: str, batch_one: bool = True,

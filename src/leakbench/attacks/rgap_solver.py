@@ -52,10 +52,11 @@ from scipy.linalg import lapack
 from scipy.sparse.linalg import norm as sparse_norm
 from torch import nn
 
-from ..errors import ConfigError, UnsupportedThreatModel
+from ..errors import ConfigError
 from ..models.matrices import Chain, ChainBlock, bias_vector, conv_system, layer_chain
 from ..threat import Observation
-from .analytic import act_derivative, act_inverse, analytic_reasons, chain_or_reason, output_layer
+from .analytic import (act_derivative, act_inverse, analytic_reasons, chain_or_reason, linear_input,
+                       observed_output_layer)
 from .observed import layer_gradients, param_index
 
 __all__ = ["RGAPOptions", "LayerSystem", "LeastSquares", "solve", "least_squares", "INVERTIBLE", "SOLVERS"]
@@ -273,10 +274,7 @@ def solve(obs: Observation, options: RGAPOptions, *, labels: torch.Tensor,
     grads = obs.gradients
     blocks = chain.blocks
     top = blocks[-1]
-    gw, gb = layer_gradients(obs, top.layer, grads, index)
-    w_top = top.layer.weight.detach().double()
-    b_top = top.layer.bias.detach().double() if top.layer.bias is not None else None
-    out = output_layer(w_top, b_top, gw, gb, labels[:1], obs.loss)
+    out = observed_output_layer(obs, chain, grads, index, labels)
     h, delta = out.inputs, out.delta
     layers = [{"block": top.name, "kind": "linear", "method": out.method, "residual": out.residual}]
     for i in range(len(blocks) - 2, -1, -1):
@@ -287,11 +285,7 @@ def solve(obs: Observation, options: RGAPOptions, *, labels: torch.Tensor,
         gw_i, gb_i = layer_gradients(obs, block.layer, grads, index)
         if block.kind == "linear":
             delta = gb_i if gb_i is not None else act_derivative(block.act, h, block.slope) * upstream
-            k = int(delta.abs().argmax())
-            if float(delta[k]) == 0.0:
-                raise UnsupportedThreatModel(f"the upstream gradient of {block.name!r} vanishes; "
-                                             "its input is not determined by the gradient")
-            h = gw_i[k] / delta[k]
+            h = linear_input(gw_i, delta, block.name)
             layers.append({"block": block.name, "kind": "linear", "method": "Lemma 3.1",
                            "seconds": time.perf_counter() - start})
             continue

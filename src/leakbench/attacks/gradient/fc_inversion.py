@@ -29,10 +29,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ...errors import ConfigError, UnsupportedThreatModel
+from ...errors import ConfigError
 from ...models.matrices import Chain, layer_chain
 from ...threat import Observation
-from ..analytic import act_derivative, act_inverse, analytic_reasons, chain_or_reason, output_layer
+from ..analytic import (act_derivative, act_inverse, analytic_reasons, chain_or_reason, linear_input,
+                        observed_output_layer, output_layer)
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
 from ..observed import layer_gradients, param_index
@@ -125,20 +126,12 @@ class FCInversion(Attack):
     def _no_bias(obs: Observation, chain: Chain, grads, index, labels) -> torch.Tensor:
         """Eq. (5): invert the layers from the output down, δ by back-propagation (eq. 3)."""
         blocks = chain.blocks
-        top = blocks[-1]
-        gw, gb = layer_gradients(obs, top.layer, grads, index)
-        weight = top.layer.weight.detach().double()
-        bias = top.layer.bias.detach().double() if top.layer.bias is not None else None
-        solved = output_layer(weight, bias, gw, gb, labels[:1], obs.loss)
+        solved = observed_output_layer(obs, chain, grads, index, labels)
         h, delta = solved.inputs, solved.delta
         for i in range(len(blocks) - 2, -1, -1):
             block, above = blocks[i], blocks[i + 1]
             gw_i, gb_i = layer_gradients(obs, block.layer, grads, index)
             upstream = above.layer.weight.detach().double().T @ delta
             delta = gb_i if gb_i is not None else act_derivative(block.act, h, block.slope) * upstream
-            k = int(delta.abs().argmax())
-            if float(delta[k]) == 0.0:
-                raise UnsupportedThreatModel(f"the upstream gradient of layer {block.name!r} vanishes; "
-                                             "its input cannot be read from the gradient")
-            h = gw_i[k] / delta[k]
+            h = linear_input(gw_i, delta, block.name)
         return h

@@ -1,20 +1,9 @@
 """The tensor method of Wang, Lee & Lei (2023) as used by Liu et al. (2024, Sec. 3, App. B.1, B.4).
 
-For a two-layer block f(z) = Σ_j a_j σ(w_jᵀz) with w_j ~ N(0, I), the gradient with
-respect to a_j is g(w_j) = Σ_i r_i σ(w_jᵀz_i) (App. B.4).  By Stein's lemma (eq. 5),
-E[g(w) H_p(w)] = Σ_i r_i E[σ^(p)(wᵀz_i)] z_i^{⊗p} for unit-norm z_i, so the empirical moments
-
-    P̂ = (1/m) Σ_j g(w_j) H_2(w_j)     (eq. 6),      T̂ = (1/m) Σ_j g(w_j) H_3(w_j)     (eq. 8)
-
-approximate Σ_i ν r_i z_i z_iᵀ and Σ_i λ r_i z_i^{⊗3} (eqs. 7, 9), with H_2(w) = wwᵀ − I and
-H_3(w) = w^{⊗3} − w ⊗̃ I.  Orders follow App. B.1: k₂ = the first order ≥ 2 whose Hermite
-coefficient E[σ^(k)] is non-zero, k₃ the first ≥ 3; a higher order is contracted with an
-extra unit vector (H_3(w)(I, I, a) for the matrix when k₂ = 3, as for tanh; H_4(w)(I, I, I, a)
-for the tensor when k₃ = 4, as for ReLU).  The coefficients are computed numerically from
-the block's own activation.
-
-The maths (moments, Hermite orders, the decomposition, the sign) is in
-:mod:`leakbench.attacks.tensor_moments`, whose docstring gives the steps: (1) the span of the features
+For a two-layer block f(z) = Σ_j a_j σ(w_jᵀz) with w_j ~ N(0, I), the gradients g(w_j) with respect to
+the a_j give, by Stein's lemma (eq. 5), empirical moments P̂ (eq. 6) and T̂ (eq. 8) whose low-rank
+factors are the block's unit-norm inputs z_i (eqs. 7, 9).  The maths (moments, Hermite orders, the
+decomposition, the sign) is in :mod:`leakbench.attacks.tensor_moments`, whose docstring gives the steps: (1) the span of the features
 from the top-B eigenvectors of P̂, (2) Jennrich's simultaneous diagonalisation of the projected slices
 refined by L-BFGS, (3) unit-norm features with their sign from the first-order moment where k₂ = 2.
 The block and feature inversion are in :mod:`leakbench.attacks.feature_blocks`.  The error grows as
