@@ -57,4 +57,9 @@ def seconds(fn, *, repeat: int = 1) -> float:
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(lb.metrics.psnr(a.clamp(0, 1), b).mean())
+    """Mean PSNR of reconstructions ``a`` against originals ``b`` after the best one-to-one matching (a batch
+    gradient carries its samples as a set: same-label samples come back in any order)."""
+    a = a.detach().cpu().clamp(0, 1)
+    if len(a) > 1:
+        a = a[lb.metrics.match(a, b)]
+    return float(lb.metrics.psnr(a, b).mean())

@@ -156,3 +156,37 @@ def test_auto_factorises_only_wide_layers_and_batched_restarts_stay_dense():
     dense = _match(obs, y, factorise="off", restarts=2, batched_restarts=True)[1]
     fact = _match(obs, y, factorise="on", restarts=2, batched_restarts=True)[1]
     torch.testing.assert_close(fact.images, dense.images, rtol=0, atol=0)
+
+
+def test_tv_growth_weighs_tv_by_a_power_of_the_batch():
+    """``tv_growth = g`` runs exactly the objective with α_TV · B^g (same seed, same images); 0 leaves α_TV
+    (the `fast` preset grows it as B^(2/3); 0 here turns that off)."""
+    ds = lb.load("photos", size=16)
+    x, y = ds.batch(4, seed=0)
+    obs = lb.observe(lb.build("convnet-8", input_shape=ds.shape, classes=ds.num_classes, seed=0).eval(), x, y,
+                     labels_known=True)
+    grown = lb.attack("inverting-gradients", obs, preset="fast", iterations=15, tv=1e-6, tv_growth=1.5)
+    fixed = lb.attack("inverting-gradients", obs, preset="fast", iterations=15, tv=8e-6, tv_growth=0.0)
+    assert grown.trace["tv"] == pytest.approx(8e-6) and fixed.trace["tv"] == pytest.approx(8e-6)
+    assert torch.equal(grown.images, fixed.images)
+    plain = lb.attack("inverting-gradients", obs, preset="fast", iterations=15, tv=1e-6, tv_growth=0.0)
+    assert plain.trace["tv"] == pytest.approx(1e-6) and not torch.equal(plain.images, grown.images)
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("nan")])
+def test_tv_growth_refuses_a_negative_or_nan_power(bad):
+    ds = lb.load("photos", size=16)
+    x, y = ds.batch(1, seed=0)
+    obs = lb.observe(lb.build("convnet-8", input_shape=ds.shape, classes=ds.num_classes, seed=0).eval(), x, y)
+    with pytest.raises(lb.ConfigError, match="tv_growth"):
+        lb.attack("inverting-gradients", obs, iterations=2, tv_growth=bad)
+
+
+def test_fast_preset_keeps_its_tuned_tv_at_batch_one_and_grows_it_with_the_batch():
+    ds = lb.load("photos", size=16)
+    model = lb.build("convnet-8", input_shape=ds.shape, classes=ds.num_classes, seed=0).eval()
+    for batch, tv in ((1, 1e-4), (8, 4e-4)):
+        x, y = ds.batch(batch, seed=0)
+        rec = lb.attack("inverting-gradients", lb.observe(model, x, y, labels_known=True), preset="fast",
+                        iterations=1)
+        assert rec.trace["tv"] == pytest.approx(tv)

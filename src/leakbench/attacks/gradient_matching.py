@@ -25,6 +25,7 @@ not the batched (vmap) restarts or several local steps, which stay dense.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -58,6 +59,8 @@ class MatchingSettings:
     distance: str = "cosine"
     weights: str = "equal"
     tv: float = 0.0
+    #: α_TV grows with the batch: the objective weighs TV by ``tv · B^tv_growth`` (0: the same at every B)
+    tv_growth: float = 0.0
     bn: float = 0.0
     optimizer: str = "adam"
     lr: float = 0.1
@@ -79,6 +82,8 @@ class MatchingSettings:
         expect(self.restarts >= 1, f"expected restarts ≥ 1, got {self.restarts}")
         expect(self.lr > 0, f"expected lr > 0, got {self.lr}")
         expect(self.tv >= 0 and self.bn >= 0, f"expected tv, bn ≥ 0, got tv={self.tv}, bn={self.bn}")
+        expect(math.isfinite(self.tv_growth) and self.tv_growth >= 0,
+               f"expected tv_growth ≥ 0, got {self.tv_growth} (option tv_growth)")
         expect(self.init_std > 0, f"expected init_std > 0, got {self.init_std} (option init_std)")
         expect(self.trace_every >= 1, f"expected trace_every ≥ 1, got {self.trace_every}")
         for name, value, allowed in (("distance", self.distance, DISTANCES), ("optimizer", self.optimizer, OPTIMIZERS),
@@ -129,6 +134,9 @@ class GradientMatcher:
 
     def __init__(self, obs: Observation, settings: MatchingSettings) -> None:
         settings.check()
+        if settings.tv_growth:  # the batch's α_TV, fixed for the run (the trace reports it as ``tv``)
+            settings = dataclasses.replace(settings, tv=settings.tv * obs.batch_size ** settings.tv_growth,
+                                           tv_growth=0.0)
         self.obs, self.s = obs, settings
         self.model = copy.deepcopy(obs.model)
         self.model.train(obs.train_mode)
@@ -435,7 +443,7 @@ class GradientMatcher:
                 best = (final, x.detach().clone(), final_labels.detach().clone())
         chosen = finals.index(best[0]) if best[0] in finals else 0
         trace = {"loss": history[chosen],
-                 "restart_losses": finals, "iterations": s.iterations, "restarts": s.restarts,
+                 "restart_losses": finals, "iterations": s.iterations, "restarts": s.restarts, "tv": s.tv,
                  "trace_every": s.trace_every, "final_match": best[0]}
         return MatchResult(images=best[1], labels=best[2], trace=trace)
 
@@ -467,7 +475,7 @@ class GradientMatcher:
         finals = matches.detach().tolist()
         best_r = int(torch.tensor(finals).argmin())
         trace = {"loss": [c[best_r] for c in curve], "restart_losses": finals, "iterations": s.iterations,
-                 "restarts": s.restarts, "trace_every": s.trace_every, "final_match": finals[best_r],
+                 "restarts": s.restarts, "tv": s.tv, "trace_every": s.trace_every, "final_match": finals[best_r],
                  "batched": True}
         return MatchResult(images=xs[best_r].detach().clone(), labels=labels, trace=trace)
 

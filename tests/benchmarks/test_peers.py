@@ -1,0 +1,39 @@
+"""The peer benchmark's pieces that run without a breaching environment: the held-out batches, the matched
+PSNR both sides are scored by, and the skip with its reason."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import leakbench as lb
+from benchmarks.bench_peers import ENV, HELD_OUT, PER_CLASS, breaching_python, held_out, run
+from benchmarks.common import psnr
+
+
+def test_held_out_batches_are_held_out_and_mix_classes():
+    for batch in (1, 4, 5, 8):
+        indices = held_out(batch)
+        assert len(set(indices)) == batch and min(indices) >= HELD_OUT
+        classes = [i // PER_CLASS for i in indices]
+        assert len(set(classes)) == min(batch, 5)  # one image per class before any class repeats
+
+
+def test_batch_psnr_does_not_depend_on_the_order_of_the_slots():
+    x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    noisy = (x + 0.05 * torch.randn(x.shape, generator=torch.Generator().manual_seed(1))).clamp(0, 1)
+    shuffled = noisy[torch.tensor([2, 0, 3, 1])]
+    assert abs(psnr(shuffled, x) - psnr(noisy, x)) < 1e-9
+    # and it is the per-sample PSNR, averaged
+    assert abs(psnr(noisy, x) - float(lb.metrics.psnr(noisy, x).mean())) < 1e-9
+    assert psnr(shuffled, x) > psnr(torch.full_like(x, 0.5), x) + 10  # far above the grey chance level
+
+
+def test_skips_with_the_reason(monkeypatch, capsys):
+    monkeypatch.delenv(ENV, raising=False)
+    assert breaching_python() == (None, f"{ENV} is not set (the Python of a venv where `import breaching` works)")
+    monkeypatch.setenv(ENV, sys.executable)  # this Python has no breaching
+    python, why = breaching_python()
+    assert python is None and "cannot import breaching" in why
+    run(quick=True)
+    assert "peers: skipped" in capsys.readouterr().out
