@@ -51,6 +51,36 @@ def test_chunk_sizer_fills_its_seconds():
     assert ChunkSizer(0.5, most=4).size() == 1
 
 
+def test_chunk_sizer_times_each_shape_of_trial_apart():
+    """Fast trials of one attack do not size the chunks of a slow one (a chunk of 16 slow trials on one
+    worker while the other idles): an untimed shape goes one at a time, each shape by its own mean."""
+    trials = plan(load_spec({**SHORT, "attacks": [{"name": "inverting-gradients", "options": {"iterations": 5}},
+                                                  {"name": "inverting-gradients", "options": {"iterations": 900},
+                                                   "label": "ig-slow"}]}))
+    quick = [t for t in trials if t.options.get("iterations") == 5]
+    slow = [t for t in trials if t.options.get("iterations") == 900]
+    sizer = ChunkSizer(0.5, most=16)
+    assert sizer.shape(quick[0]) == sizer.shape(quick[1]) != sizer.shape(slow[0])
+    sizer.sent(quick[:4])
+    for trial in quick[:4]:
+        sizer.observe(TrialResult(key=trial.key, status="done", timings={"total": 0.01}))
+    assert sizer.size(quick[5]) == 16 and sizer.size(slow[0]) == 1
+    sizer.sent(slow[:2])
+    for trial in slow[:2]:
+        sizer.observe(TrialResult(key=trial.key, status="done", timings={"total": 0.2}))
+    assert sizer.size(slow[3]) == 2 and sizer.size(quick[5]) == 16
+
+
+def test_pool_keeps_both_workers_busy_when_slow_trials_follow_fast_ones(pool, tmp_path):
+    """After a sweep of fast trials the pool's sizer knows them; slow trials of another attack still go one
+    at a time to the free worker, so both workers share them (each runs at least one)."""
+    Sweep(SHORT, tmp_path / "fast.db", runner=pool).run()
+    sweep = Sweep(LONG, tmp_path / "slow.db", runner=pool)
+    summary = sweep.run()
+    assert summary.counts == {"done": 4}
+    assert len({r["worker"] for r in sweep.store.rows()}) == 2
+
+
 def test_bad_worker_counts_are_refused():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ConfigError, match="workers"):

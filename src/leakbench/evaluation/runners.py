@@ -8,7 +8,8 @@
 
 ``runner.run(trials)`` pulls trials from an iterable only when it has room, so the sweep claims a trial in
 the store just before it is submitted, and yields :class:`~.trial.TrialResult` objects in completion order.
-Short trials travel in chunks (as many as fill ``chunk_seconds``, from the mean time of the trials so far);
+Short trials travel in chunks of one shape (as many as fill ``chunk_seconds``, from the mean time of the
+trials of that shape so far: :class:`ChunkSizer`);
 a pool worker still sends each result back the moment it finishes, a Ray actor returns a chunk at once —
 either way the sweep commits one trial per transaction.  Every trial runs :func:`~.trial.run_trial`, which
 fixes its seeds and thread count, so all executors give the same results.
@@ -72,20 +73,42 @@ class InProcessRunner(Runner):
 
 
 class ChunkSizer:
-    """How many trials to send at once: enough to fill ``seconds`` at the mean time of the last trials."""
+    """How many trials of one shape to send at once: enough to fill ``seconds`` at the mean time of the last
+    trials of that shape.  A trial's shape is what sets its length, seeds and images aside (kind, data,
+    model, defense, batch size, attack and its options): a sweep mixes 0.01 s analytic attacks with
+    minutes of gradient matching, and a chunk sized on the first would hand one worker a pile of the second
+    while the others idle.  A shape not timed yet goes one trial at a time."""
 
     def __init__(self, seconds: float, *, most: int = 16, window: int = 32) -> None:
-        self.seconds, self.most = float(seconds), int(most)
-        self.recent: collections.deque[float] = collections.deque(maxlen=window)
+        self.seconds, self.most, self.window = float(seconds), int(most), int(window)
+        self.recent: dict[tuple, collections.deque[float]] = {}
+        self._shapes: dict[str, tuple] = {}
+        self.last = 1
+
+    @staticmethod
+    def shape(trial: TrialSpec | None) -> tuple:
+        if trial is None:
+            return ()
+        return (trial.kind, trial.dataset_key or trial.dataset, trial.model_key or trial.model, trial.defense,
+                trial.batch_size, trial.attack_key or trial.attack, trial.preset,
+                repr(sorted(trial.options.items())) if isinstance(trial.options, dict) else repr(trial.options))
+
+    def sent(self, chunk: list[TrialSpec]) -> None:
+        """Remember the shapes of trials handed to a worker (their results are timed under that shape)."""
+        for trial in chunk:
+            self._shapes[trial.key] = self.shape(trial)
 
     def observe(self, result: TrialResult) -> None:
-        self.recent.append(max(result.seconds, 1e-4))
+        shape = self._shapes.pop(result.key, ())
+        self.recent.setdefault(shape, collections.deque(maxlen=self.window)).append(max(result.seconds, 1e-4))
 
-    def size(self) -> int:
-        if not self.recent or self.seconds <= 0:
-            return 1
-        mean = sum(self.recent) / len(self.recent)
-        return max(1, min(self.most, int(self.seconds / mean)))
+    def size(self, trial: TrialSpec | None = None) -> int:
+        recent = self.recent.get(self.shape(trial))
+        if not recent or self.seconds <= 0:
+            self.last = 1
+        else:
+            self.last = max(1, min(self.most, int(self.seconds / (sum(recent) / len(recent)))))
+        return self.last
 
 
 def _take(source: Iterator[TrialSpec], n: int) -> list[TrialSpec]:
@@ -188,21 +211,37 @@ class PoolRunner(Runner):
         self._requeued.clear()
         source = iter(trials)
         exhausted = False
+        ahead: TrialSpec | None = None  # pulled (claimed) but not sent: it waits for room or its own chunk
+
+        def pull() -> TrialSpec | None:
+            nonlocal exhausted
+            if self._requeued:
+                return self._requeued.popleft()
+            if exhausted:
+                return None
+            trial = next(source, None)
+            exhausted = trial is None
+            return trial
+
         try:
             while True:
-                while not exhausted or self._requeued:  # top up the least-loaded worker, a chunk at a time
-                    n = self.sizer.size()
+                while True:  # top up the least-loaded worker, a chunk of one shape at a time
                     worker = min(self._pool, key=lambda w: len(w.pending))
+                    ahead = ahead or pull()
+                    if ahead is None:
+                        break
+                    n = self.sizer.size(ahead)
                     if len(worker.pending) > n:
                         break
-                    chunk = [self._requeued.popleft() for _ in range(min(n, len(self._requeued)))]
-                    want = n - len(chunk)
-                    if want and not exhausted:
-                        more = _take(source, want)
-                        exhausted = len(more) < want
-                        chunk += more
-                    if not chunk:
-                        break
+                    chunk, shape, ahead = [ahead], self.sizer.shape(ahead), None
+                    while len(chunk) < n:
+                        trial = pull()
+                        if trial is None:
+                            break
+                        if self.sizer.shape(trial) != shape:
+                            ahead = trial
+                            break
+                        chunk.append(trial)
                     try:
                         worker.send(chunk)
                     except OSError:  # the worker died while idle: a fresh one takes the chunk
@@ -210,6 +249,7 @@ class PoolRunner(Runner):
                         worker.kill()
                         worker = self._pool[self._pool.index(worker)] = self._spawn()
                         worker.send(chunk)
+                    self.sizer.sent(chunk)
                     self.submitted += len(chunk)
                 busy = [w for w in self._pool if w.pending]
                 if not busy:
@@ -257,7 +297,7 @@ class PoolRunner(Runner):
         self._pool = []
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "workers": self.workers, "chunk": self.sizer.size()}
+        return {**super().state_dict(), "workers": self.workers, "chunk": self.sizer.last}
 
 
 def _ray_module():
@@ -384,17 +424,19 @@ class RayRunner(Runner):
                     actor = self._actor(ahead)
                     if actor[1] >= 2:
                         break
-                    chunk, key, size = [ahead], self.resources(ahead), self.sizer.size()
-                    ahead = None
+                    chunk, key, size = [ahead], self.resources(ahead), self.sizer.size(ahead)
+                    shape, ahead = self.sizer.shape(ahead), None
                     while len(chunk) < size:
                         trial = next(source, None)
                         if trial is None:
                             exhausted = True
                             break
-                        if self.resources(trial) != key:  # a chunk shares one actor's resources
+                        # a chunk shares one actor's resources and one shape (timed alike)
+                        if self.resources(trial) != key or self.sizer.shape(trial) != shape:
                             ahead = trial
                             break
                         chunk.append(trial)
+                    self.sizer.sent(chunk)
                     running[actor[0].run.remote(chunk)] = (actor, chunk)
                     actor[1] += 1
                     self.submitted += len(chunk)
@@ -443,7 +485,7 @@ class RayRunner(Runner):
             self._started = False
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "address": self.address, "chunk": self.sizer.size(),
+        return {**super().state_dict(), "address": self.address, "chunk": self.sizer.last,
                 "actors": sum(len(a) for a in self._actors.values())}
 
 
