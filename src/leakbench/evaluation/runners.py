@@ -24,7 +24,7 @@ import threading
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from ..errors import ConfigError
 from .trial import TrialResult, TrialSpec, run_trial
@@ -111,15 +111,17 @@ class ChunkSizer:
         return self.last
 
 
-def _take(source: Iterator[TrialSpec], n: int) -> list[TrialSpec]:
-    chunk: list[TrialSpec] = []
-    if n < 1:
-        return chunk
-    for trial in source:
+def _fill(first: TrialSpec, size: int, pull: Callable[[], TrialSpec | None],
+          group: Callable[[TrialSpec], object]) -> tuple[list[TrialSpec], TrialSpec | None]:
+    """A chunk: ``first`` and the trials ``pull`` gives after it while they share its ``group``, up to
+    ``size``; the first one of another group comes back (pulled, so claimed: it heads the next chunk)."""
+    chunk, want = [first], group(first)
+    while len(chunk) < size:
+        trial = pull()
+        if trial is None or group(trial) != want:
+            return chunk, trial
         chunk.append(trial)
-        if len(chunk) == n:
-            break
-    return chunk
+    return chunk, None
 
 
 def _failed(trial: TrialSpec, why: str) -> TrialResult:
@@ -233,15 +235,7 @@ class PoolRunner(Runner):
                     n = self.sizer.size(ahead)
                     if len(worker.pending) > n:
                         break
-                    chunk, shape, ahead = [ahead], self.sizer.shape(ahead), None
-                    while len(chunk) < n:
-                        trial = pull()
-                        if trial is None:
-                            break
-                        if self.sizer.shape(trial) != shape:
-                            ahead = trial
-                            break
-                        chunk.append(trial)
+                    chunk, ahead = _fill(ahead, n, pull, self.sizer.shape)
                     try:
                         worker.send(chunk)
                     except OSError:  # the worker died while idle: a fresh one takes the chunk
@@ -364,6 +358,9 @@ class RayRunner(Runner):
         """(CPUs, GPUs) an actor running ``trial`` asks for: the spec's ``threads``, one GPU for CUDA."""
         return max(1, int(trial.threads)), 1 if trial.device.startswith("cuda") else 0
 
+    def _group(self, trial: TrialSpec) -> tuple:
+        return self.resources(trial), self.sizer.shape(trial)
+
     def _limit(self, cpus: int, gpus: int) -> int:
         if (cpus, gpus) not in self._limits:
             total = self._ray.cluster_resources()
@@ -407,13 +404,18 @@ class RayRunner(Runner):
         source = iter(trials)
         ahead: TrialSpec | None = None
         exhausted = False
+
+        def pull() -> TrialSpec | None:
+            nonlocal exhausted
+            trial = None if exhausted else next(source, None)
+            exhausted = trial is None
+            return trial
         running: dict[Any, tuple[list, list[TrialSpec]]] = {}
         try:
             while True:
                 while not exhausted or ahead is not None:
-                    ahead = ahead or next(source, None)
+                    ahead = ahead or pull()
                     if ahead is None:
-                        exhausted = True
                         break
                     others = [k for k in self._actors if k != self.resources(ahead) and self._actors[k]]
                     if others and running:  # one shape of actors at a time: let the others finish first
@@ -424,18 +426,8 @@ class RayRunner(Runner):
                     actor = self._actor(ahead)
                     if actor[1] >= 2:
                         break
-                    chunk, key, size = [ahead], self.resources(ahead), self.sizer.size(ahead)
-                    shape, ahead = self.sizer.shape(ahead), None
-                    while len(chunk) < size:
-                        trial = next(source, None)
-                        if trial is None:
-                            exhausted = True
-                            break
-                        # a chunk shares one actor's resources and one shape (timed alike)
-                        if self.resources(trial) != key or self.sizer.shape(trial) != shape:
-                            ahead = trial
-                            break
-                        chunk.append(trial)
+                    # a chunk shares one actor's resources and one shape (timed alike)
+                    chunk, ahead = _fill(ahead, self.sizer.size(ahead), pull, self._group)
                     self.sizer.sent(chunk)
                     running[actor[0].run.remote(chunk)] = (actor, chunk)
                     actor[1] += 1
