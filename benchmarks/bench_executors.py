@@ -43,7 +43,8 @@ def _spec(steps: int, images: int, seed: int = 0) -> dict:
 
 def _load() -> str:
     try:
-        return "load average %.2f %.2f %.2f" % os.getloadavg()
+        one, five, fifteen = os.getloadavg()
+        return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
     except OSError:
         return "load average n/a"
 

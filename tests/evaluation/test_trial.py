@@ -52,6 +52,25 @@ def test_key_depends_on_what_changes_the_result(trials):
         assert TrialSpec.from_dict({**data, **change}).key != trial.key
 
 
+def test_a_revised_preset_is_a_new_trial_and_an_unrevised_one_keeps_its_key(trials):
+    import hashlib
+    import json
+
+    from leakbench.evaluation.trial import NOT_IDENTITY
+
+    quick = trials[("cnn:3-4-2-1", "inverting-gradients")]
+    assert quick.preset_revision == 0
+    legacy = {k: v for k, v in quick.to_dict().items()  # the identity as stores wrote it before revisions
+              if k not in NOT_IDENTITY and k not in ("server", "target", "membership", "indices", "preset_revision")}
+    assert quick.key == hashlib.sha256(json.dumps(legacy, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    spec = {**TINY, "attacks": [{"name": "inverting-gradients", "preset": "fast", "options": {"iterations": 8}}]}
+    fast = next(t for t in plan(load_spec(spec)) if t.model == "cnn:3-4-2-1")
+    assert fast.preset_revision >= 2, "the fast preset changed after it shipped (tv_growth)"
+    before = TrialSpec.from_dict({**fast.to_dict(), "preset_revision": 0})  # what an older store holds
+    assert before.key != fast.key
+    assert TrialSpec.from_dict(fast.to_dict()).key == fast.key  # round trip through the stored form
+
+
 def test_batches_cover_the_same_images_for_every_batch_size(trials):
     from leakbench.evaluation.trial import batch_for, dataset_for
 

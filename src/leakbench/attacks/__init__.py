@@ -3,7 +3,7 @@
 ``leakbench.attack(name, observation, **options)`` runs one; ``names()`` lists them.
 """
 from . import gradient, trained  # noqa: F401  (registration)
-from .base import ATTACKS, Attack, Reconstruction, attack, create, register
+from .base import ATTACKS, Attack, Reconstruction, attack, create, preset_revision, register
 from .labels import idlg, label_counts, recover_labels
 from .gradient_matching import GradientMatcher, MatchingSettings
 
@@ -13,5 +13,5 @@ def names() -> list[str]:
     return ATTACKS.names()
 
 
-__all__ = ["ATTACKS", "Attack", "Reconstruction", "attack", "create", "register", "names", "idlg",
-           "label_counts", "recover_labels", "GradientMatcher", "MatchingSettings"]
+__all__ = ["ATTACKS", "Attack", "Reconstruction", "attack", "create", "preset_revision", "register", "names",
+           "idlg", "label_counts", "recover_labels", "GradientMatcher", "MatchingSettings"]

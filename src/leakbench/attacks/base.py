@@ -53,6 +53,9 @@ class Attack(abc.ABC):
     name: ClassVar[str] = ""
     Options: ClassVar[type] = object
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: a preset whose values changed after it first shipped counts its revisions here (2 = changed once);
+    #: a sweep trial's key carries the revision, so a resumed store never mixes results of old and new values
+    preset_revisions: ClassVar[dict[str, int]] = {}
 
     def __init__(self, *, preset: str | None = None, **options: Any) -> None:
         fields = {f.name: f for f in dataclasses.fields(self.Options)}
@@ -111,6 +114,11 @@ def register(cls: type[Attack]) -> type[Attack]:
 def create(name: str, *, preset: str | None = None, **options: Any) -> Attack:
     """Instantiate the attack ``name`` with a preset and option overrides."""
     return ATTACKS.get(name)(preset=preset, **options)
+
+
+def preset_revision(name: str, preset: str | None) -> int:
+    """The revision of attack ``name``'s ``preset`` (``None`` is ``default``): 0 while never changed."""
+    return int(ATTACKS.get(name).preset_revisions.get(preset or "default", 0))
 
 
 def attack(name: str, observation: Observation, *, preset: str | None = None, seed: int = 0,

@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from .. import __version__
-from ..attacks import Reconstruction, create as create_attack
+from ..attacks import Reconstruction, create as create_attack, preset_revision
 from ..data import DATASETS
 from ..defenses import parse as parse_defense
 from ..errors import ConfigError, UnsupportedThreatModel
@@ -96,7 +96,8 @@ def trial_spec(spec: RunSpec) -> TrialSpec:
     size = len(spec.indices) if spec.indices else int(spec.batch_size or 1)
     return TrialSpec(kind="attack", dataset=spec.data, data_options=dict(spec.data_options), model=spec.model,
                      model_options=model_options, defense=spec.defense, batch_size=size, images=size, batch=0,
-                     seed=spec.seed, attack=spec.attack, preset=spec.preset, options=dict(spec.options),
+                     seed=spec.seed, attack=spec.attack, preset=spec.preset,
+                     preset_revision=preset_revision(spec.attack, spec.preset), options=dict(spec.options),
                      threat={"loss": spec.loss, "local_steps": spec.local_steps, "labels_known": spec.labels_known},
                      indices=list(spec.indices or []), device=str(parse_device(spec.device)),
                      threads=torch.get_num_threads(), save_images=True)

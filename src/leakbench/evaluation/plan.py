@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Iterable, Mapping
 
+from ..attacks import preset_revision
 from ..defenses import family_of
 from .spec import SweepSpec
 from .trial import TrialSpec
@@ -93,7 +94,8 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
                             for a in spec.attacks:
                                 t = TrialSpec(kind="attack", defense=defense, batch_size=size, images=spec.images,
                                               batch=batch, seed=seed, attack=a.name, attack_key=a.key,
-                                              preset=a.preset, options=dict(a.options),
+                                              preset=a.preset, preset_revision=preset_revision(a.name, a.preset),
+                                              options=dict(a.options),
                                               threat={**spec.threat.model_dump(), **a.threat}, **base, **common)
                                 if keep(t, spec.include, spec.exclude):
                                     trials.setdefault(t.key, t)
@@ -137,7 +139,8 @@ def _published(entry, kind: str, common: dict) -> list[TrialSpec]:
                                            "bound_width": entry.bound_width}
                 out.append(TrialSpec(seed=seed, attack=a.name, attack_key=a.key + (f" ({setting} margin)" if setting
                                                                                    else ""),
-                                     preset=a.preset, options=dict(a.options), **extra, **base))
+                                     preset=a.preset, preset_revision=preset_revision(a.name, a.preset),
+                                     options=dict(a.options), **extra, **base))
     return out
 
 

@@ -43,7 +43,7 @@ NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "
 
 
 #: fields added after the first store format; empty values leave a trial's key as it was.
-ADDED_FIELDS = ("server", "target", "membership", "indices")
+ADDED_FIELDS = ("server", "target", "membership", "indices", "preset_revision")
 
 
 def threat_model(spec: dict[str, Any]) -> str:
@@ -90,6 +90,8 @@ class TrialSpec:
     seed: int = 0
     attack: str = ""
     preset: str | None = None
+    #: the preset's revision (:func:`leakbench.attacks.preset_revision`): a changed preset is a new trial
+    preset_revision: int = 0
     options: dict = field(default_factory=dict)
     threat: dict = field(default_factory=dict)
     utility: dict = field(default_factory=dict)

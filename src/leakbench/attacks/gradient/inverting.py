@@ -38,6 +38,7 @@ class InvertingGradients(Attack):
 
     name = "inverting-gradients"
     Options = MatchingSettings
+    preset_revisions = {"fast": 2}  # 2: α_TV grows with the batch (tv_growth)
     presets = {
         "default": IG_PAPER,
         "paper-long": {**IG_PAPER, "iterations": 24000, "restarts": 8},

@@ -1,0 +1,78 @@
+"""Preset revisions: a preset whose resolved options change must count a new revision, which sweep keys carry."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import pytest
+
+from leakbench.attacks import ATTACKS, create, preset_revision
+
+#: (attack, preset) → (revision, digest of its resolved options).  When this test fails because a preset's
+#: values changed, bump that attack's ``preset_revisions[preset]`` and record the new revision and digest
+#: here: sweep stores key trials by (preset, revision), so old results are not resumed as new ones.
+RECORDED = {
+    ("cocktail-party", "default"): (0, "167663713e97"),
+    ("cocktail-party", "paper"): (0, "4204d74d1064"),
+    ("cocktail-party", "quick"): (0, "8d9f6063e2f5"),
+    ("dlg", "default"): (0, "38bda84e6b89"),
+    ("dlg", "idlg"): (0, "cddfcb2a374e"),
+    ("dlg", "quick"): (0, "7f0da74a8cac"),
+    ("exclusivity", "default"): (0, "a1b831822535"),
+    ("exclusivity", "quick"): (0, "a1b831822535"),
+    ("fc-inversion", "default"): (0, "d985b79d8801"),
+    ("fc-inversion", "quick"): (0, "d985b79d8801"),
+    ("hybrid", "default"): (0, "b913ab07249d"),
+    ("hybrid", "quick"): (0, "dad5e1b4b820"),
+    ("inverting-gradients", "default"): (0, "fa65965d0101"),
+    ("inverting-gradients", "fast"): (2, "db9ea13dba86"),
+    ("inverting-gradients", "paper-long"): (0, "348e0f0d56b3"),
+    ("inverting-gradients", "quick"): (0, "5b37c24c1da3"),
+    ("kkt", "default"): (0, "7bd779622107"),
+    ("kkt", "paper"): (0, "1cd5ffdf644f"),
+    ("kkt", "quick"): (0, "258811ceb1d2"),
+    ("liu2024", "default"): (0, "bbccc1b2a002"),
+    ("liu2024", "paper"): (0, "cb504b7e2b6d"),
+    ("liu2024", "quick"): (0, "90d039691465"),
+    ("model-inversion", "default"): (0, "ad0fcb93ab56"),
+    ("model-inversion", "quick"): (0, "4703b1dd8717"),
+    ("rgap", "default"): (0, "7f2542229c83"),
+    ("rgap", "quick"): (0, "7f2542229c83"),
+    ("robbing-the-fed", "default"): (0, "df3e24c2dace"),
+    ("robbing-the-fed", "quick"): (0, "df3e24c2dace"),
+    ("tensor-features", "default"): (0, "605added5eee"),
+    ("tensor-features", "quick"): (0, "e3157edcf819"),
+    ("univariate", "default"): (0, "7ec421753c92"),
+}
+
+
+def _digest(name: str, preset: str) -> str:
+    options = dataclasses.asdict(create(name, preset=preset).options)
+    return hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _presets():
+    for name in ATTACKS.names():
+        for preset in ["default", *sorted(p for p in ATTACKS.get(name).presets if p != "default")]:
+            yield name, preset
+
+
+@pytest.mark.parametrize("name,preset", list(_presets()))
+def test_a_changed_preset_counts_a_new_revision(name, preset):
+    assert (name, preset) in RECORDED, f"new preset {preset!r} of {name!r}: record it in RECORDED"
+    revision, digest = RECORDED[(name, preset)]
+    assert preset_revision(name, preset) == revision, (
+        f"{name} preset {preset!r} is at revision {preset_revision(name, preset)}; update RECORDED")
+    assert _digest(name, preset) == digest, (
+        f"the options of {name} preset {preset!r} changed: bump its preset_revisions[{preset!r}] to "
+        f"{revision + 1} and record (revision, {_digest(name, preset)!r}) in RECORDED")
+
+
+def test_recorded_presets_all_exist():
+    assert set(RECORDED) == set(_presets())
+
+
+def test_preset_revision_reads_none_as_default_and_unrevised_as_zero():
+    assert preset_revision("inverting-gradients", None) == preset_revision("inverting-gradients", "default") == 0
+    assert preset_revision("inverting-gradients", "fast") >= 2
