@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/leakbench demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)

@@ -38,7 +38,8 @@ def _spec(quick: bool) -> dict:
 
 def _load() -> str:
     try:
-        return "load average %.1f %.1f %.1f" % os.getloadavg()
+        one, five, fifteen = os.getloadavg()
+        return f"load average {one:.1f} {five:.1f} {fifteen:.1f}"
     except OSError:
         return "load average n/a"
 

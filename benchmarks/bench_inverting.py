@@ -68,8 +68,10 @@ def per_iteration(quick: bool) -> None:
         params = [p.requires_grad_(True) for p in model.parameters()]
         x0 = lb.attacks.gradient_matching.initial_images(x.shape, "gaussian", (0, 1), generator=torch.Generator().manual_seed(0),
                                                 device="cpu", dtype=torch.float32)
-        run_engine = lambda: lb.attack("inverting-gradients", obs, iterations=iters, trace_every=iters)  # noqa: E731
-        run_bare = lambda: bare_loop(model, obs.shared, x0, y, iterations=iters)  # noqa: E731
+        run_engine = lambda obs=obs: lb.attack("inverting-gradients", obs, iterations=iters,  # noqa: E731
+                                               trace_every=iters)
+        run_bare = lambda model=model, obs=obs, x0=x0, y=y: bare_loop(model, obs.shared, x0, y,  # noqa: E731
+                                                                      iterations=iters)
         run_engine(), run_bare()  # warm-up
         t_engine, t_bare = [], []
         for _ in range(repeat):  # interleaved so machine load hits both alike

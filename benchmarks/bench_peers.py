@@ -28,6 +28,8 @@ seconds) before the clock.  PSNR is taken after the best one-to-one matching of 
 originals (:func:`leakbench.metrics.match`), for both sides alike; the chance row is a grey image.
 Printed: PSNR against time for the three, and the time each leakbench preset needs to reach breaching's
 final PSNR, against the time breaching first reaches it and against breaching's whole run.
+``LEAKBENCH_PEERS_BATCHES=8`` keeps only some batch sizes, ``LEAKBENCH_PEERS_PRESETS=fast`` some presets; ``LEAKBENCH_PEERS_STARTS=0,1,2`` compares more
+(disjoint) held-out batches at B > 1; ``LEAKBENCH_BREACHING_ITERATIONS`` sets breaching's budget.
 """
 from __future__ import annotations
 
@@ -46,9 +48,13 @@ from .common import benchmark_images, console, psnr, table
 
 ENV = "LEAKBENCH_BREACHING_PYTHON"
 ITERATIONS_ENV = "LEAKBENCH_BREACHING_ITERATIONS"  # breaching's budget here (its own default: 24 000)
+BATCHES_ENV = "LEAKBENCH_PEERS_BATCHES"  # e.g. "8": only these batch sizes (default: 1, 4 and 8)
+PRESETS_ENV = "LEAKBENCH_PEERS_PRESETS"  # e.g. "fast": leakbench presets to run (default: fast,paper)
+STARTS_ENV = "LEAKBENCH_PEERS_STARTS"  # e.g. "0,1,2": more (disjoint) held-out batches at B > 1 (default: 0)
 SCRIPT = Path(__file__).parent / "peers" / "breaching_ig.py"
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 HELD_OUT = 500  # the first 500 images of the shared subset tuned the presets
+PRESETS = {"fast": "fast", "paper": "default"}  # the names in the tables → leakbench's presets
 PER_CLASS = 100  # the shared subset: 100 images per class, in class order
 
 
@@ -56,6 +62,30 @@ def held_out(batch: int, start: int = 0) -> list[int]:
     """``batch`` held-out indices (≥ 500) cycling over classes 5–9, the ``start``-th image of each first."""
     classes = 5
     return [HELD_OUT + PER_CLASS * (i % classes) + start + i // classes for i in range(batch)]
+
+
+def settings_from(batches: str, starts: str) -> list[tuple[int, list[int]]]:
+    """(B, indices) to compare: three single images, then a batch of 4 and of 8 for each ``starts`` entry k
+    (the k-th disjoint held-out batch of that size); ``batches`` ("8", "1,4") keeps those sizes."""
+    def numbers(text: str, name: str, default: list[int]) -> list[int]:
+        try:
+            values = [int(v) for v in text.replace(" ", "").split(",") if v] or default
+        except ValueError:
+            raise SystemExit(f"{name}={text!r}: expected comma-separated integers, e.g. {name}=8") from None
+        return values
+
+    sizes = numbers(batches, BATCHES_ENV, [1, 4, 8])
+    firsts = numbers(starts, STARTS_ENV, [0])
+    if any(not 1 <= b <= 5 * PER_CLASS for b in sizes) or any(s < 0 for s in firsts):
+        raise SystemExit(f"{BATCHES_ENV} takes sizes 1..{5 * PER_CLASS} and {STARTS_ENV} starts ≥ 0")
+    out = [(1, [HELD_OUT + PER_CLASS * k]) for k in range(3)] if 1 in sizes else []
+    for b in sizes:
+        for k in firsts if b > 1 else []:
+            first = k * -(-b // 5)  # ⌈b/5⌉ images of each class per batch: batch k starts after k of them
+            if first + (b - 1) // 5 >= PER_CLASS:
+                raise SystemExit(f"{STARTS_ENV}: batch {k} of size {b} runs past the held-out images of a class")
+            out.append((b, held_out(b, first)))
+    return out
 
 
 class _Normalised(torch.nn.Module):
@@ -123,8 +153,11 @@ def run(quick: bool = False) -> None:
     width = 16 if quick else 32
     iterations = 500 if quick else int(os.environ.get(ITERATIONS_ENV, "2000"))
     every = 25
-    settings = [(1, held_out(1))] if quick else [(1, held_out(1)), (1, [HELD_OUT + PER_CLASS]),
-                                                 (1, [HELD_OUT + 2 * PER_CLASS]), (4, held_out(4)), (8, held_out(8))]
+    presets = [p for p in os.environ.get(PRESETS_ENV, "fast,paper").replace(" ", "").split(",") if p]
+    if not presets or set(presets) - set(PRESETS):
+        raise SystemExit(f"{PRESETS_ENV}: expected some of {', '.join(PRESETS)}, got {presets}")
+    settings = [(1, held_out(1))] if quick else settings_from(os.environ.get(BATCHES_ENV, ""),
+                                                              os.environ.get(STARTS_ENV, ""))
     curves, ratios = [], []
     x, y = ds.batch(indices=[HELD_OUT])  # warm-up: the first attack in a process imports torch._dynamo (seconds)
     warm = lb.build(f"convnet-{width}", input_shape=ds.shape, classes=ds.num_classes, seed=0).eval()
@@ -135,23 +168,23 @@ def run(quick: bool = False) -> None:
             model = lb.build(f"convnet-{width}", input_shape=ds.shape, classes=ds.num_classes, seed=0).eval()
             obs = lb.observe(model, x, y, labels_known=True)
             theirs = run_breaching(python, model, x, y, iterations=iterations, every=every, tmp=Path(tmp))
-            fast = _curve(obs, x, "fast", every=every)
-            paper = _curve(obs, x, "default", every=every, stop_at=iterations)
+            ours = {name: _curve(obs, x, PRESETS[name], every=every, stop_at=iterations if name == "paper" else None)
+                    for name in presets}
             target, total = theirs[-1][2], theirs[-1][1]
             reach = _first(theirs, target)
             label = f"B={batch} images {','.join(map(str, indices))}" if batch > 1 else f"B=1 image {indices[0]}"
             grey = psnr(torch.full_like(x, 0.5), x)
             curves.append((label, "chance: grey image", *[grey] * 5, 0.0))
-            for name, points in (("breaching IG", theirs), ("leakbench fast", fast), ("leakbench paper", paper)):
+            for name, points in (("breaching IG", theirs), *((f"leakbench {n}", c) for n, c in ours.items())):
                 curves.append((label, name, *[_at(points, f * total) for f in (0.1, 0.25, 0.5, 1.0)],
                                points[-1][2], points[-1][1]))
-            for name, points in (("fast", fast), ("paper", paper)):
-                ours = _first(points, target)
+            for name, points in ours.items():
+                hit = _first(points, target)
                 ratios.append((label, f"{target:.2f} (grey {grey:.2f})", f"{reach[1]:.1f} s @ {reach[0]}",
                                f"{total:.1f} s", name,
-                               f"{ours[1]:.1f} s @ {ours[0]}" if ours else f"not reached ({points[-1][2]:.2f})",
-                               ours[1] / reach[1] if ours and reach[1] > 0 else float("nan"),
-                               ours[1] / total if ours else float("nan"),
+                               f"{hit[1]:.1f} s @ {hit[0]}" if hit else f"not reached ({points[-1][2]:.2f})",
+                               hit[1] / reach[1] if hit and reach[1] > 0 else float("nan"),
+                               hit[1] / total if hit else float("nan"),
                                f"{points[-1][2]:.2f} dB in {points[-1][1]:.1f} s"))
                 console.print(f"[dim]{label}: {' | '.join(str(c) for c in ratios[-1][1:])}[/dim]", highlight=False)
     note = (f"{source}; convnet-{width} (random init, seed 0, eval), labels known, 1 thread each; breaching: "

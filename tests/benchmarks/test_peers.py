@@ -37,3 +37,21 @@ def test_skips_with_the_reason(monkeypatch, capsys):
     assert python is None and "cannot import breaching" in why
     run(quick=True)
     assert "peers: skipped" in capsys.readouterr().out
+
+
+def test_settings_choose_sizes_and_disjoint_held_out_batches():
+    from benchmarks.bench_peers import settings_from
+
+    default = settings_from("", "")
+    assert [b for b, _ in default] == [1, 1, 1, 4, 8] and default[-1][1] == held_out(8)
+    eights = settings_from("8", "0,1,2")
+    assert [b for b, _ in eights] == [8, 8, 8]
+    seen = [i for _, indices in eights for i in indices]
+    assert len(seen) == len(set(seen)) == 24 and min(seen) >= HELD_OUT  # three disjoint held-out batches
+    for bad in (("x", ""), ("0", ""), ("8", "-1"), ("8", "60")):
+        try:
+            settings_from(*bad)
+        except SystemExit as err:
+            assert "LEAKBENCH_PEERS" in str(err)
+        else:
+            raise AssertionError(f"{bad} was accepted")

@@ -117,7 +117,10 @@ def create(name: str, *, preset: str | None = None, **options: Any) -> Attack:
 
 
 def preset_revision(name: str, preset: str | None) -> int:
-    """The revision of attack ``name``'s ``preset`` (``None`` is ``default``): 0 while never changed."""
+    """The revision of attack ``name``'s ``preset`` (``None`` is ``default``): 0 while never changed, and for
+    attacks without presets (``membership-margin``, which lives in its own registry)."""
+    if name not in ATTACKS:
+        return 0
     return int(ATTACKS.get(name).preset_revisions.get(preset or "default", 0))
 
 
