@@ -28,8 +28,9 @@ seconds) before the clock.  PSNR is taken after the best one-to-one matching of 
 originals (:func:`leakbench.metrics.match`), for both sides alike; the chance row is a grey image.
 Printed: PSNR against time for the three, and the time each leakbench preset needs to reach breaching's
 final PSNR, against the time breaching first reaches it and against breaching's whole run.
-``LEAKBENCH_PEERS_BATCHES=8`` keeps only some batch sizes, ``LEAKBENCH_PEERS_PRESETS=fast`` some presets; ``LEAKBENCH_PEERS_STARTS=0,1,2`` compares more
-(disjoint) held-out batches at B > 1; ``LEAKBENCH_BREACHING_ITERATIONS`` sets breaching's budget.
+``LEAKBENCH_PEERS_BATCHES=8`` keeps only some batch sizes, ``LEAKBENCH_PEERS_PRESETS=fast`` some presets;
+``LEAKBENCH_PEERS_STARTS=0,1,2`` compares more (disjoint) held-out batches at B > 1;
+``LEAKBENCH_BREACHING_ITERATIONS`` sets breaching's budget.
 """
 from __future__ import annotations
 
