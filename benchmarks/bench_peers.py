@@ -65,18 +65,19 @@ def held_out(batch: int, start: int = 0) -> list[int]:
     return [HELD_OUT + PER_CLASS * (i % classes) + start + i // classes for i in range(batch)]
 
 
+def _listed(text: str, name: str, default: list, kind=int) -> list:
+    """The comma-separated values of environment variable ``name`` (``default`` when empty)."""
+    try:
+        return [kind(v) for v in text.replace(" ", "").split(",") if v] or default
+    except ValueError:
+        raise SystemExit(f"{name}={text!r}: expected comma-separated integers, e.g. {name}=8") from None
+
+
 def settings_from(batches: str, starts: str) -> list[tuple[int, list[int]]]:
     """(B, indices) to compare: three single images, then a batch of 4 and of 8 for each ``starts`` entry k
     (the k-th disjoint held-out batch of that size); ``batches`` ("8", "1,4") keeps those sizes."""
-    def numbers(text: str, name: str, default: list[int]) -> list[int]:
-        try:
-            values = [int(v) for v in text.replace(" ", "").split(",") if v] or default
-        except ValueError:
-            raise SystemExit(f"{name}={text!r}: expected comma-separated integers, e.g. {name}=8") from None
-        return values
-
-    sizes = numbers(batches, BATCHES_ENV, [1, 4, 8])
-    firsts = numbers(starts, STARTS_ENV, [0])
+    sizes = _listed(batches, BATCHES_ENV, [1, 4, 8])
+    firsts = _listed(starts, STARTS_ENV, [0])
     if any(not 1 <= b <= 5 * PER_CLASS for b in sizes) or any(s < 0 for s in firsts):
         raise SystemExit(f"{BATCHES_ENV} takes sizes 1..{5 * PER_CLASS} and {STARTS_ENV} starts ≥ 0")
     out = [(1, [HELD_OUT + PER_CLASS * k]) for k in range(3)] if 1 in sizes else []
@@ -154,8 +155,8 @@ def run(quick: bool = False) -> None:
     width = 16 if quick else 32
     iterations = 500 if quick else int(os.environ.get(ITERATIONS_ENV, "2000"))
     every = 25
-    presets = [p for p in os.environ.get(PRESETS_ENV, "fast,paper").replace(" ", "").split(",") if p]
-    if not presets or set(presets) - set(PRESETS):
+    presets = _listed(os.environ.get(PRESETS_ENV, ""), PRESETS_ENV, list(PRESETS), kind=str)
+    if set(presets) - set(PRESETS):
         raise SystemExit(f"{PRESETS_ENV}: expected some of {', '.join(PRESETS)}, got {presets}")
     settings = [(1, held_out(1))] if quick else settings_from(os.environ.get(BATCHES_ENV, ""),
                                                               os.environ.get(STARTS_ENV, ""))
