@@ -38,6 +38,7 @@ from torch.func import functional_call
 from ..errors import ConfigError, expect
 from ..losses import get_loss
 from ..threat import Observation
+from .last_layer import LastLayerInputs, last_layer_inputs
 from .objectives import DISTANCES, GradientDistance, LinearFactors, bn_statistics, layer_weights, total_variation
 
 OPTIMIZERS = ("adam", "lbfgs", "sgd")
@@ -76,6 +77,15 @@ class MatchingSettings:
     lbfgs_max_iter: int = 20
     trace_every: int = 50
     factorise: str = "auto"
+    #: weight of a term matching each label's mean input to the output layer, recovered from that layer's
+    #: gradient (:mod:`.last_layer`; 0: off; off with the reason in ``trace["features"]`` when not recoverable)
+    features: float = 0.0
+    #: the share of the iterations, at the start, that match those features (and the priors) only, without
+    #: simulating the gradient: one forward and backward a step instead of a double backward
+    feature_phase: float = 0.0
+    #: the smallest batch the feature term is used at (at B = 1 the output layer's gradient is δ zᵀ: the cosine
+    #: already pins the one image's features, and the term only reweighs the objective)
+    features_from: int = 2
 
     def check(self) -> None:
         expect(self.iterations >= 1, f"expected iterations ≥ 1, got {self.iterations}")
@@ -86,6 +96,12 @@ class MatchingSettings:
                f"expected tv_growth ≥ 0, got {self.tv_growth} (option tv_growth)")
         expect(self.init_std > 0, f"expected init_std > 0, got {self.init_std} (option init_std)")
         expect(self.trace_every >= 1, f"expected trace_every ≥ 1, got {self.trace_every}")
+        expect(math.isfinite(self.features) and self.features >= 0,
+               f"expected features ≥ 0, got {self.features} (option features)")
+        expect(self.features_from >= 1, f"expected features_from ≥ 1, got {self.features_from} (option features_from)")
+        expect(0 <= self.feature_phase < 1, f"expected 0 ≤ feature_phase < 1, got {self.feature_phase} (option feature_phase)")
+        expect(not (self.batched_restarts and self.features > 0),
+               "option features works with batched_restarts=False (the feature term is not vmapped)")
         for name, value, allowed in (("distance", self.distance, DISTANCES), ("optimizer", self.optimizer, OPTIMIZERS),
                                      ("schedule", self.schedule, SCHEDULES), ("init", self.init, INITS),
                                      ("step_unit", self.step_unit, STEP_UNITS),
@@ -165,6 +181,9 @@ class GradientMatcher:
         self._linear = self._factorisable()
         self._captures: dict[int, list] | None = None
         self._verified = False
+        self._feature_in: torch.Tensor | None = None
+        self._feature_target: LastLayerInputs | None = None
+        self._feature_value = torch.zeros(())
 
     def _local_steps(self) -> list[torch.Tensor | None]:
         """The slots each simulated local step trains on (None: the whole batch)."""
@@ -310,16 +329,59 @@ class GradientMatcher:
             current = {n: p - obs.local_lr * g for (n, p), g in zip(current.items(), grads)}
         return [current[n] - self.params[n] for n in self.names]
 
-    def objective(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(total loss, gradient-match term) for candidate ``x``."""
+    def objective(self, x: torch.Tensor, target: torch.Tensor, *,
+                  match: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(total loss, gradient-match term) for candidate ``x``; ``match=False``: the feature term and the
+        priors only (one forward pass, no simulated gradient), the match term None."""
         self._bn_seen.clear()
-        match = self.distance(self.shared_of(x, target))
-        total = match
+        if match:
+            value = self.distance(self.shared_of(x, target))
+            total = value
+        else:
+            self.forward(self.params, x)
+            value, total = None, torch.zeros((), device=x.device, dtype=x.dtype)
+        if self._feature_target is not None:
+            self._feature_value = self._feature_term()
+            total = total + self.s.features * self._feature_value
         if self.s.tv:
             total = total + self.s.tv * total_variation(x)
         if self.use_bn:
             total = total + self.s.bn * bn_statistics(self._bn_seen[: len(self._bn_layers)], self.obs.bn_stats)
-        return total, match
+        return total, value
+
+    # -- the feature term --------------------------------------------------------------------
+    def _prepare_features(self, labels: torch.Tensor | None) -> dict:
+        """Recover the output layer's per-label mean inputs for the ``features`` term; its trace entry."""
+        self._feature_target = None
+        if self.s.features <= 0:
+            return {}
+        if self.obs.batch_size < self.s.features_from:
+            return {"used": False, "reason": f"off below a batch of {self.s.features_from} (option features_from)"}
+        found = last_layer_inputs(self.obs, None if self.s.soft_labels else labels)
+        entry = {"used": found.features is not None, "layer": found.layer, "reason": found.reason}
+        if math.isfinite(found.residual):
+            entry["residual"] = found.residual
+        if found.features is not None:
+            layer = dict(self.model.named_modules())[found.layer]
+            if not self._feature_hooked:
+                layer.register_forward_hook(self._record_feature_input)
+                self._feature_hooked = True
+            self._feature_target = found
+            self._feature_counts = torch.bincount(found.groups, minlength=len(found.features)).to(
+                found.features.dtype)[:, None]
+            entry["labels"] = len(found.features)
+        return entry
+
+    _feature_hooked = False
+
+    def _record_feature_input(self, _module, inputs, _output) -> None:
+        self._feature_in = inputs[0]
+
+    def _feature_term(self) -> torch.Tensor:
+        """Mean over labels of ‖mean input of the label's slots − recovered‖² / ‖recovered‖²."""
+        found, z = self._feature_target, self._feature_in
+        means = torch.zeros_like(found.features).index_add(0, found.groups, z.reshape(len(z), -1)) / self._feature_counts
+        return ((means - found.features).pow(2).sum(1) / found.features.pow(2).sum(1).clamp_min(1e-30)).mean()
 
     # -- batched restarts (torch.func) -----------------------------------------------------
     def _batched_objective(self, xs: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -361,11 +423,14 @@ class GradientMatcher:
         if init is not None:
             expect(tuple(init.shape) == shape, f"expected init of shape {shape}, got {tuple(init.shape)}")
         start = time.perf_counter()
+        feature_entry = self._prepare_features(labels)
         if s.batched_restarts and s.restarts > 1 and not s.soft_labels:
             result = self._run_batched(labels, gen, shape, init, callback, progress)
         else:
             result = self._run_sequential(labels, gen, shape, init, callback, progress)
         result.trace["seconds"] = time.perf_counter() - start
+        if feature_entry:
+            result.trace["features"] = feature_entry
         if self._linear:
             result.trace["factorised"] = self.factorised
         return result
@@ -382,6 +447,8 @@ class GradientMatcher:
         best = (math.inf, torch.empty(0), torch.empty(0))
         history: list[list[float]] = []
         finals: list[float] = []
+        phase_one = int(s.feature_phase * s.iterations) if self._feature_target is not None else 0
+        feature_curve: list[float] = []
         for r in range(s.restarts):
             x = self._start(gen, shape, init if r == 0 else None).requires_grad_(True)
             variables = [x]
@@ -401,10 +468,11 @@ class GradientMatcher:
             sched = step_schedule(opt, s.schedule, s.iterations)
             last_match = math.inf
             for step in range(s.iterations):
+                full = step >= phase_one  # the first steps match the recovered features only
                 if s.optimizer == "lbfgs":
                     def closure():
                         opt.zero_grad(set_to_none=True)
-                        total, _ = self.objective(x, self.targets(labels, label_logits))
+                        total, _ = self.objective(x, self.targets(labels, label_logits), match=full)
                         grads = torch.autograd.grad(total, variables)
                         for v, g in zip(variables, grads):
                             v.grad = g
@@ -413,22 +481,23 @@ class GradientMatcher:
                     self._clamp(x)
                     if step % s.trace_every == 0 or step == s.iterations - 1:
                         with torch.enable_grad():
-                            _, match = self.objective(x, self.targets(labels, label_logits))
-                        last_match = float(match.detach())
+                            _, match = self.objective(x, self.targets(labels, label_logits), match=full)
+                        last_match = float((match if full else self._feature_value).detach())
                 else:
-                    total, match = self.objective(x, self.targets(labels, label_logits))
+                    total, match = self.objective(x, self.targets(labels, label_logits), match=full)
                     grads = torch.autograd.grad(total, variables)
                     for v, g in zip(variables, grads):
                         v.grad = g.sign() if (s.signed and v is x) else g
                     opt.step()
                     self._clamp(x)
-                    last_match = float(match.detach()) if (step % s.trace_every == 0 or step == s.iterations - 1) else last_match
+                    if step % s.trace_every == 0 or step == s.iterations - 1:
+                        last_match = float((match if full else self._feature_value).detach())
                 if sched is not None:
                     sched.step()
                 if step % s.trace_every == 0 or step == s.iterations - 1:
                     if not math.isfinite(last_match):
                         break
-                    curve.append(last_match)
+                    (curve if full else feature_curve).append(last_match)
                     if callback is not None:
                         callback(r * s.iterations + step, x.detach())
                     if progress is not None:
@@ -445,6 +514,8 @@ class GradientMatcher:
         trace = {"loss": history[chosen],
                  "restart_losses": finals, "iterations": s.iterations, "restarts": s.restarts, "tv": s.tv,
                  "trace_every": s.trace_every, "final_match": best[0]}
+        if phase_one:  # the loss curve starts after the feature-only steps; their feature term (all restarts)
+            trace.update(feature_steps=phase_one, feature_loss=feature_curve)
         return MatchResult(images=best[1], labels=best[2], trace=trace)
 
     def _run_batched(self, labels, gen, shape, init, callback, progress) -> MatchResult:

@@ -169,13 +169,14 @@ class Liu2024Matcher(GradientMatcher):
             block = find_block(self.model)
             block.feature_module.register_forward_pre_hook(lambda _m, inputs: self._seen.append(inputs[0]))
 
-    def objective(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def objective(self, x: torch.Tensor, target: torch.Tensor, *,
+                  match: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         self._seen.clear()
-        total, match = super().objective(x, target)
+        total, value = super().objective(x, target, match=match)
         if self._seen:
             feats = self._seen[0].reshape(x.shape[0], -1)  # the client's first forward pass
             total = total + self.feature_weight * feature_loss(feats, self.features, form=self.form)
-        return total, match
+        return total, value
 
     def run_generator(self, labels: torch.Tensor, generator_options: dict, *, seed: int, callback=None,
                       progress=None) -> tuple[torch.Tensor, dict]:
