@@ -181,9 +181,11 @@ class GradientMatcher:
         self._linear = self._factorisable()
         self._captures: dict[int, list] | None = None
         self._verified = False
-        self._feature_in: torch.Tensor | None = None
+        self._feature_in: torch.Tensor | None = None  # the output layer's input in the last forward pass
         self._feature_target: LastLayerInputs | None = None
+        self._feature_counts = torch.ones(0)
         self._feature_value = torch.zeros(())
+        self._feature_hooked = False
 
     def _local_steps(self) -> list[torch.Tensor | None]:
         """The slots each simulated local step trains on (None: the whole batch)."""
@@ -371,8 +373,6 @@ class GradientMatcher:
                 found.features.dtype)[:, None]
             entry["labels"] = len(found.features)
         return entry
-
-    _feature_hooked = False
 
     def _record_feature_input(self, _module, inputs, _output) -> None:
         self._feature_in = inputs[0]
