@@ -30,6 +30,7 @@ features pin each label's images.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -106,7 +107,13 @@ def last_layer_inputs(obs: Observation, labels: torch.Tensor | None, *, iteratio
         d = delta(z)
         sums = d.sum(0)
         scale = float(sums @ gb / (sums @ sums).clamp_min(1e-300))
-        new = torch.linalg.lstsq(scale * d.T, gw, driver="gelsd").solution
+        try:
+            new = torch.linalg.lstsq(scale * d.T, gw, driver="gelsd").solution
+        except torch.linalg.LinAlgError:
+            new = torch.full_like(z, float("nan"))
+        if not (torch.isfinite(new).all() and math.isfinite(scale)):
+            return LastLayerInputs(None, reason="the fixed point diverged: a defended, noised or confident network's "
+                                                "observation", iterations=steps, layer=name)
         change = float((new - z).norm() / new.norm().clamp_min(1e-300))
         z = new
         if change < 1e-10:
@@ -117,7 +124,7 @@ def last_layer_inputs(obs: Observation, labels: torch.Tensor | None, *, iteratio
                                      "determined", layer=name)
     sums = d.sum(0)
     residual = max(float((scale * d.T @ z - gw).norm() / gw.norm()), float((scale * sums - gb).norm() / gb.norm()))
-    found = LastLayerInputs(None, None, "", residual, steps, scale, name)
+    found = LastLayerInputs(None, residual=residual, iterations=steps, scale=scale, layer=name)
     if not (residual <= tolerance and torch.isfinite(z).all()):
         found.reason = (f"the recovered features reproduce the output layer's gradient only to {residual:.2g} "
                         f"(tolerance {tolerance:g}): a defended, noised or multi-step observation")
