@@ -37,6 +37,10 @@ class Decomposition:
     spectrum: torch.Tensor
 
 
+#: a zero set whose second kernel direction is lifted by this many rows or fewer is a mixture's plus strays.
+STRAYS = 4
+
+
 def decompose(grad_w: torch.Tensor, batch: int, rcond: float) -> Decomposition:
     """The rank-B factorisation of SPEAR's Sec. 3: singular vectors above ``rcond``·σ_max, at most ``batch``
     of them (a noised gradient has full rank; its top-B subspace is the least-squares estimate)."""
@@ -93,10 +97,11 @@ def refine(left: torch.Tensor, directions: torch.Tensor, *, zero_tol: float, nul
     r = left.shape[1]
     single = evals[:, 0].clamp_min(0) <= (null_tol ** 2) * top
     if r >= 2:
-        # the second direction must be held by several rows: when one row alone lifts it, the zero set is a
-        # sample's plus one stray row and the kernel without that row is two-dimensional (nested supports)
+        # the second direction must be held by many rows: when a few rows lift it, the zero set is the common
+        # zeros of two samples plus a few stray rows, and without them the kernel is two-dimensional
         pull = (left @ evecs[:, :, 1].T).pow(2) * zeros.to(left.dtype)      # m×K
-        single &= (evals[:, 1] > (100 * null_tol) ** 2 * top) & (pull.amax(0) < 0.5 * evals[:, 1])
+        strays = pull.topk(min(STRAYS, pull.shape[0]), dim=0).values.sum(0)
+        single &= (evals[:, 1] > (100 * null_tol) ** 2 * top) & (strays < 0.5 * evals[:, 1])
     refined = evecs[:, :, 0].T
     counts = exact_zeros(left @ refined, zero_tol).sum(0)
     return refined, counts, single

@@ -23,7 +23,7 @@ SPEAR's exact kernel step and only choose its rows better, in the spirit of SPEA
 every row j of ∂L/∂W divided by ∂L/∂b_j is a weighted mean of the samples active on neuron j (exactly a
 sample when the neuron is exclusive, Pan et al. 2022), so its pre-activations W x̂ + b predict where some
 sample is surely inactive; the kernel of L on the k rows of most negative margin, for k in a grid from
-1.2 B to 6 B, is a proposal.  Proposals are then kept only when (filter) L q vanishes exactly
+1.5 B to 8 B (fewest first, until B are selected), is a proposal.  Proposals are then kept only when (filter) L q vanishes exactly
 (relative ``zero_tol``) on a set whose kernel is one-dimensional and is not lifted by one stray row alone —
 a mixture of two samples has their common zeros plus at most a few stray ones; the kernel is re-solved on
 the whole zero set (hundreds of rows).  Greedy selection takes them by number of zeros, skipping any in the
@@ -56,12 +56,12 @@ from ...threat import Observation
 from ..analytic import analytic_reasons, chain_or_reason
 from ..base import Attack, Reconstruction, register
 from ..observed import attacker_model, layer_gradients, param_index
-from ..sparse_span import certify, decompose, directions_from_inputs, exact_zeros, refine, scales, unique_columns
+from ..sparse_span import STRAYS, certify, decompose, directions_from_inputs, exact_zeros, refine, scales, unique_columns
 
 __all__ = ["Spear", "SpearOptions"]
 
 #: rows of L whose kernel is proposed, as multiples of the rank (Theorem 3.3 needs ≥ B − 1 of them).
-ROW_FACTORS = (1.2, 1.5, 2.0, 3.0, 4.0, 6.0)
+ROW_FACTORS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
 
 @dataclass
@@ -157,24 +157,20 @@ class Spear(Attack):
         selected = found
         for round_ in range(o.rounds + 1):
             trace["rounds"] = round_ + 1
-            proposals, accepted = [], []
-            for factor in ROW_FACTORS:
+            for factor in ROW_FACTORS:  # fewest rows first; stop as soon as B directions are selected
                 rows = min(max(int(factor * rank), rank - 1), int(live.sum()))
                 if rows < max(rank - 1, 1):
                     continue
                 q, ok = directions_from_inputs(left, weight, bias, inputs, rows=rows, null_tol=null_tol)
-                proposals.append(q)
-                accepted.append(ok)
-            if not proposals:
-                break
-            q, ok = torch.cat(proposals, 1), torch.cat(accepted)
-            exact, counts, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol)
-            keep = ok & single
-            found = torch.cat([found, exact[:, keep]], 1)
-            found = found[:, unique_columns(found)]
-            spare = torch.cat([spare, q[:, ~keep]], 1)
+                exact, _, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol)
+                keep = ok & single
+                found = torch.cat([found, exact[:, keep]], 1)
+                found = found[:, unique_columns(found)]
+                spare = torch.cat([spare, q[:, ~keep]], 1)
+                selected = self._select(left, found, zero_tol)
+                if selected.shape[1] >= rank:
+                    break
             spare = spare[:, exact_zeros(left @ spare, 1e-3).sum(0).argsort(descending=True)[: 4 * rank]]
-            selected = self._select(left, found, zero_tol)
             if progress is not None:
                 progress(round_ + 1, o.rounds + 1, float(rank - selected.shape[1]))
             if selected.shape[1] >= rank or round_ == o.rounds:
@@ -215,7 +211,13 @@ class Spear(Attack):
         """SPEAR's greedy selection: most exact zeros first, skipping directions in the span of those taken."""
         if found.shape[1] == 0:
             return found
-        counts = exact_zeros(left @ found, zero_tol).sum(0)
+        zeros = exact_zeros(left @ found, zero_tol).to(found.dtype)
+        counts = zeros.sum(0)
+        # a mixture of samples is zero on their common zeros plus a few stray rows: drop a direction whose zeros
+        # lie, but for STRAYS rows, inside the zeros of a sparser one (two samples' zero sets differ far more)
+        shared = zeros.T @ zeros
+        dominated = ((counts[:, None] - shared <= STRAYS) & (counts[None, :] > counts[:, None])).any(1)
+        found, counts = found[:, ~dominated], counts[~dominated]
         taken: list[torch.Tensor] = []
         basis = torch.zeros(found.shape[0], 0, dtype=found.dtype, device=found.device)
         for k in counts.argsort(descending=True).tolist():
