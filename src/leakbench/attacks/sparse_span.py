@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Decomposition", "decompose", "directions_from_inputs", "exact_zeros", "refine", "unique_columns",
-           "scales", "certify", "Certificate"]
+           "scales", "certify", "Certificate", "strays"]
 
 
 @dataclass
@@ -37,8 +37,10 @@ class Decomposition:
     spectrum: torch.Tensor
 
 
-#: a zero set whose second kernel direction is lifted by this many rows or fewer is a mixture's plus strays.
-STRAYS = 4
+def strays(rank: int) -> int:
+    """How many stray rows a mixture's zero set may carry beyond two samples' common zeros: r/8, from 1 to 4
+    (small batches have few rows that tell two samples apart, so only one stray row is tested there)."""
+    return max(1, min(4, rank // 8))
 
 
 def decompose(grad_w: torch.Tensor, batch: int, rcond: float) -> Decomposition:
@@ -83,12 +85,13 @@ def directions_from_inputs(left: torch.Tensor, weight: torch.Tensor, bias: torch
     return torch.cat(out).T, torch.cat(ok)
 
 
-def refine(left: torch.Tensor, directions: torch.Tensor, *, zero_tol: float, null_tol: float
+def refine(left: torch.Tensor, directions: torch.Tensor, *, zero_tol: float, null_tol: float, stray: int = 1
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each direction re-solved as the kernel of L on its whole exact-zero set.
 
     Returns the refined unit directions (r×K), their zero counts and whether the kernel on the zero set is
-    one-dimensional (a direction shared by several samples' common zeros has a larger kernel: not a sample).
+    one-dimensional and stays so without its ``stray`` most influential rows (a direction shared by several
+    samples' common zeros has a larger kernel: not a sample).
     """
     zeros = exact_zeros(left @ directions, zero_tol)                      # m×K
     gram = torch.einsum("mk,mr,ms->krs", zeros.to(left.dtype), left, left)  # Lᵀ_Z L_Z per direction
@@ -100,8 +103,8 @@ def refine(left: torch.Tensor, directions: torch.Tensor, *, zero_tol: float, nul
         # the second direction must be held by many rows: when a few rows lift it, the zero set is the common
         # zeros of two samples plus a few stray rows, and without them the kernel is two-dimensional
         pull = (left @ evecs[:, :, 1].T).pow(2) * zeros.to(left.dtype)      # m×K
-        strays = pull.topk(min(STRAYS, pull.shape[0]), dim=0).values.sum(0)
-        single &= (evals[:, 1] > (100 * null_tol) ** 2 * top) & (strays < 0.5 * evals[:, 1])
+        lifted = pull.topk(min(stray, pull.shape[0]), dim=0).values.sum(0)
+        single &= (evals[:, 1] > (100 * null_tol) ** 2 * top) & (lifted < 0.5 * evals[:, 1])
     refined = evecs[:, :, 0].T
     counts = exact_zeros(left @ refined, zero_tol).sum(0)
     return refined, counts, single

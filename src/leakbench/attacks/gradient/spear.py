@@ -58,7 +58,7 @@ from ...threat import Observation
 from ..analytic import analytic_reasons, chain_or_reason
 from ..base import Attack, Reconstruction, register
 from ..observed import attacker_model, layer_gradients, param_index
-from ..sparse_span import STRAYS, certify, decompose, directions_from_inputs, exact_zeros, refine, scales, unique_columns
+from ..sparse_span import certify, decompose, directions_from_inputs, exact_zeros, refine, scales, strays, unique_columns
 
 __all__ = ["Spear", "SpearOptions"]
 
@@ -164,7 +164,7 @@ class Spear(Attack):
                 if rows < max(rank - 1, 1):
                     continue
                 q, ok = directions_from_inputs(left, weight, bias, inputs, rows=rows, null_tol=null_tol)
-                exact, _, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol)
+                exact, _, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank))
                 keep = ok & single
                 found = torch.cat([found, exact[:, keep]], 1)
                 found = found[:, unique_columns(found)]
@@ -216,9 +216,9 @@ class Spear(Attack):
         zeros = exact_zeros(left @ found, zero_tol).to(found.dtype)
         counts = zeros.sum(0)
         # a mixture of samples is zero on their common zeros plus a few stray rows: drop a direction whose zeros
-        # lie, but for STRAYS rows, inside the zeros of a sparser one (two samples' zero sets differ far more)
+        # lie, but for a few stray rows, inside the zeros of a sparser one (two samples' zero sets differ far more)
         shared = zeros.T @ zeros
-        dominated = ((counts[:, None] - shared <= STRAYS) & (counts[None, :] > counts[:, None])).any(1)
+        dominated = ((counts[:, None] - shared <= strays(found.shape[0])) & (counts[None, :] > counts[:, None])).any(1)
         found, counts = found[:, ~dominated], counts[~dominated]
         taken: list[torch.Tensor] = []
         basis = torch.zeros(found.shape[0], 0, dtype=found.dtype, device=found.device)
