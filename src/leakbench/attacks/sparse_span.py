@@ -59,17 +59,19 @@ def exact_zeros(values: torch.Tensor, tol: float) -> torch.Tensor:
 
 
 def directions_from_inputs(left: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, inputs: torch.Tensor, *,
-                           rows: int, null_tol: float, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+                           rows: int, null_tol: float, live: torch.Tensor | None = None, chunk: int = 64
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel directions of L on the ``rows`` rows where each candidate input is most surely inactive.
 
     ``left`` is L (m×r), ``weight``/``bias`` the layer (m×n, m), ``inputs`` the candidates (K×n).  A candidate
     near a true sample x_i is inactive with a wide margin on rows of sample i's zero set Z_i, whose kernel in L
     is q_i alone (Theorem: q_i ⊥ L_j for j ∈ Z_i).  Returns directions (r×K, unit) and whether each kernel is
-    one-dimensional (σ_r ≤ ``null_tol``·σ_1 < σ_{r−1}/100); rows of L that vanish are never picked.
+    one-dimensional (σ_r ≤ ``null_tol``·σ_1 < σ_{r−1}/100); rows outside ``live`` (neurons no sample
+    activates: zero, or noise only) are never picked.
     """
     r = left.shape[1]
     norms = weight.norm(dim=1).clamp_min(torch.finfo(weight.dtype).tiny)
-    dead = left.norm(dim=1) == 0
+    dead = left.norm(dim=1) == 0 if live is None else ~live
     out, ok = [], []
     for start in range(0, inputs.shape[0], chunk):
         part = inputs[start:start + chunk]

@@ -64,6 +64,10 @@ __all__ = ["Spear", "SpearOptions"]
 
 #: rows of L whose kernel is proposed, as multiples of the rank (Theorem 3.3 needs ≥ B − 1 of them).
 ROW_FACTORS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+#: scales at which a completed (not yet exact) sample is re-proposed, both signs.
+SCALES = torch.cat([torch.logspace(-0.7, 0.7, 15), -torch.logspace(-0.7, 0.7, 15)]).double()
+#: a zero of a noised gradient is below this many times its noise level (σ_{B+1}/σ_1 of ∂L/∂W).
+NOISE_ZEROS = 10.0
 
 
 @dataclass
@@ -143,6 +147,12 @@ class Spear(Attack):
         dec = decompose(grad_w, batch, rcond)
         rank = dec.rank
         trace: dict = {"rank": rank, "spectrum": dec.spectrum[: batch + 1].tolist(), "rounds": 0}
+        if dec.spectrum.numel() > batch and float(dec.spectrum[0]) > 0:
+            # a noised gradient's zeros sit at the noise level: the first singular value past B measures it
+            noise = float(dec.spectrum[batch] / dec.spectrum[0])
+            zero_tol, null_tol = max(zero_tol, NOISE_ZEROS * noise), max(null_tol, NOISE_ZEROS * noise)
+            trace["noise_level"] = noise
+        trace["zero_tol"] = zero_tol
         lo, hi = obs.data_range
         images = torch.full((batch, weight.shape[1]), (lo + hi) / 2, dtype=torch.float64, device=obs.device)
         certified = torch.zeros(batch, dtype=torch.bool, device=obs.device)
@@ -152,7 +162,7 @@ class Spear(Attack):
         if rank == 0:
             return self._result(obs, images, certified, None, trace)
         left, right = dec.left, dec.right
-        live = grad_w.norm(dim=1) > 0
+        live = ~exact_zeros(grad_w.norm(dim=1, keepdim=True), zero_tol)[:, 0]   # neurons some sample activates
         found = torch.zeros(rank, 0, dtype=torch.float64, device=obs.device)
         spare = torch.zeros(rank, 0, dtype=torch.float64, device=obs.device)
         inputs = self._row_inputs(grad_w, grad_b, live, o.candidates)
@@ -163,23 +173,35 @@ class Spear(Attack):
                 rows = min(max(int(factor * rank), rank - 1), int(live.sum()))
                 if rows < max(rank - 1, 1):
                     continue
-                q, ok = directions_from_inputs(left, weight, bias, inputs, rows=rows, null_tol=null_tol)
+                q, ok = directions_from_inputs(left, weight, bias, inputs, rows=rows, null_tol=null_tol, live=live)
                 exact, _, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank))
                 keep = ok & single
                 found = torch.cat([found, exact[:, keep]], 1)
                 found = found[:, unique_columns(found)]
                 spare = torch.cat([spare, q[:, ~keep]], 1)
-                selected = self._select(left, found, zero_tol)
-                if selected.shape[1] >= rank:
+                if selected.shape[1] < rank:  # once B are selected, new directions only enter by repair swaps
+                    selected = self._select(left, found, zero_tol)
+                if selected.shape[1] >= rank and round_ == 0:  # later rounds have few candidates: try every k
                     break
             spare = spare[:, exact_zeros(left @ spare, 1e-3).sum(0).argsort(descending=True)[: 4 * rank]]
+            disagree = None
+            if selected.shape[1] >= rank:
+                selected, swapped = self._repair(left, right, weight, bias, grad_b, selected, found, zero_tol)
+                trace["swaps"] = trace.get("swaps", 0) + swapped
+                disagree = self._disagreements(left, right, weight, bias, grad_b, selected, zero_tol)
+            missing = rank - selected.shape[1] if disagree is None else int((disagree > 0).sum())
             if progress is not None:
-                progress(round_ + 1, o.rounds + 1, float(rank - selected.shape[1]))
-            if selected.shape[1] >= rank or round_ == o.rounds:
+                progress(round_ + 1, o.rounds + 1, float(missing))
+            if missing == 0 or round_ == o.rounds:
                 break
             completed = self._complete(left, selected, spare)
             s, _ = scales(left, completed, grad_b)
-            inputs = torch.linalg.solve(completed, right) / s[:, None]
+            solved = torch.linalg.solve(completed, right) / s[:, None]
+            # rows of Q̂⁻¹ for the completed columns lie in the span of the missing samples' dual vectors (exactly
+            # so when one is missing), those of disagreeing samples near their sample; the scale of either rests on
+            # wrong columns: try each at a grid of scales
+            redo = solved[selected.shape[1]:] if disagree is None else solved[disagree > 0]
+            inputs = (SCALES.to(redo)[:, None, None] * redo[None]).reshape(-1, redo.shape[1])
             inputs = inputs[torch.isfinite(inputs).all(1)]
         trace["found"] = int(selected.shape[1])
         q_full = self._complete(left, selected, spare)
@@ -220,6 +242,7 @@ class Spear(Attack):
         shared = zeros.T @ zeros
         dominated = ((counts[:, None] - shared <= strays(found.shape[0])) & (counts[None, :] > counts[:, None])).any(1)
         found, counts = found[:, ~dominated], counts[~dominated]
+        found, counts = found[:, ~Spear._pair_mixtures(found, counts)], counts[~Spear._pair_mixtures(found, counts)]
         taken: list[torch.Tensor] = []
         basis = torch.zeros(found.shape[0], 0, dtype=found.dtype, device=found.device)
         for k in counts.argsort(descending=True).tolist():
@@ -231,6 +254,75 @@ class Spear(Attack):
             if len(taken) == found.shape[0]:
                 break
         return torch.stack(taken, 1)
+
+    @staticmethod
+    def _disagreements(left: torch.Tensor, right: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                       grad_b: torch.Tensor, cols: torch.Tensor, zero_tol: float,
+                       proj: torch.Tensor | None = None) -> torch.Tensor:
+        """Per column of Q̂: neurons where the solved sample's activity (clear of the hinge) contradicts the zeros
+        of its gradient L q̂ (SPEAR's sparsity matching); m for every sample when Q̂ is singular."""
+        proj = right @ weight.T if proj is None else proj
+        s, _ = scales(left, cols, grad_b)
+        z = torch.linalg.solve(cols, proj) / s[:, None] + bias
+        if not torch.isfinite(z).all():
+            return torch.full((cols.shape[1],), weight.shape[0], device=cols.device)
+        clear = z.abs() > zero_tol * z.abs().amax(1, keepdim=True)
+        return (((z > 0) == exact_zeros(left @ cols, zero_tol).T) & clear).sum(1)
+
+    @staticmethod
+    def _repair(left: torch.Tensor, right: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                grad_b: torch.Tensor, selected: torch.Tensor, found: torch.Tensor, zero_tol: float,
+                rounds: int = 4, limit: int = 32) -> tuple[torch.Tensor, int]:
+        """Swap selected directions for other found ones while that makes more samples' activation patterns agree
+        with their gradients' zeros (SPEAR's greedy step scored by sparsity matching).
+
+        A wrong column (a sparse vector that is no sample's, e.g. one vanishing on the neurons every sample
+        activates) mixes the samples it combines; only their patterns break, so the culprit is among the columns
+        of the samples that disagree.  Each trial costs one B×B solve and B·m comparisons (X̂Wᵀ = Q̂⁻¹(RWᵀ)/s).
+        """
+        def disagreements(cols: torch.Tensor) -> torch.Tensor:
+            return Spear._disagreements(left, right, weight, bias, grad_b, cols, zero_tol, proj=proj)
+
+        proj = right @ weight.T                                             # r×m
+        unit = found / found.norm(dim=0, keepdim=True)
+        swaps = 0
+        current = disagreements(selected)
+        for _ in range(rounds):
+            bad = (current > 0).nonzero().flatten()[:limit]
+            if bad.numel() == 0:
+                break
+            taken = (unit.T @ (selected / selected.norm(dim=0, keepdim=True))).abs().amax(1) > 1 - 1e-6
+            pool = found[:, ~taken][:, :limit]
+            best, best_cols = int((current == 0).sum()), None
+            for k in bad.tolist():
+                for p in pool.T:
+                    trial = selected.clone()
+                    trial[:, k] = p
+                    score = int((disagreements(trial) == 0).sum())
+                    if score > best:
+                        best, best_cols = score, trial
+            if best_cols is None:
+                break
+            selected, swaps = best_cols, swaps + 1
+            current = disagreements(selected)
+        return selected, swaps
+
+    @staticmethod
+    def _pair_mixtures(found: torch.Tensor, counts: torch.Tensor, tol: float = 1e-4) -> torch.Tensor:
+        """Directions in the span of two others that both have more zeros: a mixture of two samples (whose
+        zeros are the pair's common zeros, fewer than either's) — all triples at once."""
+        k = found.shape[1]
+        if k < 3:
+            return torch.zeros(k, dtype=torch.bool, device=found.device)
+        unit = found / found.norm(dim=0, keepdim=True)
+        cos = unit.T @ unit                                                   # K×K
+        ca, cb, cab = cos[:, :, None], cos[:, None, :], cos[None, :, :]      # c, a, b
+        det = (1 - cab.pow(2)).clamp_min(1e-300)
+        captured = (ca.pow(2) + cb.pow(2) - 2 * ca * cb * cab) / det         # ‖projection of c on span{a, b}‖²
+        residual = (1 - captured).clamp_min(0)
+        richer = (counts[None, :] > counts[:, None])                          # a (or b) has more zeros than c
+        pair = richer[:, :, None] & richer[:, None, :] & (1 - cab.abs() > 1e-6)
+        return ((residual < tol ** 2) & pair).any(2).any(1)
 
     @staticmethod
     def _complete(left: torch.Tensor, selected: torch.Tensor, spare: torch.Tensor) -> torch.Tensor:
