@@ -167,7 +167,10 @@ class Spear(Attack):
         spare = torch.zeros(rank, 0, dtype=torch.float64, device=obs.device)
         inputs = self._row_inputs(grad_w, grad_b, live, o.candidates)
         selected = found
-        for round_ in range(o.rounds + 1):
+        # a rank-deficient batch has no exact columns to complete or repair: one pass finds the samples outside
+        # every dependency (if any), further rounds would only spend time
+        last = o.rounds if rank == batch else 0
+        for round_ in range(last + 1):
             trace["rounds"] = round_ + 1
             for factor in ROW_FACTORS:  # fewest rows first; stop as soon as B directions are selected
                 rows = min(max(int(factor * rank), rank - 1), int(live.sum()))
@@ -185,14 +188,14 @@ class Spear(Attack):
                     break
             spare = spare[:, exact_zeros(left @ spare, 1e-3).sum(0).argsort(descending=True)[: 4 * rank]]
             disagree = None
-            if selected.shape[1] >= rank:
+            if selected.shape[1] >= rank and rank == batch:
                 selected, swapped = self._repair(left, right, weight, bias, grad_b, selected, found, zero_tol)
                 trace["swaps"] = trace.get("swaps", 0) + swapped
                 disagree = self._disagreements(left, right, weight, bias, grad_b, selected, zero_tol)
             missing = rank - selected.shape[1] if disagree is None else int((disagree > 0).sum())
             if progress is not None:
-                progress(round_ + 1, o.rounds + 1, float(missing))
-            if missing == 0 or round_ == o.rounds:
+                progress(round_ + 1, last + 1, float(missing))
+            if missing == 0 or round_ == last:
                 break
             completed = self._complete(left, selected, spare)
             s, _ = scales(left, completed, grad_b)
