@@ -79,11 +79,11 @@ def directions_from_inputs(left: torch.Tensor, weight: torch.Tensor, bias: torch
         margin = margin.masked_fill(dead, float("inf"))
         pick = margin.topk(rows, dim=1, largest=False).indices      # K×rows
         sub = left[pick]                                            # K×rows×r
-        _, sv, vh = torch.linalg.svd(sub, full_matrices=False)
-        out.append(vh[:, -1, :])
-        top = sv[:, 0].clamp_min(torch.finfo(sv.dtype).tiny)
-        ok.append((sv[:, r - 1] <= null_tol * top) & (sv[:, r - 2] > 100 * sv[:, r - 1]) if r >= 2 else
-                  sv[:, 0] > 0)
+        evals, evecs = torch.linalg.eigh(sub.transpose(1, 2) @ sub)  # σ² ascending (Gram: robust, r×r)
+        sv = evals.clamp_min(0).sqrt()
+        out.append(evecs[:, :, 0])
+        top = sv[:, -1].clamp_min(torch.finfo(sv.dtype).tiny)
+        ok.append((sv[:, 0] <= null_tol * top) & (sv[:, 1] > 100 * sv[:, 0]) if r >= 2 else sv[:, 0] > 0)
     return torch.cat(out).T, torch.cat(ok)
 
 

@@ -64,6 +64,8 @@ __all__ = ["Spear", "SpearOptions"]
 
 #: rows of L whose kernel is proposed, as multiples of the rank (Theorem 3.3 needs ≥ B − 1 of them).
 ROW_FACTORS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+#: at most this many rows per kernel (bounds the cost at large B: K candidates × rows × B²).
+MAX_ROWS = 512
 #: scales at which a completed (not yet exact) sample is re-proposed, both signs.
 SCALES = torch.cat([torch.logspace(-0.7, 0.7, 15), -torch.logspace(-0.7, 0.7, 15)]).double()
 #: a zero of a noised gradient is below this many times its noise level (σ_{B+1}/σ_1 of ∂L/∂W).
@@ -173,7 +175,7 @@ class Spear(Attack):
         for round_ in range(last + 1):
             trace["rounds"] = round_ + 1
             for factor in ROW_FACTORS:  # fewest rows first; stop as soon as B directions are selected
-                rows = min(max(int(factor * rank), rank - 1), int(live.sum()))
+                rows = min(max(int(factor * rank), rank - 1), int(live.sum()), MAX_ROWS)
                 if rows < max(rank - 1, 1):
                     continue
                 q, ok = directions_from_inputs(left, weight, bias, inputs, rows=rows, null_tol=null_tol, live=live)
@@ -275,7 +277,7 @@ class Spear(Attack):
     @staticmethod
     def _repair(left: torch.Tensor, right: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                 grad_b: torch.Tensor, selected: torch.Tensor, found: torch.Tensor, zero_tol: float,
-                rounds: int = 4, limit: int = 32) -> tuple[torch.Tensor, int]:
+                rounds: int = 2, limit: int = 16) -> tuple[torch.Tensor, int]:
         """Swap selected directions for other found ones while that makes more samples' activation patterns agree
         with their gradients' zeros (SPEAR's greedy step scored by sparsity matching).
 
