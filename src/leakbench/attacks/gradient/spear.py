@@ -52,12 +52,12 @@ import torch
 from torch import nn
 
 from ...errors import expect
-from ...losses import get_loss
 from ...models.matrices import layer_chain
 from ...threat import Observation
 from ..analytic import analytic_reasons, chain_or_reason
 from ..base import Attack, Reconstruction, register
 from ..observed import attacker_model, layer_gradients, param_index
+from ..peeling import Residual, SampleGradients, candidate_scale, peel_pass
 from ..sparse_span import certify, decompose, directions_from_inputs, exact_zeros, refine, scales, strays, unique_columns
 
 __all__ = ["Spear", "SpearOptions"]
@@ -68,6 +68,8 @@ ROW_FACTORS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 MAX_ROWS = 512
 #: scales at which a completed (not yet exact) sample is re-proposed, both signs.
 SCALES = torch.cat([torch.logspace(-0.7, 0.7, 15), -torch.logspace(-0.7, 0.7, 15)]).double()
+#: ulps of the observation's dtype a peeled row's round-off bound starts at.
+PEEL_ULPS = 4.0
 #: a zero of a noised gradient is below this many times its noise level (σ_{B+1}/σ_1 of ∂L/∂W).
 NOISE_ZEROS = 10.0
 
@@ -146,34 +148,158 @@ class Spear(Attack):
         weight = first.layer.weight.detach().double()
         bias = first.layer.bias.detach().double()
         batch = obs.batch_size
+        spectrum = torch.linalg.svdvals(grad_w)
+        trace: dict = {"spectrum": spectrum[: batch + 1].tolist(), "rounds": 0, "passes": []}
+        noise = 0.0
+        if spectrum.numel() > batch and float(spectrum[0]) > 0:
+            # singular values past B are noise (or round-off): σ_{B+1} ≈ s(√m + √n) for entries of std s
+            noise = float(spectrum[batch]) / (grad_w.shape[0] ** 0.5 + grad_w.shape[1] ** 0.5)
+            trace["noise_level"] = float(spectrum[batch] / spectrum[0])
+        rank = int((spectrum > rcond * spectrum[0]).sum()) if float(spectrum[0]) > 0 else 0
+        trace.update({"rank": min(rank, batch), "gradient_norm": float(grad_w.norm())})
+        if rank < batch:
+            trace["rank_deficient"] = (f"∂L/∂W has rank {rank} < batch {batch}: the inputs are linearly dependent; "
+                                       "SPEAR's factorisation (Theorem 3.2) needs rank B, peeling does not")
+        grads = self._sample_gradients(obs, chain)
+        res = Residual.start(grad_w, grad_b, PEEL_ULPS * torch.finfo(obs.dtype).eps, noise)
+        scale = candidate_scale(res, grads, obs.data_range) if grads is not None else None
+        trace["scale"] = scale
+        estimates = None       # SPEAR's last (uncertified) estimates of the samples it could not certify
+        for _ in range(batch + 1):  # each round certifies at least one sample, or stops
+            before = res.count
+            if scale is not None:
+                while res.count < batch and peel_pass(res, grads, scale, obs.data_range, batch - res.count):
+                    pass
+            peeled = res.count - before
+            remaining = batch - res.count
+            trace["passes"].append({"peeled": peeled})
+            if progress is not None:
+                progress(res.count, batch, float(remaining))
+            if remaining == 0:
+                break
+            x_hat, deltas, exact, info = self._factorise(res.grad_w, res.grad_b, weight, bias, remaining,
+                                                         (rcond, zero_tol, null_tol, tol), obs.device)
+            trace["passes"][-1].update({"spear": int(exact.sum()) if x_hat is not None else 0, **info})
+            trace["rounds"] += info.get("rounds", 0)
+            if x_hat is None:
+                break
+            estimates = x_hat[~exact]
+            if not bool(exact.any()):
+                break
+            labels = self._labels_of(grads, x_hat[exact], deltas[exact], obs)
+            for x_i, y_i, d_i in zip(x_hat[exact], labels.tolist(), deltas[exact]):   # ≤ B samples
+                res.subtract(x_i, int(y_i), d_i, "spear")
+            if scale is None and grads is not None:
+                scale = self._scale_from(grads, x_hat[exact], labels, deltas[exact])
+                trace["scale"] = scale
+            estimates = None
+        return self._assemble(obs, chain, res, estimates, grads, trace)
+
+    @staticmethod
+    def _sample_gradients(obs: Observation, chain) -> SampleGradients | None:
+        """δ(x, y) through the rest of a copy of the model (losses with class labels only)."""
+        if obs.loss not in ("ce", "mse") or obs.num_classes < 2:
+            return None
+        model = attacker_model(obs)
+        copy_chain = layer_chain(model, obs.input_shape)
+        first = copy_chain.blocks[0]
+        rest = nn.Sequential(*copy_chain.modules[first.start + 1:]).double()
+        return SampleGradients(rest, first.layer.weight.detach().double(), first.layer.bias.detach().double(),
+                               obs.loss, obs.batch_size, obs.num_classes)
+
+    @staticmethod
+    def _labels_of(grads: SampleGradients | None, inputs: torch.Tensor, deltas: torch.Tensor, obs: Observation
+                   ) -> torch.Tensor:
+        """Per sample, the class whose δ(x̂, c) is most nearly parallel to the recovered δ̂ (any global scale)."""
+        if grads is None or inputs.shape[0] == 0:
+            return torch.zeros(inputs.shape[0], dtype=torch.long, device=inputs.device)
+        errors = []
+        unit = deltas / deltas.norm(dim=1, keepdim=True).clamp_min(1e-300)
+        for cls in range(obs.num_classes):
+            d = grads(inputs, torch.full((inputs.shape[0],), cls, dtype=torch.long, device=inputs.device))
+            errors.append(1 - (d * unit).sum(1).abs() / d.norm(dim=1).clamp_min(1e-300))
+        return torch.stack(errors, 1).argmin(1)
+
+    @staticmethod
+    def _scale_from(grads: SampleGradients, inputs: torch.Tensor, labels: torch.Tensor, deltas: torch.Tensor
+                    ) -> float | None:
+        """The global factor between recovered δ̂ and δ(x̂, y) (1 undefended, the factor of a clipped gradient)."""
+        d = grads(inputs, labels)
+        ratio = (d * deltas).sum(1) / d.pow(2).sum(1).clamp_min(1e-300)
+        return float(ratio.median()) if bool(torch.isfinite(ratio).all()) else None
+
+    def _assemble(self, obs: Observation, chain, res: Residual, estimates: torch.Tensor | None,
+                  grads: SampleGradients | None, trace: dict) -> Reconstruction:
+        """Certified samples first, then SPEAR's uncertified estimates (clamped), then the data-range centre; the
+        whole batch's gradient against the observation when every sample was found."""
+        lo, hi = obs.data_range
+        batch, n = obs.batch_size, res.grad_w.shape[1]
+        images = torch.full((batch, n), (lo + hi) / 2, dtype=torch.float64, device=obs.device)
+        certified = torch.zeros(batch, dtype=torch.bool, device=obs.device)
+        labels = torch.zeros(batch, dtype=torch.long, device=obs.device)
+        k = res.count
+        if k:
+            images[:k] = torch.stack(res.inputs)
+            labels[:k] = torch.tensor(res.labels, dtype=torch.long, device=obs.device)
+            certified[:k] = True
+        if estimates is not None and estimates.shape[0] and k < batch:
+            extra = estimates[: batch - k]
+            images[k:k + extra.shape[0]] = extra.clamp(lo, hi)
+            if grads is not None:
+                labels[k:k + extra.shape[0]] = self._guess_labels(grads, extra.clamp(lo, hi), res)
+        trace["found"] = k
+        trace["how"] = res.how
+        trace["gradient_residual"] = float(res.grad_w.norm()) / max(trace.pop("gradient_norm"), 1e-300)
+        if k < batch:
+            last = trace["passes"][-1] if trace["passes"] else {}
+            trace["unrecovered"] = (f"{batch - k} of {batch} samples not certified: no row of the residual gradient "
+                                    "is exclusive to one of them" + (
+                                        f", and its rank {last['rank']} is below their number" if
+                                        "rank_deficient" in last else ""))
+        return self._result(obs, images, certified, labels if grads is not None else None, trace)
+
+    @staticmethod
+    def _guess_labels(grads: SampleGradients, inputs: torch.Tensor, res: Residual) -> torch.Tensor:
+        """For uncertified estimates: the class whose δ best explains the residual bias gradient's direction."""
+        errors = []
+        target = res.grad_b / res.grad_b.norm().clamp_min(1e-300)
+        for cls in range(grads.classes):
+            d = grads(inputs, torch.full((inputs.shape[0],), cls, dtype=torch.long, device=inputs.device))
+            errors.append(-(d @ target) / d.norm(dim=1).clamp_min(1e-300))
+        return torch.stack(errors, 1).argmin(1)
+
+    def _factorise(self, grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                   batch: int, tolerances: tuple[float, float, float, float], device
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, dict]:
+        """SPEAR's Algorithm 1 on a (residual) gradient of ``batch`` samples: the estimates X̂ (rank×n), their δ̂
+        and which are certified, or None when the gradient is zero or the directions are singular."""
+        o = self.options
+        rcond, zero_tol, null_tol, tol = tolerances
         dec = decompose(grad_w, batch, rcond)
         rank = dec.rank
-        trace: dict = {"rank": rank, "spectrum": dec.spectrum[: batch + 1].tolist(), "rounds": 0}
+        info: dict = {"rank": rank, "batch": batch, "rounds": 0}
         if dec.spectrum.numel() > batch and float(dec.spectrum[0]) > 0:
             # a noised gradient's zeros sit at the noise level: the first singular value past B measures it
             noise = float(dec.spectrum[batch] / dec.spectrum[0])
             zero_tol, null_tol = max(zero_tol, NOISE_ZEROS * noise), max(null_tol, NOISE_ZEROS * noise)
-            trace["noise_level"] = noise
-        trace["zero_tol"] = zero_tol
-        lo, hi = obs.data_range
-        images = torch.full((batch, weight.shape[1]), (lo + hi) / 2, dtype=torch.float64, device=obs.device)
-        certified = torch.zeros(batch, dtype=torch.bool, device=obs.device)
+        info["zero_tol"] = zero_tol
+        none = torch.zeros(0, dtype=torch.bool, device=device)
         if rank < batch:
-            trace["rank_deficient"] = (f"∂L/∂W has rank {rank} < batch {batch}: the inputs are linearly dependent, "
-                                       "so samples inside a dependency cannot be separated (Theorem 3.2 needs rank B)")
+            info["rank_deficient"] = (f"∂L/∂W has rank {rank} < batch {batch}: the inputs are linearly dependent, "
+                                      "so samples inside a dependency cannot be separated (Theorem 3.2 needs rank B)")
         if rank == 0:
-            return self._result(obs, images, certified, None, trace)
+            return None, None, none, info
         left, right = dec.left, dec.right
         live = ~exact_zeros(grad_w.norm(dim=1, keepdim=True), zero_tol)[:, 0]   # neurons some sample activates
-        found = torch.zeros(rank, 0, dtype=torch.float64, device=obs.device)
-        spare = torch.zeros(rank, 0, dtype=torch.float64, device=obs.device)
+        found = torch.zeros(rank, 0, dtype=torch.float64, device=device)
+        spare = torch.zeros(rank, 0, dtype=torch.float64, device=device)
         inputs = self._row_inputs(grad_w, grad_b, live, o.candidates)
         selected = found
         # a rank-deficient batch has no exact columns to complete or repair: one pass finds the samples outside
         # every dependency (if any), further rounds would only spend time
         last = o.rounds if rank == batch else 0
         for round_ in range(last + 1):
-            trace["rounds"] = round_ + 1
+            info["rounds"] = round_ + 1
             for factor in ROW_FACTORS:  # fewest rows first; stop as soon as B directions are selected
                 rows = min(max(int(factor * rank), rank - 1), int(live.sum()), MAX_ROWS)
                 if rows < max(rank - 1, 1):
@@ -192,11 +318,9 @@ class Spear(Attack):
             disagree = None
             if selected.shape[1] >= rank and rank == batch:
                 selected, swapped = self._repair(left, right, weight, bias, grad_b, selected, found, zero_tol)
-                trace["swaps"] = trace.get("swaps", 0) + swapped
+                info["swaps"] = info.get("swaps", 0) + swapped
                 disagree = self._disagreements(left, right, weight, bias, grad_b, selected, zero_tol)
             missing = rank - selected.shape[1] if disagree is None else int((disagree > 0).sum())
-            if progress is not None:
-                progress(round_ + 1, last + 1, float(missing))
             if missing == 0 or round_ == last:
                 break
             completed = self._complete(left, selected, spare)
@@ -208,23 +332,19 @@ class Spear(Attack):
             redo = solved[selected.shape[1]:] if disagree is None else solved[disagree > 0]
             inputs = (SCALES.to(redo)[:, None, None] * redo[None]).reshape(-1, redo.shape[1])
             inputs = inputs[torch.isfinite(inputs).all(1)]
-        trace["found"] = int(selected.shape[1])
+        info["found"] = int(selected.shape[1])
         q_full = self._complete(left, selected, spare)
         s, bias_fit = scales(left, q_full, grad_b)
         x_hat = torch.linalg.solve(q_full, right) / s[:, None]
         deltas = (left @ q_full * s[None, :]).T
-        trace["bias_residual"] = bias_fit
+        info["bias_residual"] = bias_fit
         if not torch.isfinite(x_hat).all():
-            trace["failed"] = "the selected directions were singular; nothing certified"
-            return self._result(obs, images, certified, None, trace)
+            info["failed"] = "the selected directions were singular; nothing certified"
+            return None, None, none, info
         cert = certify(x_hat, deltas, weight, bias, grad_w, grad_b, zero_tol=zero_tol, tol=tol)
-        exact = cert.certified & (torch.arange(rank, device=obs.device) < selected.shape[1])
-        images[:rank] = torch.where(exact[:, None], x_hat, x_hat.clamp(lo, hi))
-        certified[:rank] = exact
-        trace.update({"gradient_residual": cert.gradient_residual, "pattern_mismatch": cert.pattern_mismatch.tolist(),
-                      "sample_residual": cert.residual.tolist()})
-        labels = self._labels(obs, chain, images[:rank], deltas)
-        return self._result(obs, images, certified, labels, trace)
+        exact = cert.certified & (torch.arange(rank, device=device) < selected.shape[1])
+        info.update({"pattern_mismatch": cert.pattern_mismatch.tolist(), "sample_residual": cert.residual.tolist()})
+        return x_hat, deltas, exact, info
 
     @staticmethod
     def _row_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, live: torch.Tensor, limit: int) -> torch.Tensor:
@@ -347,31 +467,6 @@ class Spear(Attack):
                 torch.eye(r, dtype=left.dtype, device=left.device)
             cols = torch.cat([cols, complement.T], 1)
         return cols
-
-    @staticmethod
-    def _labels(obs: Observation, chain, inputs: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor | None:
-        """Per sample, the class whose gradient at Z (the rest of the model on x̂_i) best reproduces δ̂_i."""
-        if obs.num_classes < 2 or obs.loss not in ("ce", "mse"):
-            return None
-        model = attacker_model(obs)
-        first = layer_chain(model, obs.input_shape).blocks[0]
-        rest = nn.Sequential(*layer_chain(model, obs.input_shape).modules[first.start + 1:])
-        loss_fn = get_loss(obs.loss)
-        n = inputs.shape[0]
-        with torch.no_grad():
-            z = (inputs @ first.layer.weight.detach().double().T + first.layer.bias.detach().double())
-        rest = rest.double()
-        errors = []
-        for cls in range(obs.num_classes):
-            zc = z.clone().requires_grad_(True)
-            target = torch.full((n,), cls, dtype=torch.long, device=z.device)
-            loss = loss_fn(rest(zc), target) * n / obs.batch_size
-            (grad,) = torch.autograd.grad(loss, zc)
-            errors.append((grad - deltas).norm(dim=1) / deltas.norm(dim=1).clamp_min(1e-300))
-        labels = torch.stack(errors, 1).argmin(1)
-        out = torch.zeros(obs.batch_size, dtype=torch.long, device=obs.device)
-        out[:n] = labels
-        return out
 
     @staticmethod
     def _result(obs: Observation, images: torch.Tensor, certified: torch.Tensor, labels, trace: dict
