@@ -103,7 +103,7 @@ def _tolerances(o: SpearOptions, dtype: torch.dtype) -> tuple[float, float, floa
     """rcond, zero_tol, null_tol, tol from the options, or from the precision the gradient was computed in."""
     eps = torch.finfo(dtype).eps
     return (o.rcond or max(8 * eps, 1e-12), o.zero_tol or max(16 * eps, 1e-7), o.null_tol or max(64 * eps, 1e-6),
-            o.tol or max(1000 * eps, 1e-9))
+            o.tol or max(30 * eps, 1e-9))
 
 
 @register
@@ -183,7 +183,7 @@ class Spear(Attack):
             trace["rounds"] += info.get("rounds", 0)
             if x_hat is None:
                 break
-            estimates = x_hat[~exact]
+            estimates = (x_hat[~exact], deltas[~exact])
             if not bool(exact.any()):
                 break
             labels = self._labels_of(grads, x_hat[exact], deltas[exact], obs)
@@ -242,11 +242,14 @@ class Spear(Attack):
             images[:k] = torch.stack(res.inputs)
             labels[:k] = torch.tensor(res.labels, dtype=torch.long, device=obs.device)
             certified[:k] = True
-        if estimates is not None and estimates.shape[0] and k < batch:
-            extra = estimates[: batch - k]
+        if k == batch and grads is not None:
+            self._polish(res, grads, trace)
+            images[:k] = torch.stack(res.inputs)
+        if estimates is not None and estimates[0].shape[0] and k < batch:
+            extra, extra_deltas = estimates[0][: batch - k], estimates[1][: batch - k]
             images[k:k + extra.shape[0]] = extra.clamp(lo, hi)
             if grads is not None:
-                labels[k:k + extra.shape[0]] = self._guess_labels(grads, extra.clamp(lo, hi), res)
+                labels[k:k + extra.shape[0]] = self._labels_of(grads, extra.clamp(lo, hi), extra_deltas, obs)
         trace["found"] = k
         trace["how"] = res.how
         trace["gradient_residual"] = float(res.grad_w.norm()) / max(trace.pop("gradient_norm"), 1e-300)
@@ -259,14 +262,26 @@ class Spear(Attack):
         return self._result(obs, images, certified, labels if grads is not None else None, trace)
 
     @staticmethod
-    def _guess_labels(grads: SampleGradients, inputs: torch.Tensor, res: Residual) -> torch.Tensor:
-        """For uncertified estimates: the class whose δ best explains the residual bias gradient's direction."""
-        errors = []
-        target = res.grad_b / res.grad_b.norm().clamp_min(1e-300)
-        for cls in range(grads.classes):
-            d = grads(inputs, torch.full((inputs.shape[0],), cls, dtype=torch.long, device=inputs.device))
-            errors.append(-(d @ target) / d.norm(dim=1).clamp_min(1e-300))
-        return torch.stack(errors, 1).argmin(1)
+    def _polish(res: Residual, grads: SampleGradients, trace: dict, steps: int = 3) -> None:
+        """With every sample found, ∂L/∂W = Δᵀ X is linear in X once Δ is fixed: re-solve X̂ by least squares over
+        all m rows (each sample was read off one row; all rows pin it more precisely), recompute Δ̂ from X̂ and the
+        labels, and keep the result while the whole first-layer residual shrinks."""
+        x = torch.stack(res.inputs)
+        labels = torch.tensor(res.labels, dtype=torch.long, device=x.device)
+        deltas = torch.stack(res.deltas)
+        scale = trace.get("scale") or 1.0
+        target_w = res.grad_w + deltas.T @ x
+        target_b = res.grad_b + deltas.sum(0)
+        best = float(res.grad_w.norm())
+        for _ in range(steps):
+            trial = torch.linalg.lstsq(deltas.T, target_w).solution
+            trial_deltas = scale * grads(trial, labels)
+            residual = float((target_w - trial_deltas.T @ trial).norm())
+            if not residual < best:
+                break
+            best, x, deltas = residual, trial, trial_deltas
+        res.inputs, res.deltas = list(x), list(deltas)
+        res.grad_w, res.grad_b = target_w - deltas.T @ x, target_b - deltas.sum(0)
 
     def _factorise(self, grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                    batch: int, tolerances: tuple[float, float, float, float], device
