@@ -46,6 +46,7 @@ dependency of the batch, and the others come back as least-squares estimates wit
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +91,8 @@ class SpearOptions:
     candidates: int = 1024
     #: rounds of completing Q with the best rejected proposals and re-proposing from the solved batch.
     rounds: int = 4
+    #: wall-clock budget in seconds for SPEAR's rounds (0 = none); peeling passes are not cut.
+    seconds: float = 60.0
 
     def check(self) -> None:
         for name in ("rcond", "zero_tol", "null_tol", "tol"):
@@ -97,6 +100,7 @@ class SpearOptions:
             expect(0 <= value < 1, f"expected 0 ≤ {name} < 1 (0 = automatic), got {value} (option {name})")
         expect(self.candidates >= 1, f"expected candidates ≥ 1, got {self.candidates} (option candidates)")
         expect(self.rounds >= 0, f"expected rounds ≥ 0, got {self.rounds} (option rounds)")
+        expect(self.seconds >= 0, f"expected seconds ≥ 0 (0 = no limit), got {self.seconds} (option seconds)")
 
 
 def _tolerances(o: SpearOptions, dtype: torch.dtype) -> tuple[float, float, float, float]:
@@ -142,6 +146,7 @@ class Spear(Attack):
     def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
         o = self.options
         rcond, zero_tol, null_tol, tol = _tolerances(o, obs.dtype)
+        self._deadline = time.perf_counter() + o.seconds if o.seconds else float("inf")
         chain = layer_chain(obs.model, obs.input_shape)
         first = chain.blocks[0]
         grad_w, grad_b = layer_gradients(obs, first.layer, obs.gradients, param_index(obs))
@@ -329,6 +334,9 @@ class Spear(Attack):
                     selected = self._select(left, found, zero_tol)
                 if selected.shape[1] >= rank and round_ == 0:  # later rounds have few candidates: try every k
                     break
+                if time.perf_counter() > self._deadline:
+                    info["time_budget"] = f"stopped after {o.seconds:g} s (option seconds)"
+                    break
             spare = spare[:, exact_zeros(left @ spare, 1e-3).sum(0).argsort(descending=True)[: 4 * rank]]
             disagree = None
             if selected.shape[1] >= rank and rank == batch:
@@ -336,7 +344,7 @@ class Spear(Attack):
                 info["swaps"] = info.get("swaps", 0) + swapped
                 disagree = self._disagreements(left, right, weight, bias, grad_b, selected, zero_tol)
             missing = rank - selected.shape[1] if disagree is None else int((disagree > 0).sum())
-            if missing == 0 or round_ == last:
+            if missing == 0 or round_ == last or "time_budget" in info:
                 break
             completed = self._complete(left, selected, spare)
             s, _ = scales(left, completed, grad_b)
@@ -345,7 +353,10 @@ class Spear(Attack):
             # so when one is missing), those of disagreeing samples near their sample; the scale of either rests on
             # wrong columns: try each at a grid of scales
             redo = solved[selected.shape[1]:] if disagree is None else solved[disagree > 0]
-            inputs = (SCALES.to(redo)[:, None, None] * redo[None]).reshape(-1, redo.shape[1])
+            # at most ``candidates`` proposals: fewer scales (evenly spread over both signs) for many samples
+            grid = SCALES.to(redo)[torch.linspace(0, len(SCALES) - 1, max(2, min(len(SCALES), o.candidates //
+                                                                                 max(1, redo.shape[0])))).long()]
+            inputs = (grid[:, None, None] * redo[None]).reshape(-1, redo.shape[1])[: o.candidates]
             inputs = inputs[torch.isfinite(inputs).all(1)]
         info["found"] = int(selected.shape[1])
         q_full = self._complete(left, selected, spare)
