@@ -2,7 +2,7 @@
 
 1. ``mlp:1000`` and ``mlp:1000-1000`` (ReLU, untrained, eval mode), undefended gradients of digits upsampled to
    28×28, three batches per B: samples recovered exactly (above 60 dB after the best one-to-one matching),
-   certified, and certified yet wrong (> 1e-5), and seconds, of ``spear``, beside ``exclusivity`` and
+   certified, and certified yet wrong (max-abs error > 1e-4), and seconds, of ``spear``, beside ``exclusivity`` and
    ``cocktail-party`` (first batch) and a grey image (the data-range centre), with the numerical rank of ∂L/∂W
    (SPEAR's factorisation needs rank B; these digits are 8×8 images upsampled, so a batch lives in ~55
    dimensions, and spear's peeling reaches past that).
@@ -38,7 +38,7 @@ def _timed(name: str, obs, **options):
 
 
 def _spear_counts(obs, x: torch.Tensor) -> tuple[int, int, int, float, int]:
-    """exact (> 60 dB), certified, falsely certified (max-abs error > 1e-5 after matching), seconds, rank."""
+    """exact (> 60 dB), certified, falsely certified (max-abs error > 1e-4 after matching), seconds, rank."""
     rec, seconds = _timed("spear", obs)
     scores = lb.compare(rec, x)
     psnr = torch.tensor(scores["per_sample"]["psnr"])
@@ -46,7 +46,7 @@ def _spear_counts(obs, x: torch.Tensor) -> tuple[int, int, int, float, int]:
     b = x.shape[0]
     err = (x.reshape(b, -1).double() - rec.images.reshape(b, -1).double()[order]).abs().amax(1)
     certified = rec.confidence.bool()[order]
-    return (int((psnr > 60).sum()), int(certified.sum()), int((certified & (err > 1e-5)).sum()), seconds,
+    return (int((psnr > 60).sum()), int(certified.sum()), int((certified & (err > 1e-4)).sum()), seconds,
             rec.trace["rank"])
 
 
@@ -88,7 +88,7 @@ def digits(quick: bool) -> None:
     table("exact samples (> 60 dB, matched) against B: ReLU MLPs, untrained, undefended",
           COLUMNS + OTHERS + ["grey dB"], rows,
           note="batches: data.batch(B, seed=100·k + B), k = 0, 1, 2 (quick: k = 0); exact/certified summed over "
-               "them (n = batches × B); false cert.: certified yet more than 1e-5 off; exclusivity and "
+               "them (n = batches × B); false cert.: certified yet more than 1e-4 off (max-abs); exclusivity and "
                "cocktail-party on the first batch; times on this machine, shared with other work")
 
 

@@ -57,21 +57,26 @@ class SampleGradients:
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Per-sample δ (K×m) for inputs (K×n) and labels (K)."""
+        return self.at_pre(inputs @ self.weight.T + self.bias, labels)
+
+    def at_pre(self, pre: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """δ from the pre-activations (K×m) directly."""
         out = []
-        for start in range(0, inputs.shape[0], self.chunk):
-            part = inputs[start:start + self.chunk]
+        for start in range(0, pre.shape[0], self.chunk):
             with torch.enable_grad():
-                z = (part @ self.weight.T + self.bias).requires_grad_(True)
-                loss = self.loss_fn(self.rest(z), labels[start:start + self.chunk]) * part.shape[0] / self.batch
+                z = pre[start:start + self.chunk].detach().requires_grad_(True)
+                loss = self.loss_fn(self.rest(z), labels[start:start + self.chunk]) * z.shape[0] / self.batch
                 out.append(torch.autograd.grad(loss, z)[0])
-        return torch.cat(out) if out else inputs.new_zeros(0, self.weight.shape[0])
+        return torch.cat(out) if out else pre.new_zeros(0, self.weight.shape[0])
 
     def at_rows(self, inputs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """δ(x̂_k, c)_{rows_k} for every candidate k and class c (K×C): one backward pass per class."""
+        """δ(x̂_k, c)_{rows_k} for every candidate k and class c (K×C): the layer once, one backward pass of the
+        rest of the model per class."""
+        pre = inputs @ self.weight.T + self.bias
         cols = []
         for cls in range(self.classes):
             labels = torch.full((inputs.shape[0],), cls, dtype=torch.long, device=inputs.device)
-            cols.append(self(inputs, labels).gather(1, rows[:, None])[:, 0])
+            cols.append(self.at_pre(pre, labels).gather(1, rows[:, None])[:, 0])
         return torch.stack(cols, 1)
 
 

@@ -242,6 +242,11 @@ class Spear(Attack):
         images = torch.full((batch, n), (lo + hi) / 2, dtype=torch.float64, device=obs.device)
         certified = torch.zeros(batch, dtype=torch.bool, device=obs.device)
         labels = torch.zeros(batch, dtype=torch.long, device=obs.device)
+        if (grads is not None and estimates is not None and res.count < batch
+                and res.count + estimates[0].shape[0] == batch):
+            res = self._joint(res, grads, estimates, obs, trace)
+            if res.count == batch:
+                estimates = None
         k = res.count
         if k:
             images[:k] = torch.stack(res.inputs)
@@ -257,7 +262,7 @@ class Spear(Attack):
                 labels[k:k + extra.shape[0]] = self._labels_of(grads, extra.clamp(lo, hi), extra_deltas, obs)
         trace["found"] = k
         trace["how"] = res.how
-        trace["gradient_residual"] = float(res.grad_w.norm()) / max(trace.pop("gradient_norm"), 1e-300)
+        trace["gradient_residual"] = float(res.grad_w.norm()) / max(trace["gradient_norm"], 1e-300)
         if k < batch:
             last = trace["passes"][-1] if trace["passes"] else {}
             trace["unrecovered"] = (f"{batch - k} of {batch} samples not certified: no row of the residual gradient "
@@ -265,6 +270,26 @@ class Spear(Attack):
                                         f", and its rank {last['rank']} is below their number" if
                                         "rank_deficient" in last else ""))
         return self._result(obs, images, certified, labels if grads is not None else None, trace)
+
+    def _joint(self, res: Residual, grads: SampleGradients, estimates: tuple[torch.Tensor, torch.Tensor],
+               obs: Observation, trace: dict) -> Residual:
+        """The certified refinement: SPEAR's uncertified estimates join the certified samples, the whole batch is
+        re-solved by :meth:`_polish`, and it is kept only when it reproduces the first layer's whole gradient to
+        the certification tolerance (a joint certificate: ∂L/∂W and ∂L/∂b of B samples through the model)."""
+        tol = _tolerances(self.options, obs.dtype)[3]
+        scale = trace.get("scale") or 1.0
+        x, spear_deltas = estimates
+        labels = self._labels_of(grads, x, spear_deltas, obs)
+        trial = Residual(res.grad_w.clone(), res.grad_b.clone(), res.err_w.clone(), res.err_b.clone(), res.eps,
+                         list(res.inputs), list(res.labels), list(res.deltas), list(res.how))
+        for x_i, y_i, d_i in zip(x, labels.tolist(), scale * grads(x, labels)):   # ≤ B samples
+            trial.subtract(x_i, int(y_i), d_i, "joint")
+        self._polish(trial, grads, trace)
+        total_w = (trial.grad_w.norm() / max(trace["gradient_norm"], 1e-300)).item()
+        total_b = (trial.grad_b.norm() / (trial.grad_b + torch.stack(trial.deltas).sum(0)).norm().clamp_min(
+            1e-300)).item()
+        trace["joint_residual"] = max(total_w, total_b)
+        return trial if max(total_w, total_b) <= tol else res
 
     @staticmethod
     def _polish(res: Residual, grads: SampleGradients, trace: dict, steps: int = 3) -> None:
