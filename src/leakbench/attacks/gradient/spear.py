@@ -31,7 +31,7 @@ span of those taken (a mixture comes after both of its samples: it has fewer zer
 fewer than B are found, the missing columns are completed with the best rejected proposals, the batch
 X̂ = Q̂⁻¹R solved, and its rows become new candidate inputs (``rounds`` times).
 
-Certificates (per sample, :func:`~leakbench.attacks.sparse_span.certify`): the recovered x̂_i's own
+SPEAR's certificates (per sample, :func:`~leakbench.attacks.sparse_span.certify`): the recovered x̂_i's own
 activation pattern reproduces the zero pattern of δ̂_i (SPEAR's sparsity matching), and Δ̂ᵀX̂ reproduces
 ∂L/∂W on the rows where i is active and Δ̂ᵀ1 reproduces ∂L/∂b (relative ``tol``).  With all B columns of
 Q the residuals vanish for *any* Q (L Q Q⁻¹ R = L R), so here the pattern test carries the certificate:
@@ -39,10 +39,32 @@ a wrong column mixes samples, whose activation patterns then contradict their gr
 otherwise (0/1 flags, so :func:`leakbench.metrics.compare` matches exact slots first).  Labels are read by
 matching each δ̂_i with the gradient at Z that the rest of the model gives for x̂_i and each class.
 
-Limits, said in ``trace``: the batch's inputs must be linearly independent (rank ∂L/∂W = B).  Images
-that live in a subspace of dimension < B (e.g. 8×8 digits upsampled, ~55 dimensions) make ∂L/∂W rank-
-deficient; then no sample's δ_i lies in the observed span unless the sample is outside every linear
-dependency of the batch, and the others come back as least-squares estimates with confidence 0.
+Beyond rank B — peeling (``leakbench.attacks.peeling``).  SPEAR's factorisation needs rank ∂L/∂W = B, i.e.
+linearly independent inputs; 28×28 digits are 8×8 images upsampled and 64 of them span ~53 dimensions, so no
+column of Q is exact there.  The attack therefore runs, in turn until neither certifies anything new:
+
+1. peeling: every row j of the residual gradient proposes x̂ = ∂W_j/∂b_j (exact when neuron j is exclusive to
+   one sample, Pan et al. 2022, eq. 6); it is certified when the rest of the model (known W, b and later
+   layers) gives δ(x̂, y)_j = s·∂b_j for exactly one label y, at the precision the row carries (its float
+   round-off and the observation's noise floor σ_{B+1}/(√m + √n), propagated through every subtraction), and
+   x̂ lies in the data range; s is 1, or the one factor a clipped gradient shows on every exclusive row.  The
+   sample's exact contribution δ(x̂, y) x̂ᵀ is subtracted, so neurons it shared with one other sample become
+   exclusive to that one;
+2. SPEAR (above) on the residual, whose batch is the samples not yet peeled (its rank equals their number
+   once enough have left); what it certifies is subtracted too.
+
+When every sample is found, or the certified ones and SPEAR's uncertified estimates make up the batch, the
+whole batch is re-solved jointly: with Δ̂ fixed, ∂L/∂W = Δ̂ᵀX is linear in X (least squares over all m rows),
+Δ̂ recomputed from X̂ and the labels, and the result kept, and then certified as a whole, only when it
+reproduces ∂L/∂W and ∂L/∂b to ``tol`` (a joint certificate; with B ≤ m and Δ of full column rank no other batch
+gives the same first-layer gradient, Pan et al.'s Theorem 2 with a zero-dimensional invariant space).
+
+Limits, said in ``trace``: ``rank`` and ``rank_deficient`` (SPEAR alone would stop there), ``passes`` (how many
+each pass peeled and SPEAR certified), ``unrecovered`` (samples that share every neuron with another and sit
+inside a linear dependency: neither route separates them; they come back as SPEAR's least-squares estimates,
+or the data-range centre, with confidence 0), ``time_budget`` (option ``seconds``).  A noised gradient's rows
+carry its noise: no row is precise enough to certify, and SPEAR's tolerance (30 ulps) withholds its
+certificates, so noise never earns a certificate (tests), though the estimates may still be close.
 """
 from __future__ import annotations
 
@@ -279,6 +301,8 @@ class Spear(Attack):
         tol = _tolerances(self.options, obs.dtype)[3]
         scale = trace.get("scale") or 1.0
         x, spear_deltas = estimates
+        if not bool(torch.isfinite(x).all() and torch.isfinite(spear_deltas).all()):
+            return res
         labels = self._labels_of(grads, x, spear_deltas, obs)
         trial = Residual(res.grad_w.clone(), res.grad_b.clone(), res.err_w.clone(), res.err_b.clone(), res.eps,
                          list(res.inputs), list(res.labels), list(res.deltas), list(res.how))
@@ -304,7 +328,12 @@ class Spear(Attack):
         target_b = res.grad_b + deltas.sum(0)
         best = float(res.grad_w.norm())
         for _ in range(steps):
-            trial = torch.linalg.lstsq(deltas.T, target_w).solution
+            if not bool(torch.isfinite(deltas).all()):
+                break
+            try:
+                trial = torch.linalg.lstsq(deltas.T, target_w).solution
+            except (RuntimeError, torch.linalg.LinAlgError):   # a degenerate Δ̂ (estimates far off): keep x
+                break
             trial_deltas = scale * grads(trial, labels)
             residual = float((target_w - trial_deltas.T @ trial).norm())
             if not residual < best:
