@@ -93,6 +93,7 @@ class Residual:
     labels: list[int] = field(default_factory=list)
     deltas: list[torch.Tensor] = field(default_factory=list)
     how: list[str] = field(default_factory=list)
+    certified: list[bool] = field(default_factory=list)
 
     @classmethod
     def start(cls, grad_w: torch.Tensor, grad_b: torch.Tensor, eps: float, noise: float) -> Residual:
@@ -110,7 +111,7 @@ class Residual:
         tiny = torch.finfo(self.grad_b.dtype).tiny
         return self.err_b / self.grad_b.abs().clamp_min(tiny) + self.err_w / self.grad_w.norm(dim=1).clamp_min(tiny)
 
-    def subtract(self, x: torch.Tensor, label: int, delta: torch.Tensor, how: str) -> None:
+    def subtract(self, x: torch.Tensor, label: int, delta: torch.Tensor, how: str, certified: bool = True) -> None:
         """Remove one sample's exact contribution (``delta`` already carries the global scale)."""
         self.grad_w -= delta[:, None] * x[None, :]
         self.grad_b -= delta
@@ -121,6 +122,7 @@ class Residual:
         self.labels.append(label)
         self.deltas.append(delta)
         self.how.append(how)
+        self.certified.append(certified)
 
 
 def _distinct(inputs: torch.Tensor, order: torch.Tensor, tol: float) -> torch.Tensor:
@@ -171,10 +173,11 @@ def candidate_scale(res: Residual, grads: SampleGradients, data_range: tuple[flo
     return float(logs[k].exp())
 
 
-def peel_pass(res: Residual, grads: SampleGradients, scale: float, data_range: tuple[float, float], budget: int
-              ) -> int:
+def peel_pass(res: Residual, grads: SampleGradients, scale: float, data_range: tuple[float, float], budget: int,
+              *, certified: bool = True) -> int:
     """One pass: certify every row whose candidate meets its own bias gradient, subtract the distinct samples
-    found (at most ``budget``).  Returns how many were peeled."""
+    found (at most ``budget``).  Returns how many were peeled.  ``certified=False``: the residual carries an
+    imprecise earlier subtraction, so what is found is subtracted but not certified on its own."""
     if budget <= 0:
         return 0
     rel = res.relative_error()
@@ -207,5 +210,5 @@ def peel_pass(res: Residual, grads: SampleGradients, scale: float, data_range: t
     labels = label[idx]
     deltas = scale * grads(cand[idx], labels)
     for k in range(idx.numel()):                                          # ≤ budget samples
-        res.subtract(cand[idx[k]], int(labels[k]), deltas[k], f"row {int(rows[idx[k]])}")
+        res.subtract(cand[idx[k]], int(labels[k]), deltas[k], f"row {int(rows[idx[k]])}", certified=certified)
     return int(idx.numel())

@@ -93,6 +93,9 @@ MAX_ROWS = 512
 SCALES = torch.cat([torch.logspace(-0.7, 0.7, 15), -torch.logspace(-0.7, 0.7, 15)]).double()
 #: ulps of the observation's dtype a peeled row's round-off bound starts at.
 PEEL_ULPS = 4.0
+#: a SPEAR sample is certified only when its estimated max-abs error is below this fraction of the data range
+#: (the estimate runs ~10× above the measured error of exact samples, and far below that of imprecise ones).
+PRECISION = 1e-4
 #: a zero of a noised gradient is below this many times its noise level (σ_{B+1}/σ_1 of ∂L/∂W).
 NOISE_ZEROS = 10.0
 
@@ -188,14 +191,17 @@ class Spear(Attack):
             trace["rank_deficient"] = (f"∂L/∂W has rank {rank} < batch {batch}: the inputs are linearly dependent; "
                                        "SPEAR's factorisation (Theorem 3.2) needs rank B, peeling does not")
         grads = self._sample_gradients(obs, chain)
+        lo, hi = obs.data_range
         res = Residual.start(grad_w, grad_b, PEEL_ULPS * torch.finfo(obs.dtype).eps, noise)
         scale = candidate_scale(res, grads, obs.data_range) if grads is not None else None
         trace["scale"] = scale
         estimates = None       # SPEAR's last (uncertified) estimates of the samples it could not certify
+        tainted = False        # a provisional (imprecise) sample was subtracted: later finds are not certified alone
         for _ in range(batch + 1):  # each round certifies at least one sample, or stops
             before = res.count
             if scale is not None:
-                while res.count < batch and peel_pass(res, grads, scale, obs.data_range, batch - res.count):
+                while res.count < batch and peel_pass(res, grads, scale, obs.data_range, batch - res.count,
+                                                      certified=not tainted):
                     pass
             peeled = res.count - before
             remaining = batch - res.count
@@ -204,20 +210,24 @@ class Spear(Attack):
                 progress(res.count, batch, float(remaining))
             if remaining == 0:
                 break
-            x_hat, deltas, exact, info = self._factorise(res.grad_w, res.grad_b, weight, bias, remaining,
-                                                         (rcond, zero_tol, null_tol, tol), obs.device)
-            trace["passes"][-1].update({"spear": int(exact.sum()) if x_hat is not None else 0, **info})
+            x_hat, deltas, found, precise, info = self._factorise(
+                res.grad_w, res.grad_b, weight, bias, remaining, (rcond, zero_tol, null_tol, tol), obs.device, hi - lo)
+            trace["passes"][-1].update({"spear": int((found & precise).sum()) if x_hat is not None else 0, **info})
             trace["rounds"] += info.get("rounds", 0)
             if x_hat is None:
                 break
-            estimates = (x_hat[~exact], deltas[~exact])
-            if not bool(exact.any()):
+            estimates = (x_hat[~found], deltas[~found])
+            if not bool(found.any()):
                 break
-            labels = self._labels_of(grads, x_hat[exact], deltas[exact], obs)
-            for x_i, y_i, d_i in zip(x_hat[exact], labels.tolist(), deltas[exact]):   # ≤ B samples
-                res.subtract(x_i, int(y_i), d_i, "spear")
+            labels = self._labels_of(grads, x_hat[found], deltas[found], obs)
+            # a pattern-certified sample that is not precise is subtracted provisionally (it drives the next passes);
+            # after it the residual carries its error, so nothing found later is certified on its own
+            for x_i, y_i, d_i, ok in zip(x_hat[found], labels.tolist(), deltas[found], precise[found].tolist()):
+                res.subtract(x_i, int(y_i), d_i, "spear" if ok and not tainted else "spear (provisional)",
+                             certified=ok and not tainted)
+            tainted = tainted or not bool(precise[found].all())
             if scale is None and grads is not None:
-                scale = self._scale_from(grads, x_hat[exact], labels, deltas[exact])
+                scale = self._scale_from(grads, x_hat[found], labels, deltas[found])
                 trace["scale"] = scale
             estimates = None
         return self._assemble(obs, chain, res, estimates, grads, trace)
@@ -264,19 +274,18 @@ class Spear(Attack):
         images = torch.full((batch, n), (lo + hi) / 2, dtype=torch.float64, device=obs.device)
         certified = torch.zeros(batch, dtype=torch.bool, device=obs.device)
         labels = torch.zeros(batch, dtype=torch.long, device=obs.device)
-        if (grads is not None and estimates is not None and res.count < batch
-                and res.count + estimates[0].shape[0] == batch):
+        complete = res.count == batch or (estimates is not None and res.count + estimates[0].shape[0] == batch)
+        if grads is not None and complete and (res.count < batch or not all(res.certified)):
             res = self._joint(res, grads, estimates, obs, trace)
             if res.count == batch:
                 estimates = None
         k = res.count
+        if k == batch and grads is not None and all(res.certified):
+            self._polish(res, grads, trace)
         if k:
             images[:k] = torch.stack(res.inputs)
             labels[:k] = torch.tensor(res.labels, dtype=torch.long, device=obs.device)
-            certified[:k] = True
-        if k == batch and grads is not None:
-            self._polish(res, grads, trace)
-            images[:k] = torch.stack(res.inputs)
+            certified[:k] = torch.tensor(res.certified, dtype=torch.bool, device=obs.device)
         if estimates is not None and estimates[0].shape[0] and k < batch:
             extra, extra_deltas = estimates[0][: batch - k], estimates[1][: batch - k]
             images[k:k + extra.shape[0]] = extra.clamp(lo, hi)
@@ -293,27 +302,33 @@ class Spear(Attack):
                                         "rank_deficient" in last else ""))
         return self._result(obs, images, certified, labels if grads is not None else None, trace)
 
-    def _joint(self, res: Residual, grads: SampleGradients, estimates: tuple[torch.Tensor, torch.Tensor],
+    def _joint(self, res: Residual, grads: SampleGradients, estimates: tuple[torch.Tensor, torch.Tensor] | None,
                obs: Observation, trace: dict) -> Residual:
         """The certified refinement: SPEAR's uncertified estimates join the certified samples, the whole batch is
         re-solved by :meth:`_polish`, and it is kept only when it reproduces the first layer's whole gradient to
         the certification tolerance (a joint certificate: ∂L/∂W and ∂L/∂b of B samples through the model)."""
         tol = _tolerances(self.options, obs.dtype)[3]
         scale = trace.get("scale") or 1.0
-        x, spear_deltas = estimates
-        if not bool(torch.isfinite(x).all() and torch.isfinite(spear_deltas).all()):
-            return res
-        labels = self._labels_of(grads, x, spear_deltas, obs)
         trial = Residual(res.grad_w.clone(), res.grad_b.clone(), res.err_w.clone(), res.err_b.clone(), res.eps,
-                         list(res.inputs), list(res.labels), list(res.deltas), list(res.how))
-        for x_i, y_i, d_i in zip(x, labels.tolist(), scale * grads(x, labels)):   # ≤ B samples
-            trial.subtract(x_i, int(y_i), d_i, "joint")
+                         list(res.inputs), list(res.labels), list(res.deltas), list(res.how), list(res.certified))
+        if estimates is not None and estimates[0].shape[0]:
+            x, spear_deltas = estimates
+            if not bool(torch.isfinite(x).all() and torch.isfinite(spear_deltas).all()):
+                return res
+            labels = self._labels_of(grads, x, spear_deltas, obs)
+            for x_i, y_i, d_i in zip(x, labels.tolist(), scale * grads(x, labels)):   # ≤ B samples
+                trial.subtract(x_i, int(y_i), d_i, "joint", certified=False)
+        if trial.count != obs.batch_size:
+            return res
         self._polish(trial, grads, trace)
         total_w = (trial.grad_w.norm() / max(trace["gradient_norm"], 1e-300)).item()
         total_b = (trial.grad_b.norm() / (trial.grad_b + torch.stack(trial.deltas).sum(0)).norm().clamp_min(
             1e-300)).item()
         trace["joint_residual"] = max(total_w, total_b)
-        return trial if max(total_w, total_b) <= tol else res
+        if not max(total_w, total_b) <= tol:
+            return res
+        trial.certified = [True] * trial.count
+        return trial
 
     @staticmethod
     def _polish(res: Residual, grads: SampleGradients, trace: dict, steps: int = 3) -> None:
@@ -343,10 +358,11 @@ class Spear(Attack):
         res.grad_w, res.grad_b = target_w - deltas.T @ x, target_b - deltas.sum(0)
 
     def _factorise(self, grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                   batch: int, tolerances: tuple[float, float, float, float], device
-                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, dict]:
-        """SPEAR's Algorithm 1 on a (residual) gradient of ``batch`` samples: the estimates X̂ (rank×n), their δ̂
-        and which are certified, or None when the gradient is zero or the directions are singular."""
+                   batch: int, tolerances: tuple[float, float, float, float], device, width: float = 1.0
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, dict]:
+        """SPEAR's Algorithm 1 on a (residual) gradient of ``batch`` samples: the estimates X̂ (rank×n), their δ̂,
+        which pass SPEAR's pattern certificate and which of those are also precise (estimated max-abs error
+        ≤ ``PRECISION``·``width``), or None when the gradient is zero or the directions are singular."""
         o = self.options
         rcond, zero_tol, null_tol, tol = tolerances
         dec = decompose(grad_w, batch, rcond)
@@ -362,7 +378,7 @@ class Spear(Attack):
             info["rank_deficient"] = (f"∂L/∂W has rank {rank} < batch {batch}: the inputs are linearly dependent, "
                                       "so samples inside a dependency cannot be separated (Theorem 3.2 needs rank B)")
         if rank == 0:
-            return None, None, none, info
+            return None, None, none, none, info
         left, right = dec.left, dec.right
         live = ~exact_zeros(grad_w.norm(dim=1, keepdim=True), zero_tol)[:, 0]   # neurons some sample activates
         found = torch.zeros(rank, 0, dtype=torch.float64, device=device)
@@ -420,11 +436,38 @@ class Spear(Attack):
         info["bias_residual"] = bias_fit
         if not torch.isfinite(x_hat).all():
             info["failed"] = "the selected directions were singular; nothing certified"
-            return None, None, none, info
+            return None, None, none, none, info
         cert = certify(x_hat, deltas, weight, bias, grad_w, grad_b, zero_tol=zero_tol, tol=tol)
         exact = cert.certified & (torch.arange(rank, device=device) < selected.shape[1])
+        # precision: X̂ = Q̂⁻¹R/s amplifies R's error (σ_{B+1} of the gradient, its noise or round-off) by row i of
+        # Q̂⁻¹, and Q̂'s own error shows as the change of X̂ when every direction is re-solved from half of its
+        # zero rows (even and odd rows apart); a sample is exact only to the larger of the two
+        precision = self._precision(left, right, grad_b, q_full, selected.shape[1], s, dec, batch, zero_tol)
+        info["precision"] = precision.tolist()
+        info["imprecise"] = int((exact & ~(precision <= PRECISION * width)).sum())
         info.update({"pattern_mismatch": cert.pattern_mismatch.tolist(), "sample_residual": cert.residual.tolist()})
-        return x_hat, deltas, exact, info
+        return x_hat, deltas, exact, precision <= PRECISION * width, info
+
+    @staticmethod
+    def _precision(left: torch.Tensor, right: torch.Tensor, grad_b: torch.Tensor, q_full: torch.Tensor, k: int,
+                   s: torch.Tensor, dec, batch: int, zero_tol: float) -> torch.Tensor:
+        """Per sample, an estimate of the max-abs error of x̂_i (see the caller)."""
+        floor = float(dec.spectrum[batch]) if dec.spectrum.numel() > batch else 0.0
+        inv = torch.linalg.inv(q_full)
+        amplified = inv.norm(dim=1) * floor / s.abs().clamp_min(1e-300)
+        halves = []
+        for parity in (0, 1):
+            zeros = exact_zeros(left @ q_full[:, :k], zero_tol)
+            keep = (torch.arange(left.shape[0], device=left.device) % 2 == parity)[:, None] & zeros
+            gram = torch.einsum("mk,mr,ms->krs", keep.to(left.dtype), left, left)
+            cols = torch.linalg.eigh(gram)[1][:, :, 0].T
+            cols = cols * torch.sign((cols * q_full[:, :k]).sum(0, keepdim=True))
+            q = torch.cat([cols, q_full[:, k:]], 1)
+            sh, _ = scales(left, q, grad_b)
+            halves.append(torch.linalg.solve(q, right) / sh[:, None])
+        spread = (halves[0] - halves[1]).abs().amax(1)
+        out = amplified + spread
+        return torch.where(torch.isfinite(out), out, torch.full_like(out, float("inf")))
 
     @staticmethod
     def _row_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, live: torch.Tensor, limit: int) -> torch.Tensor:
