@@ -35,7 +35,13 @@ SPEAR's certificates (per sample, :func:`~leakbench.attacks.sparse_span.certify`
 activation pattern reproduces the zero pattern of δ̂_i (SPEAR's sparsity matching), and Δ̂ᵀX̂ reproduces
 ∂L/∂W on the rows where i is active and Δ̂ᵀ1 reproduces ∂L/∂b (relative ``tol``).  With all B columns of
 Q the residuals vanish for *any* Q (L Q Q⁻¹ R = L R), so here the pattern test carries the certificate:
-a wrong column mixes samples, whose activation patterns then contradict their gradients' zeros.  ``confidence`` is 1.0 for certified samples and 0.0
+a wrong column mixes samples, whose activation patterns then contradict their gradients' zeros.  A right
+pattern does not make a precise sample: on similar images Q̂ is ill-conditioned and X̂ = Q̂⁻¹R/s amplifies
+round-off (measured on CIFAR-10 at B = 64: pattern-certified samples 2e-4 to 4e-3 off).  So a sample is
+certified only when its estimated error — row i of Q̂⁻¹ times σ_{B+1} of the gradient, plus the change of x̂_i
+when every direction is re-solved from half of its zero rows — is at most ``PRECISION`` of the data range
+(the estimate ran ~10× above the error of exact samples, and above that of the imprecise ones).  Imprecise
+ones are subtracted provisionally (they drive later passes, which are then not certified on their own).  ``confidence`` is 1.0 for certified samples and 0.0
 otherwise (0/1 flags, so :func:`leakbench.metrics.compare` matches exact slots first).  Labels are read by
 matching each δ̂_i with the gradient at Z that the rest of the model gives for x̂_i and each class.
 
