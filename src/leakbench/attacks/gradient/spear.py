@@ -148,6 +148,7 @@ class Spear(Attack):
     name = "spear"
     Options = SpearOptions
     presets = {"quick": {"rounds": 2}}
+    preset_revisions = {"default": 1, "quick": 1}  # 1: peeling, precision-gated certificates, option seconds
 
     def requirements(self, obs: Observation) -> list[str]:
         reasons = analytic_reasons(obs, attack=self.name, batch_one=False)
