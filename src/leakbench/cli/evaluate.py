@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from collections.abc import Mapping, Sequence
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -42,13 +43,18 @@ def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
         table = tables.get(where)
         if table is None:
             table = tables[where] = Table(title=f"Strongest attack S_D — {s.threat_model}: {s.dataset} · {s.model}")
-            for name in ("defense", "B", "strongest attack", "RMSE", "PSNR", "SSIM", "ran"):
+            for name in ("defense", "B", "strongest attack", "S_D (RMSE) ± 95 % CI", "n", "chance", "PSNR", "SSIM",
+                         "ran"):
                 table.add_column(name, justify="left" if name in ("defense", "strongest attack") else "right",
                                  no_wrap=True)
         ran = sum(1 for a in s.scores if a.trials)
         late = sum(a.timed_out for a in s.scores)
-        table.add_row(s.defense, str(s.batch_size), s.attack or "[dim]none ran[/dim]", num(s.rmse),
-                      num(s.psnr, 2), num(s.ssim), f"{ran}/{len(s.scores)}" + (f" ({late} timed out)" if late else ""))
+        sd = num(s.sd.mean if s.sd.n else s.rmse) + (f" ± {s.sd.half_width:.3f}" if s.sd.known else "")
+        if s.stops:
+            sd += " (stops every attack)"
+        table.add_row(escape(s.defense), str(s.batch_size), escape(s.attack) if s.attack else "[dim]none ran[/dim]",
+                      sd, str(s.sd.n), num(s.chance_rmse), num(s.psnr, 2), num(s.ssim),
+                      f"{ran}/{len(s.scores)}" + (f" ({late} timed out)" if late else ""))
     return list(tables.values())
 
 

@@ -31,7 +31,8 @@ from ..errors import ConfigError
 from ..evaluation.store import Store
 from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, membership_table, privacy_utility,
                                     strongest, threat_model, usable, utility_table, verdicts, weights_table)
-from .attack_section import SUMMARY_BUDGET, Drawn, attack_section, verdict_sentence
+from .attack_section import SUMMARY_BUDGET, Drawn, attack_section
+from .verdict_text import summary_sentence
 from .federated_section import federated_section, federated_summary
 from .export import RESULT_COLUMNS, result_records, strongest_records, write_csv, write_parquet
 from .markup import esc, muted, table
@@ -192,7 +193,7 @@ def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, 
                 measured = any(finite(p.utility_loss) for p in points if p.defense != "none" and (
                     p.threat_model, p.dataset, p.model) == (t, dataset, model))
                 budget = SUMMARY_BUDGET if measured else math.inf
-                sentence = verdict_sentence([v for v in mine if (v.dataset, v.model) == (dataset, model)
+                sentence = summary_sentence([v for v in mine if (v.dataset, v.model) == (dataset, model)
                                              and v.budget == budget])
                 texts.append(f"{esc(dataset)} · {esc(model)}: {sentence}"
                              + ("" if measured else " (utility not measured)"))
