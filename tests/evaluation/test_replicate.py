@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from leakbench.evaluation import Sweep
+from leakbench.report import write_report
 from leakbench.evaluation.replicate import open_cells
 
 SPEC = {
@@ -42,7 +45,35 @@ def test_replication_adds_paired_batches_to_open_cells_only_and_resumes(tmp_path
     again = Sweep(SPEC, db)
     second = again.run()
     assert second.ran == 0 and json.loads(again.store.meta("replicate"))["added"] == state["added"]
+    page = write_report(again.store, tmp_path / "report").index.read_text()
+    assert f"Adaptive replication added {state['added']} trial(s)" in page
     again.store.close()
+
+
+def test_an_interrupted_replication_round_resumes_its_pending_trials(tmp_path):
+    db = tmp_path / "r.db"
+    stop = {"n": 0}
+
+    def interrupt(spec, result):
+        stop["n"] += 1
+        if spec.batch >= 2:  # the first added trial: stop the sweep mid-round
+            raise KeyboardInterrupt
+
+    sweep = Sweep(SPEC, db, on_result=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run()
+    pending = [r for r in sweep.store.rows(kind="attack") if r["status"] == "pending"]
+    assert pending  # the round's other trials are in the store, not yet run
+    sweep.store.close()
+    again = Sweep(SPEC, db)
+    again.run()
+    rows = again.store.rows(kind="attack")
+    assert all(r["status"] == "done" for r in rows)
+    reference = Sweep(SPEC, tmp_path / "ref.db")
+    reference.run()
+    assert sorted(r["key"] for r in rows) == sorted(r["key"] for r in reference.store.rows(kind="attack"))
+    again.store.close()
+    reference.store.close()
 
 
 def test_no_replication_without_auto(tmp_path):

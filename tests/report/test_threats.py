@@ -211,11 +211,18 @@ def test_verdict_tables_and_notes(report):
     assert re.search(r'<td class="best chance"><span title="not significantly below chance[^"]*">0\.690 ± ', page)
     assert "rgap inverts one sample" in text and "failed: boom" in text and "non-finite result" in text
     # weights: counts beside their controls, the evidence sentence, the failed attack's reason
-    assert "6 / 20 vs 1 / 20" in text and "19 / 20 vs 20 / 20" in text and "4 / 20 vs 0 / 20" in text
+    # each count with its 95 % Clopper–Pearson interval; bold (evidence) only where Fisher's exact test says so
+    assert "6 / 20 [0.12, 0.54] vs 1 / 20 [0.00, 0.25]" in text and "19 / 20 [0.75, 1.00] vs 20 / 20" in text
+    assert "4 / 20 [0.06, 0.44] vs 0 / 20 [0.00, 0.17]" in text
+    assert "above chance (Fisher's exact test p = 0.046)" in text
+    assert re.search(r"<b>6 / 20 \[0\.12, 0\.54\] vs 1 / 20", page) and not re.search(r"<b>19 / 20", page)
     assert "only where it exceeds its control" in text and "diverged everywhere" in text
     assert "0.0500" in text  # KKT residual
     # membership: AUC per setting; a NaN TPR is printed as "–"
-    assert "0.875" in text and "bounded" in text and "TPR at 0.1 % FPR" in text
+    assert "0.875 [0.79, 0.93]" in text and "bounded" in text and "TPR at 0.1 % FPR" in text
+    # 50 non-members cannot measure a TPR at 1 % or 0.1 % FPR: greyed with the count it would need
+    assert "TPR at 1 % FPR not measurable with 50 non-members (needs 1000)" in text
+    assert "needs at least 10000 (ten false positives at that rate)" in page
 
 
 def test_labels_are_literal_and_no_nan_is_printed(report):

@@ -219,6 +219,23 @@ def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, 
     return "".join(parts)
 
 
+def _replication(store: Store) -> str:
+    """What ``replicate: auto`` did: trials added, rounds, why it stopped and the cells it left undecided."""
+    try:
+        state = json.loads(store.meta("replicate") or "null")
+    except (json.JSONDecodeError, TypeError):
+        return muted("The store's replication record is unreadable.")
+    if not isinstance(state, Mapping):
+        return ""
+    left = state.get("open") if isinstance(state.get("open"), Mapping) else {}
+    text = (f"Adaptive replication added {esc(state.get('added', 0))} trial(s) in {esc(state.get('rounds', 0))} "
+            f"round(s)" + (f"; it stopped because {esc(state['stopped'])}" if state.get("stopped") else
+                           "; it had not finished when this report was written"))
+    if left:
+        text += ". Cells left undecided: " + "; ".join(f"{esc(c)} ({esc(w)})" for c, w in left.items())
+    return f"<p>{text}.</p>"
+
+
 def _open(db: str | Path | Store) -> tuple[Store, bool]:
     if isinstance(db, Store):
         return db, False
@@ -296,6 +313,7 @@ the attack with the lowest mean RMSE on that setting) at the utility it costs. E
 separate question: an attack that needs a malicious server is never the strongest attack against an
 eavesdropper.</p>
 {summary}
+{_replication(store)}
 {''.join(sections) or ("" if federated else muted("No finished trials yet."))}
 {federated}
 
