@@ -41,6 +41,8 @@ RECORDED = {
     ("rgap", "quick"): (0, "7f2542229c83"),
     ("robbing-the-fed", "default"): (0, "df3e24c2dace"),
     ("robbing-the-fed", "quick"): (0, "df3e24c2dace"),
+    ("spear", "default"): (0, "b7c7253e9ba5"),
+    ("spear", "quick"): (0, "2b24a5e26c65"),
     ("tensor-features", "default"): (0, "605added5eee"),
     ("tensor-features", "quick"): (0, "e3157edcf819"),
     ("univariate", "default"): (0, "7ec421753c92"),

@@ -1,0 +1,168 @@
+"""Sparse directions in the span of a ReLU layer's weight gradient: the algebra of ``spear``.
+
+A linear layer Z = X Wᵀ + b (B samples as rows of X, m neurons) followed by a ReLU shares
+∂L/∂W = Δᵀ X and ∂L/∂b = Δᵀ 1, where Δ (B×m) holds the per-sample gradients at Z; δ_ij = 0
+wherever z_ij ≤ 0.  Dimitrov et al. (SPEAR, NeurIPS 2024, Sec. 3) factor ∂L/∂W = L R with
+rank B; then Δᵀ = L Q and X = Q⁻¹ R for an unknown invertible B×B matrix Q, and every column q_i
+of Q spans the kernel of the rows of L where sample i's gradient vanishes.  Everything here works
+on float64 tensors on the caller's device, in batches (no loop over neurons or pixels):
+
+* :func:`decompose` — L (orthonormal, m×r) and R (r×n) from the SVD, with the numerical rank r;
+* :func:`directions_from_inputs` — for each candidate input x̂, the rows where x̂ is most surely
+  inactive (most negative pre-activation margin) and the kernel of L on those rows: a direction
+  q with L q exactly zero there, accepted only when that kernel is one-dimensional;
+* :func:`exact_zeros` / :func:`refine` — the zero set of L q and the kernel of L on all of it
+  (the direction is then fixed by hundreds of rows, not r − 1);
+* :func:`unique_columns` — directions up to sign and scale;
+* :func:`scales` — the scales s with L Q̄ s = ∂L/∂b (SPEAR's scale recovery);
+* :func:`certify` — per sample, whether the reconstruction explains the gradient exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Decomposition", "decompose", "directions_from_inputs", "exact_zeros", "refine", "unique_columns",
+           "scales", "certify", "Certificate", "strays"]
+
+
+@dataclass
+class Decomposition:
+    """∂L/∂W = L R with L orthonormal (m×r); ``spectrum`` holds all singular values of ∂L/∂W."""
+
+    left: torch.Tensor
+    right: torch.Tensor
+    rank: int
+    spectrum: torch.Tensor
+
+
+def strays(rank: int) -> int:
+    """How many stray rows a mixture's zero set may carry beyond two samples' common zeros: r/8, from 1 to 4
+    (small batches have few rows that tell two samples apart, so only one stray row is tested there)."""
+    return max(1, min(4, rank // 8))
+
+
+def decompose(grad_w: torch.Tensor, batch: int, rcond: float) -> Decomposition:
+    """The rank-B factorisation of SPEAR's Sec. 3: singular vectors above ``rcond``·σ_max, at most ``batch``
+    of them (a noised gradient has full rank; its top-B subspace is the least-squares estimate)."""
+    u, s, vh = torch.linalg.svd(grad_w, full_matrices=False)
+    rank = int((s > rcond * s[0]).sum()) if s.numel() and float(s[0]) > 0 else 0
+    rank = min(rank, batch)
+    return Decomposition(u[:, :rank], s[:rank, None] * vh[:rank], rank, s)
+
+
+def exact_zeros(values: torch.Tensor, tol: float) -> torch.Tensor:
+    """Entries of each column of ``values`` (m×K) at most ``tol`` times that column's largest magnitude."""
+    mags = values.abs()
+    return mags <= tol * mags.amax(0, keepdim=True).clamp_min(torch.finfo(values.dtype).tiny)
+
+
+def directions_from_inputs(left: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, inputs: torch.Tensor, *,
+                           rows: int, null_tol: float, live: torch.Tensor | None = None, chunk: int = 64
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel directions of L on the ``rows`` rows where each candidate input is most surely inactive.
+
+    ``left`` is L (m×r), ``weight``/``bias`` the layer (m×n, m), ``inputs`` the candidates (K×n).  A candidate
+    near a true sample x_i is inactive with a wide margin on rows of sample i's zero set Z_i, whose kernel in L
+    is q_i alone (Theorem: q_i ⊥ L_j for j ∈ Z_i).  Returns directions (r×K, unit) and whether each kernel is
+    one-dimensional (σ_r ≤ ``null_tol``·σ_1 < σ_{r−1}/100); rows outside ``live`` (neurons no sample
+    activates: zero, or noise only) are never picked.
+    """
+    r = left.shape[1]
+    norms = weight.norm(dim=1).clamp_min(torch.finfo(weight.dtype).tiny)
+    dead = left.norm(dim=1) == 0 if live is None else ~live
+    out, ok = [], []
+    for start in range(0, inputs.shape[0], chunk):
+        part = inputs[start:start + chunk]
+        margin = (part @ weight.T + bias) / norms
+        margin = margin.masked_fill(dead, float("inf"))
+        pick = margin.topk(rows, dim=1, largest=False).indices      # K×rows
+        sub = left[pick]                                            # K×rows×r
+        evals, evecs = torch.linalg.eigh(sub.transpose(1, 2) @ sub)  # σ² ascending (Gram: robust, r×r)
+        sv = evals.clamp_min(0).sqrt()
+        out.append(evecs[:, :, 0])
+        top = sv[:, -1].clamp_min(torch.finfo(sv.dtype).tiny)
+        ok.append((sv[:, 0] <= null_tol * top) & (sv[:, 1] > 100 * sv[:, 0]) if r >= 2 else sv[:, 0] > 0)
+    return torch.cat(out).T, torch.cat(ok)
+
+
+def refine(left: torch.Tensor, directions: torch.Tensor, *, zero_tol: float, null_tol: float, stray: int = 1
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each direction re-solved as the kernel of L on its whole exact-zero set.
+
+    Returns the refined unit directions (r×K), their zero counts and whether the kernel on the zero set is
+    one-dimensional and stays so without its ``stray`` most influential rows (a direction shared by several
+    samples' common zeros has a larger kernel: not a sample).
+    """
+    zeros = exact_zeros(left @ directions, zero_tol)                      # m×K
+    gram = torch.einsum("mk,mr,ms->krs", zeros.to(left.dtype), left, left)  # Lᵀ_Z L_Z per direction
+    evals, evecs = torch.linalg.eigh(gram)
+    top = evals[:, -1].clamp_min(torch.finfo(left.dtype).tiny)
+    r = left.shape[1]
+    single = evals[:, 0].clamp_min(0) <= (null_tol ** 2) * top
+    if r >= 2:
+        # the second direction must be held by many rows: when a few rows lift it, the zero set is the common
+        # zeros of two samples plus a few stray rows, and without them the kernel is two-dimensional
+        pull = (left @ evecs[:, :, 1].T).pow(2) * zeros.to(left.dtype)      # m×K
+        lifted = pull.topk(min(stray, pull.shape[0]), dim=0).values.sum(0)
+        single &= (evals[:, 1] > (100 * null_tol) ** 2 * top) & (lifted < 0.5 * evals[:, 1])
+    refined = evecs[:, :, 0].T
+    counts = exact_zeros(left @ refined, zero_tol).sum(0)
+    return refined, counts, single
+
+
+def unique_columns(directions: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
+    """Indices of the first of each group of columns equal up to sign (|cos| > 1 − ``tol``)."""
+    if directions.shape[1] == 0:
+        return torch.zeros(0, dtype=torch.long, device=directions.device)
+    unit = directions / directions.norm(dim=0, keepdim=True).clamp_min(torch.finfo(directions.dtype).tiny)
+    same = (unit.T @ unit).abs() > 1 - tol
+    first = same.to(torch.int8).argmax(dim=1)           # smallest index equal to each column
+    return torch.unique(first)
+
+
+def scales(left: torch.Tensor, directions: torch.Tensor, grad_b: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """s with L Q̄ s = ∂L/∂b by least squares (SPEAR's scale recovery), and the relative residual."""
+    basis = left @ directions
+    s = torch.linalg.lstsq(basis, grad_b[:, None]).solution[:, 0]
+    residual = float((basis @ s - grad_b).norm() / grad_b.norm().clamp_min(torch.finfo(grad_b.dtype).tiny))
+    return s, residual
+
+
+@dataclass
+class Certificate:
+    """Per-sample evidence that a reconstruction is exact."""
+
+    certified: torch.Tensor          # bool per sample
+    pattern_mismatch: torch.Tensor   # per sample: neurons whose activity disagrees with its gradient's support
+    residual: torch.Tensor           # per sample: relative residual of ∂L/∂W on the rows it is active on
+    gradient_residual: float         # ‖∂W − Δ̂ᵀX̂‖/‖∂W‖ over the batch
+    bias_residual: float             # ‖∂b − Δ̂ᵀ1‖/‖∂b‖
+
+
+def certify(inputs: torch.Tensor, deltas: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+            grad_w: torch.Tensor, grad_b: torch.Tensor, *, zero_tol: float, tol: float) -> Certificate:
+    """Whether each reconstructed sample x̂_i (row of ``inputs``) with gradient δ̂_i (row of ``deltas``) is exact.
+
+    A sample is certified when (1) its own pre-activations W x̂_i + b are positive exactly where δ̂_i is
+    non-zero (neurons within ``zero_tol`` of the hinge are not counted), and (2) ∂L/∂W − Δ̂ᵀX̂ vanishes, to
+    relative ``tol``, on the rows where sample i is active, and ∂L/∂b − Δ̂ᵀ1 over the batch.  A corrupted x̂_i
+    breaks (2) on its rows; a wrong δ̂_i breaks (1) or (2).
+    """
+    z = inputs @ weight.T + bias                                          # B×m
+    scale = z.abs().amax(1, keepdim=True).clamp_min(torch.finfo(z.dtype).tiny)
+    support = ~exact_zeros(deltas.T, zero_tol).T                          # B×m
+    clear = z.abs() > zero_tol * scale
+    mismatch = ((z > 0) != support) & clear
+    residual = grad_w - deltas.T @ inputs
+    row_res = residual.norm(dim=1)
+    row_ref = grad_w.norm(dim=1)
+    active = support.to(grad_w.dtype)
+    per_sample = (active @ row_res.pow(2)).sqrt() / (active @ row_ref.pow(2)).sqrt().clamp_min(
+        torch.finfo(grad_w.dtype).tiny)
+    total = float(residual.norm() / grad_w.norm().clamp_min(torch.finfo(grad_w.dtype).tiny))
+    bias_res = float((grad_b - deltas.sum(0)).norm() / grad_b.norm().clamp_min(torch.finfo(grad_b.dtype).tiny))
+    counts = mismatch.sum(1)
+    ok = (counts == 0) & (per_sample <= tol) & torch.isfinite(per_sample) & (bias_res <= tol)
+    return Certificate(ok, counts, per_sample, total, bias_res)

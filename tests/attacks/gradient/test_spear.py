@@ -1,0 +1,123 @@
+"""SPEAR (Dimitrov et al. 2024): exact batches from a ReLU layer's gradient, per-sample certificates, refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import leakbench as lb
+from leakbench.attacks.sparse_span import certify, decompose
+from leakbench.errors import UnsupportedThreatModel
+
+
+def _batch(batch: int, seed: int, dtype=torch.float32):
+    data = lb.load("digits", size=28)
+    x, y = data.batch(batch, seed=seed)
+    model = lb.build("mlp:1000", input_shape=data.shape, classes=10, seed=0, dtype=dtype)
+    return model, x.to(dtype), y
+
+
+def _observed(model, x, y):
+    obs = lb.observe(model, x, y)
+    return obs, lb.attack("spear", obs)
+
+
+@pytest.fixture(scope="module")
+def recovered():
+    model, x, y = _batch(16, seed=11)
+    obs, rec = _observed(model, x, y)
+    return model, x, y, obs, rec
+
+
+def test_a_moderate_batch_is_recovered_exactly_and_certified(recovered):
+    _, x, y, _, rec = recovered
+    scores = lb.compare(rec, x, y)
+    psnr = torch.tensor(scores["per_sample"]["psnr"])
+    assert (psnr > 60).sum() >= 15, psnr
+    certified = rec.confidence.bool()
+    assert certified.sum() >= 15
+    order = torch.tensor(scores["order"])          # reconstruction paired with original i
+    flagged = certified[order]
+    assert (psnr[flagged] > 60).all()              # every certified sample is exact
+    assert scores["label_acc"] == 1.0
+    assert rec.trace["rank"] == 16
+
+
+def test_the_recovered_batch_reproduces_the_observed_gradient_through_autograd(recovered):
+    model, x, y, obs, rec = recovered
+    again = lb.observe(model, rec.images.float(), rec.labels)
+    for name, ours, theirs in zip(obs.param_names, again.gradients, obs.gradients):
+        assert torch.allclose(ours, theirs, rtol=1e-3, atol=1e-6 * float(theirs.abs().max())), name
+
+
+def test_a_corrupted_sample_is_not_certified(recovered):
+    model, x, y, obs, rec = recovered
+    grad_w, grad_b = obs.gradients[0].double(), obs.gradients[1].double()
+    weight, bias = model.fc1.weight.detach().double(), model.fc1.bias.detach().double()
+    dec = decompose(grad_w, 16, 1e-6)
+    inputs = rec.images.double().reshape(16, -1)
+    # the exact per-sample gradients at Z, from the recovered batch through the model
+    z = (inputs @ weight.T + bias).requires_grad_(True)
+    logits = torch.relu(z) @ model.fc.weight.detach().double().T + model.fc.bias.detach().double()
+    loss = nn.functional.cross_entropy(logits, rec.labels)
+    deltas = torch.autograd.grad(loss, z)[0]
+    assert dec.rank == 16
+    clean = certify(inputs, deltas, weight, bias, grad_w, grad_b, zero_tol=2e-6, tol=1e-4)
+    assert clean.certified.all(), (clean.residual, clean.pattern_mismatch)
+    corrupted = inputs.clone()
+    corrupted[3] += 0.01 * torch.randn(corrupted.shape[1], generator=torch.Generator().manual_seed(0),
+                                       dtype=corrupted.dtype)
+    bad = certify(corrupted, deltas, weight, bias, grad_w, grad_b, zero_tol=2e-6, tol=1e-4)
+    assert not bad.certified[3]
+    assert bad.residual[3] > 100 * clean.residual[3]
+
+
+def test_a_float64_batch_is_exact_to_round_off():
+    model, x, y = _batch(8, seed=2, dtype=torch.float64)
+    _, rec = _observed(model, x, y)
+    assert rec.confidence.sum() == 8
+    err = torch.cdist(rec.images.reshape(8, -1), x.reshape(8, -1)).min(1).values
+    assert err.max() < 1e-8
+
+
+def test_a_linearly_dependent_batch_certifies_nothing_it_cannot_separate():
+    model, x, y = _batch(4, seed=0)
+    x = torch.cat([x, (0.5 * x[0] + 0.5 * x[1])[None]])     # the fifth image is a mix of the first two
+    y = torch.cat([y, y[:1]])
+    obs, rec = _observed(model, x, y)
+    assert rec.trace["rank"] == 4 and "rank_deficient" in rec.trace
+    scores = lb.compare(rec, x, y)
+    psnr = torch.tensor(scores["per_sample"]["psnr"])
+    order = torch.tensor(scores["order"])
+    assert (psnr[rec.confidence.bool()[order]] > 60).all()   # whatever is certified is exact
+
+
+def test_refusals_name_the_reason():
+    data = lb.load("digits", size=8)
+    x, y = data.batch(4, seed=0)
+    cases = {
+        "ReLU": lb.build("mlp:100", input_shape=data.shape, classes=10, act="tanh", seed=0),
+        "bias gradient": nn.Sequential(nn.Flatten(), nn.Linear(64, 100, bias=False), nn.ReLU(), nn.Linear(100, 10)),
+        "convolution": lb.build("cnn:3-4-1-1", input_shape=data.shape, classes=10, seed=0),
+        "neurons": lb.build("mlp:6", input_shape=data.shape, classes=10, seed=0),
+    }
+    for reason, model in cases.items():
+        with pytest.raises(UnsupportedThreatModel, match=reason):
+            lb.attack("spear", lb.observe(model, x, y))
+    model = lb.build("mlp:100", input_shape=data.shape, classes=10, seed=0)
+    x, y = data.batch(80, seed=0)
+    with pytest.raises(UnsupportedThreatModel, match="exceeds the rank"):
+        lb.attack("spear", lb.observe(model, x, y))
+
+
+def test_is_registered_and_listed():
+    assert "spear" in lb.attacks.names()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_runs_on_the_observations_device():
+    model, x, y = _batch(8, seed=4)
+    obs = lb.observe(model.cuda(), x.cuda(), y.cuda())
+    rec = lb.attack("spear", obs)
+    assert rec.images.device.type == "cuda" and rec.confidence.sum() == 8
+    assert lb.compare(rec.images.cpu(), x, y)["psnr"] > 60
