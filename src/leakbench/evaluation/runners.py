@@ -27,7 +27,8 @@ from typing import Any
 from collections.abc import Callable, Iterable, Iterator
 
 from ..errors import ConfigError
-from .trial import TrialResult, TrialSpec, run_trial
+from .chunks import batch_group, run_chunk, stack_size
+from .trial import TrialResult, TrialSpec
 from .workers import TrialActor, serve
 
 
@@ -60,16 +61,26 @@ class Runner(abc.ABC):
 
 
 class InProcessRunner(Runner):
-    """Trials one after the other in this process."""
+    """Trials in this process: those that batch (:func:`~.chunks.batch_group`) in chunks of
+    :func:`~.chunks.stack_size` solved together, the others one after the other."""
 
     name = "local"
 
     def run(self, trials: Iterable[TrialSpec]) -> Iterator[TrialResult]:
-        for trial in trials:
-            self.submitted += 1
-            result = run_trial(trial, cache_dir=self.cache_dir)
-            self.finished += 1
-            yield result
+        source = iter(trials)
+        ahead = next(source, None)
+        while ahead is not None:
+            chunk, ahead = _fill(ahead, stack_size(ahead), lambda: next(source, None), _batch_key)
+            ahead = ahead if ahead is not None or len(chunk) < stack_size(chunk[0]) else next(source, None)
+            self.submitted += len(chunk)
+            for result in run_chunk(chunk, cache_dir=self.cache_dir):
+                self.finished += 1
+                yield result
+
+
+def _batch_key(trial: TrialSpec) -> object:
+    """A trial's batch group (a trial that runs alone is a group of its own)."""
+    return batch_group(trial) or ("alone", trial.key)
 
 
 class ChunkSizer:
@@ -103,11 +114,14 @@ class ChunkSizer:
         self.recent.setdefault(shape, collections.deque(maxlen=self.window)).append(max(result.seconds, 1e-4))
 
     def size(self, trial: TrialSpec | None = None) -> int:
+        """Trials to send at once: enough to fill ``seconds``, and at least a stack of trials that batch."""
         recent = self.recent.get(self.shape(trial))
         if not recent or self.seconds <= 0:
             self.last = 1
         else:
             self.last = max(1, min(self.most, int(self.seconds / (sum(recent) / len(recent)))))
+        if trial is not None:
+            self.last = max(self.last, stack_size(trial))
         return self.last
 
 
