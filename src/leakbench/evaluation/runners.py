@@ -9,7 +9,10 @@
 ``runner.run(trials)`` pulls trials from an iterable only when it has room, so the sweep claims a trial in
 the store just before it is submitted, and yields :class:`~.trial.TrialResult` objects in completion order.
 Short trials travel in chunks of one shape (as many as fill ``chunk_seconds``, from the mean time of the
-trials of that shape so far: :class:`ChunkSizer`);
+trials of that shape so far: :class:`ChunkSizer`), and trials that batch (:func:`~.chunks.batch_group`: the
+gradient-matching attacks, utility seeds) in chunks of at least a stack (:func:`~.chunks.stack_size`), which
+the worker solves as one batched call (:func:`~.chunks.run_chunk`; a pool shares a stack out evenly among
+its workers with room);
 a pool worker still sends each result back the moment it finishes, a Ray actor returns a chunk at once —
 either way the sweep commits one trial per transaction.  Every trial runs :func:`~.trial.run_trial`, which
 fixes its seeds and thread count, so all executors give the same results.
@@ -249,15 +252,16 @@ class PoolRunner(Runner):
                     n = self.sizer.size(ahead)
                     if len(worker.pending) > n:
                         break
-                    chunk, ahead = _fill(ahead, n, pull, self.sizer.shape)
-                    try:
-                        worker.send(chunk)
-                    except OSError:  # the worker died while idle: a fresh one takes the chunk
-                        worker.pending.clear()
-                        worker.kill()
-                        worker = self._pool[self._pool.index(worker)] = self._spawn()
-                        worker.send(chunk)
-                    self.sizer.sent(chunk)
+                    # trials that batch: up to a stack for every worker with room, shared out evenly
+                    free = sorted((w for w in self._pool if len(w.pending) <= n), key=lambda w: len(w.pending))
+                    if batch_group(ahead) is None:
+                        free = [worker]
+                    chunk, ahead = _fill(ahead, n * len(free), pull, self.sizer.shape)
+                    parts = min(len(free), len(chunk))
+                    for w, i in zip(free, range(parts)):
+                        part = chunk[len(chunk) * i // parts:len(chunk) * (i + 1) // parts]
+                        self._send(w, part)
+                        self.sizer.sent(part)
                     self.submitted += len(chunk)
                 busy = [w for w in self._pool if w.pending]
                 if not busy:
@@ -272,6 +276,15 @@ class PoolRunner(Runner):
             if any(w.pending for w in self._pool):
                 self._terminate()
             raise
+
+    def _send(self, worker: _Worker, chunk: list[TrialSpec]) -> None:
+        try:
+            worker.send(chunk)
+        except OSError:  # the worker died while idle: a fresh one takes the chunk
+            worker.pending.clear()
+            worker.kill()
+            worker = self._pool[self._pool.index(worker)] = self._spawn()
+            worker.send(chunk)
 
     def _collect(self, index: int, worker: _Worker) -> list[TrialResult]:
         results = worker.receive()
