@@ -90,7 +90,7 @@ class StackedMatching:
     """k :class:`GradientMatcher` problems of one :func:`group_key` (features prepared), solved together."""
 
     def __init__(self, matchers: Sequence[GradientMatcher], labels: Sequence[torch.Tensor | None], *,
-                 stacking: str = "vmap") -> None:
+                 stacking: str = "block") -> None:
         if not matchers:
             raise LeakbenchError("expected at least one problem to stack")
         keys = {group_key(m) for m in matchers}
@@ -206,22 +206,63 @@ class StackedMatching:
             return totals.sum(), (matches, fvals, totals)
 
         if self.stacking == "block":
-            return self._block(one, xs, logits, inputs, dims)
+            return self._block(xs, logits, rows, full=full)
         argnums = (0, 1) if logits is not None else 0
         grads, (matches, fvals, totals) = torch.func.grad(summed, argnums=argnums, has_aux=True)(xs, logits)
         gx, gl = grads if logits is not None else (grads, None)
         return gx, gl, matches.detach(), fvals.detach(), totals.detach()
 
-    def _block(self, one, xs, logits, inputs, dims):
-        """The same objective through ordinary autograd over the stacked rows (one graph, block-diagonal)."""
-        variables = [xs.detach().requires_grad_(True)]
-        if logits is not None:
-            variables.append(logits.detach().requires_grad_(True))
+    def _block(self, xs, logits, rows: _Rows, *, full: bool):
+        """The same objective through ordinary autograd: every row gets its own (expanded, zero-copy) copy of
+        the parameters, the forward pass is mapped over rows and parameters together, and one gradient of the
+        summed losses with respect to the copies is each row's simulated gradient (its Jacobian is
+        block-diagonal); the distances, priors and feature terms are mapped over rows, and a last gradient
+        gives ∂/∂xs."""
+        s, obs = self.s, self.obs
+        n = xs.shape[0]
+        x = xs.detach().requires_grad_(True)
+        lg = None if logits is None else logits.detach().requires_grad_(True)
+
+        def forward(p, xb):
+            self._z.clear()
+            out = self._forward(p, xb)
+            return out, (self._z[-1] if self._z else out.new_zeros(()))
+
+        def row_loss(out, target):
+            return self.loss_fn(out, target)
+
         with torch.enable_grad():
-            totals, matches, fvals = torch.func.vmap(one, in_dims=dims)(
-                variables[0], variables[1] if logits is not None else None, *inputs)
-            grads = torch.autograd.grad(totals.sum(), variables)
-        return grads[0], grads[1] if logits is not None else None, matches.detach(), fvals.detach(), totals.detach()
+            target = torch.softmax(lg, dim=-1) if lg is not None else rows.labels
+            if full:
+                base = {k: v.unsqueeze(0).expand(n, *v.shape).requires_grad_(True) for k, v in self.params.items()}
+                current, z = base, None
+                steps = self._steps if obs.kind == "update" else [None]
+                for idx in steps:
+                    xb, tb = (x, target) if idx is None else (x[:, idx], target[:, idx])
+                    out, zb = torch.func.vmap(forward)(current, xb)
+                    z = zb
+                    losses = torch.func.vmap(row_loss)(out, tb)
+                    grads = torch.autograd.grad(losses.sum(), [current[k] for k in self.names], create_graph=True)
+                    if obs.kind == "gradient":
+                        shared = list(grads)
+                    else:
+                        current = {k: current[k] - obs.local_lr * g for k, g in zip(self.names, grads)}
+                if obs.kind == "update":
+                    shared = [current[k] - base[k] for k in self.names]
+                matches = torch.func.vmap(lambda d, t: gradient_distance(d, t, kind=s.distance, weights=self.weights))(
+                    shared, rows.targets)
+                totals = matches
+            else:
+                _, z = torch.func.vmap(forward, in_dims=(None, 0))(self.params, x)
+                matches = totals = x.new_zeros(n)
+            fvals = x.new_zeros(n)
+            if self.features_on:
+                fvals = torch.func.vmap(self._features)(z, rows.features, rows.onehot, rows.counts, rows.mask)
+                totals = totals + s.features * fvals
+            if s.tv:
+                totals = totals + s.tv * torch.func.vmap(total_variation)(x)
+            grads = torch.autograd.grad(totals.sum(), [x] + ([lg] if lg is not None else []))
+        return grads[0], grads[1] if lg is not None else None, matches.detach(), fvals.detach(), totals.detach()
 
     # -- optimisation ----------------------------------------------------------------------
     def run(self, seeds: Sequence[int], *,
@@ -265,10 +306,11 @@ class StackedMatching:
             if bool(newly.any()):
                 for i in newly.nonzero().flatten().tolist():
                     died_at[i] = step
-            held = [v.detach().clone() for v in variables]
+            frozen = died_at != [-1] * n
+            held = [v.detach().clone() for v in variables] if frozen else []
             for v, g in zip(variables, (gx, gl)):
                 g = g.sign() if (s.signed and v is xs) else g
-                v.grad = torch.where(dead.view(-1, *[1] * (g.dim() - 1)), torch.zeros_like(g), g)
+                v.grad = torch.where(dead.view(-1, *[1] * (g.dim() - 1)), torch.zeros_like(g), g) if frozen else g
             opt.step()
             with torch.no_grad():
                 for v, h in zip(variables, held):  # a diverged row stays where it was
@@ -336,7 +378,7 @@ def _guarded(progress):
 
 def solve_many(matchers: Sequence[GradientMatcher], labels: Sequence[torch.Tensor | None], seeds: Sequence[int], *,
                progress: Callable[[int, int, float], None] | None = None,
-               stacking: str = "vmap") -> list[MatchResult | Exception]:
+               stacking: str = "block") -> list[MatchResult | Exception]:
     """Every problem's result (or its error): stackable problems of one group in one optimisation, the rest
     (and a group whose stacked run fails for a reason of its own, e.g. an operation ``vmap`` cannot map) one
     after the other with :meth:`.GradientMatcher.run`.  An error of ``progress`` (a deadline) ends the group
@@ -347,6 +389,9 @@ def solve_many(matchers: Sequence[GradientMatcher], labels: Sequence[torch.Tenso
     alone = {i: batch_refusal(m) for i, m in enumerate(matchers) if i not in stackable}
     for members in stacked_groups([matchers[i] for i in stackable]):
         chosen = [stackable[j] for j in members]
+        if len(chosen) == 1:  # a stack of one only adds the stack's overhead
+            alone[chosen[0]] = "no other problem of its shape"
+            continue
         try:
             solved = StackedMatching([matchers[i] for i in chosen], [labels[i] for i in chosen],
                                      stacking=stacking).run([seeds[i] for i in chosen], progress=_guarded(progress))

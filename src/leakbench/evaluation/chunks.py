@@ -64,6 +64,16 @@ def batch_group(trial: TrialSpec) -> tuple | None:
     return (json.dumps(fixed, sort_keys=True, default=str), trial.device, trial.threads)
 
 
+def batched_order(trials: Iterable[TrialSpec]) -> list[TrialSpec]:
+    """``trials`` with the members of each batch group next to each other (the groups in the order they first
+    appear, each group's members in their order), so that a runner's chunks can hold whole stacks: a plan
+    alternates attacks batch after batch."""
+    groups: dict[Any, list[TrialSpec]] = {}
+    for trial in trials:
+        groups.setdefault(batch_group(trial) or ("alone", trial.key), []).append(trial)
+    return [t for members in groups.values() for t in members]
+
+
 def stack_size(trial: TrialSpec) -> int:
     """How many trials of ``trial``'s group a chunk should hold (1 for a trial that runs alone)."""
     if batch_group(trial) is None:
@@ -210,4 +220,4 @@ def run_chunk(trials: Iterable[TrialSpec], *, cache_dir: str | Path | None = Non
             yield result
 
 
-__all__ = ["run_chunk", "batch_group", "stack_size", "cuda_stack", "observation_for", "CPU_STACK", "CUDA_CHUNK"]
+__all__ = ["run_chunk", "batch_group", "batched_order", "stack_size", "cuda_stack", "observation_for", "CPU_STACK", "CUDA_CHUNK"]

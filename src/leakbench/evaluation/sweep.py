@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 
 from ..errors import ConfigError
 from ..progress import sweep_progress
+from .chunks import batched_order
 from .images import save_trial_files
 from .plan import plan
 from .preflight import check_size, preflight
@@ -111,7 +112,7 @@ class Sweep:
         self.store.add(self.trials)
         self.store.set_meta("spec", dump_spec(self.spec))
         self.store.set_meta("sweep", self.spec.name)
-        todo = self.todo()
+        todo = batched_order(self.todo())  # the trials of one batch group together: their chunks stack
         skipped = len(self.trials) - len(todo)
         runner = self.runner or make_runner(workers=self.workers, ray=self.ray, cache_dir=self.store.cache_dir)
         bar = sweep_progress(len(self.trials), skipped, self.spec.name) if progress else contextlib.nullcontext(None)

@@ -1,0 +1,173 @@
+"""Batched independent trials and batched training seeds (issue 28): sequential against stacked, per trial.
+
+The demo's CNN (``cnn:3-16-2-1,3-32-2-1``, relu) on 32×32 photo patches (``lb.load("photos", size=32)``):
+
+- **attacks** — k observations (different images, seeds, every second one under ``noise:0.001``) attacked
+  by Inverting Gradients ``quick`` at B = 1 and ``fast`` at B = 4 (output-layer features from B = 2), k = 1,
+  4, 16, 64: ``sequential`` is :func:`leakbench.attack` once per observation, ``stacked`` is
+  :func:`leakbench.attacks.attack_batch` on all k, with the stacked objective through ``torch.func.vmap``
+  (``vmap``) and through one autograd graph over the k rows (``block``, a block-diagonal Jacobian).  The
+  sequential per-trial time does not depend on k, so it is measured on min(k, 8) observations (4 with
+  ``--quick``), interleaved with the stacked runs in this process.
+- **training** — 1, 3 and 8 seeds of the same CNN for one epoch at batch 4, plain and under DP-SGD
+  (``dpsgd:1,1``), one after the other (``utility_seeds(stacked=False)``) against stacked.
+
+Target (issue 28): k = 16 stacked ≥ 3× faster per trial than sequential on 2 CPU cores.  When the best k = 16
+ratio misses it, the profiler's top operators of one stacked and one sequential step say where the time goes.
+The GPU column is an estimate from arithmetic intensity (FLOPs of one step from ``FlopCounterMode``, the
+operator count from the profiler), not a measurement: marked ``unmeasured``.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+import leakbench as lb
+from leakbench.attacks import GradientMatcher, create, recover_labels
+from leakbench.attacks.batched_matching import solve_many
+from leakbench.evaluation.utility import utility_seeds
+
+from .common import console, table
+
+MODEL = "cnn:3-16-2-1,3-32-2-1"
+#: a GPU step's fixed cost per operator (kernel launch and Python dispatch, seconds) and its fp32 throughput
+#: on small convolutions (FLOP/s): the assumptions of the unmeasured GPU estimate
+LAUNCH, THROUGHPUT = 8e-6, 20e12
+
+
+def _load() -> str:
+    try:
+        return "load average " + " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "load average n/a"
+
+
+def _setup(batch: int, count: int, data, model) -> list:
+    out = []
+    for t in range(count):
+        x, y = data.batch(size=batch, seed=1000 + t)
+        out.append(lb.observe(model, x, y, defense="noise:0.001" if t % 2 else "none", seed=t))
+    return out
+
+
+def _sequential(observations, preset: str, options: dict) -> float:
+    start = time.perf_counter()
+    for i, obs in enumerate(observations):
+        lb.attack("inverting-gradients", obs, preset=preset, seed=i, **options)
+    return (time.perf_counter() - start) / len(observations)
+
+
+def _stacked(observations, preset: str, options: dict, stacking: str) -> float:
+    attack = create("inverting-gradients", preset=preset, **options)
+    start = time.perf_counter()
+    matchers = [GradientMatcher(o, attack.options) for o in observations]
+    labels = [recover_labels(o, seed=i) for i, o in enumerate(observations)]
+    out = solve_many(matchers, labels, list(range(len(observations))), stacking=stacking)
+    bad = [r for r in out if isinstance(r, Exception)]
+    assert not bad, bad[0]
+    return (time.perf_counter() - start) / len(observations)
+
+
+def _step_costs(observations, preset: str, options: dict) -> tuple[float, int]:
+    """(FLOPs of one matching step of one problem, operators dispatched by it)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    attack = create("inverting-gradients", preset=preset, **{**options, "iterations": 1, "feature_phase": 0.0})
+    obs = observations[0]
+    m = GradientMatcher(obs, attack.options)
+    labels = recover_labels(obs)
+    x = torch.rand((obs.batch_size, *obs.input_shape)).requires_grad_(True)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        total, _ = m.objective(x, labels)
+        total.backward()  # (autograd.grad trips the counter's module hooks)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        total, _ = m.objective(x, labels)
+        torch.autograd.grad(total, x)
+    ops = sum(1 for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None)
+    return float(counter.get_total_flops()), ops
+
+
+def _gpu_ratio(k: int, flops: float, ops: int) -> float:
+    """Per-trial speed-up of a stack of k on a GPU if a step costs ops·LAUNCH + FLOPs/THROUGHPUT."""
+    alone = ops * LAUNCH + flops / THROUGHPUT
+    return k * alone / (ops * LAUNCH + k * flops / THROUGHPUT)
+
+
+def _profile(observations, preset: str, options: dict) -> None:
+    """Top operators (self CPU time) of a few steps, stacked and sequential."""
+    short = {**options, "iterations": 5}
+    for label, fn in (("stacked k=16", lambda: _stacked(observations, preset, short, "block")),
+                      ("sequential, one trial", lambda: _sequential(observations[:1], preset, short))):
+        fn()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fn()
+        print(f"profile: {label}, 5 steps")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=40))
+
+
+def _attacks(quick: bool) -> None:
+    data = lb.load("photos", size=32)
+    model = lb.build(MODEL, input_shape=data.shape, classes=data.num_classes, act="relu")
+    ks = (1, 4, 16) if quick else (1, 4, 16, 64)
+    sample = 4 if quick else 8
+    cases = [("quick", 1, {"iterations": 60} if quick else {}), ("fast", 4, {"iterations": 100} if quick else {})]
+    for preset, batch, options in cases:
+        observations = _setup(batch, max(ks), data, model)
+        _stacked(observations[:2], preset, {**options, "iterations": 3}, "vmap")  # warm-up: imports, first calls
+        flops, ops = _step_costs(observations, preset, options)
+        rows, at16 = [], 0.0
+        for k in ks:
+            seq = _sequential(observations[:min(k, sample)], preset, options)
+            vm = _stacked(observations[:k], preset, options, "vmap")
+            blk = _stacked(observations[:k], preset, options, "block")
+            at16 = max(at16, seq / min(vm, blk)) if k == 16 else at16
+            rows.append([k, seq, vm, blk, f"{seq / vm:.2f}", f"{seq / blk:.2f}", f"{_gpu_ratio(k, flops, ops):.1f}"])
+        steps = create("inverting-gradients", preset=preset, **options).options.iterations
+        table(f"Inverting Gradients {preset!r} at B = {batch}, {steps} steps: seconds per trial",
+              ["k", "seq s", "vmap s", "block s", "× vmap", "× block", "× GPU*"], rows,
+              f"{MODEL} relu, photos 32×32; sequential over min(k, {sample}) trials; torch threads "
+              f"{torch.get_num_threads()}, {_load()}.  * GPU: an estimate, unmeasured: a step of one problem is {flops / 1e6:.1f} "
+              f"MFLOP in {ops} operators; at {LAUNCH * 1e6:.0f} µs an operator and {THROUGHPUT / 1e12:.0f} TFLOP/s "
+              "the step is launch-bound until k·FLOPs/throughput reaches ops·launch.")
+        if 16 in ks and at16 < 3:
+            console.print(f"[yellow]k = 16 reaches {at16:.2f}× (target 3×): where the time goes[/yellow]")
+            _profile(observations[:16], preset, options)
+
+
+def _training(quick: bool) -> None:
+    counts = (1, 3) if quick else (1, 3, 8)
+    rows = []
+    common = dict(epochs=1, batch_size=4, lr=0.01, data_options={"size": 32}, model_options={"act": "relu"},
+                  cache_dir=False)
+    if quick:
+        common["data_options"] = {"size": 16}
+    for defense in ("none", "dpsgd:1,1"):  # warm-up: imports (Opacus), first calls
+        for stacked in (False, True):
+            utility_seeds(MODEL, "photos", defense, seeds=[0, 1], stacked=stacked,
+                          **{**common, "data_options": {"size": 8}})
+    for defense in ("none", "dpsgd:1,1"):
+        for k in counts:
+            seeds = list(range(k))
+            start = time.perf_counter()
+            alone = utility_seeds(MODEL, "photos", defense, seeds=seeds, stacked=False, **common)
+            seq = (time.perf_counter() - start) / k
+            start = time.perf_counter()
+            stacked = utility_seeds(MODEL, "photos", defense, seeds=seeds, **common)
+            bat = (time.perf_counter() - start) / k
+            gap = max(abs(a.train_loss - b.train_loss) for a, b in zip(alone, stacked))
+            rows.append([defense, k, seq, bat, f"{seq / bat:.2f}×", f"{gap:.1e}"])
+    table("Training seeds for one epoch: seconds per seed", ["defense", "seeds", "one after the other", "stacked",
+                                                              "ratio", "max |Δ loss|"], rows,
+          f"{MODEL} relu on photos {common['data_options']['size']}px, batch 4, lr 0.01; {_load()}.")
+
+
+def run(*, quick: bool = False) -> None:
+    _attacks(quick)
+    _training(quick)
+
+
+if __name__ == "__main__":
+    run()
