@@ -71,10 +71,12 @@ class InProcessRunner(Runner):
 
     def run(self, trials: Iterable[TrialSpec]) -> Iterator[TrialResult]:
         source = iter(trials)
-        ahead = next(source, None)
-        while ahead is not None:
+        ahead: TrialSpec | None = None  # pulled (so claimed) by the last fill, heads the next chunk
+        while True:
+            ahead = ahead or next(source, None)  # a full chunk pulls nothing ahead: a kill loses only the chunk
+            if ahead is None:
+                return
             chunk, ahead = _fill(ahead, stack_size(ahead), lambda: next(source, None), _batch_key)
-            ahead = ahead if ahead is not None or len(chunk) < stack_size(chunk[0]) else next(source, None)
             self.submitted += len(chunk)
             for result in run_chunk(chunk, cache_dir=self.cache_dir):
                 self.finished += 1
