@@ -6,9 +6,9 @@ The demo's CNN (``cnn:3-16-2-1,3-32-2-1``, relu) on 32×32 photo patches (``lb.l
   by Inverting Gradients ``quick`` at B = 1 and ``fast`` at B = 4 (output-layer features from B = 2), k = 1,
   4, 16, 64: ``sequential`` is :func:`leakbench.attack` once per observation, ``stacked`` is
   :func:`leakbench.attacks.attack_batch` on all k, with the stacked objective through ``torch.func.vmap``
-  (``vmap``) and through one autograd graph over the k rows (``block``, a block-diagonal Jacobian).  The
-  sequential per-trial time does not depend on k, so it is measured on min(k, 8) observations (4 with
-  ``--quick``), interleaved with the stacked runs in this process.
+  (``vmap``) and through one autograd graph over the k rows (``block``, a block-diagonal Jacobian; the two compared at k = 16).  The
+  sequential per-trial time does not depend on k: it is measured on 8 observations (4 with ``--quick``),
+  interleaved with the stacked runs in this process, best of 2 rounds (the machine is shared).
 - **training** — 1, 3 and 8 seeds of the same CNN for one epoch at batch 4, plain and under DP-SGD
   (``dpsgd:1,1``), one after the other (``utility_seeds(stacked=False)``) against stacked.
 
@@ -19,6 +19,7 @@ operator count from the profiler), not a measurement: marked ``unmeasured``.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -26,7 +27,7 @@ import torch
 
 import leakbench as lb
 from leakbench.attacks import GradientMatcher, create, recover_labels
-from leakbench.attacks.batched_matching import solve_many
+from leakbench.attacks.batched_matching import STACKING, solve_many
 from leakbench.evaluation.utility import utility_seeds
 
 from .common import console, table
@@ -98,13 +99,13 @@ def _gpu_ratio(k: int, flops: float, ops: int) -> float:
 
 def _profile(observations, preset: str, options: dict) -> None:
     """Top operators (self CPU time) of a few steps, stacked and sequential."""
-    short = {**options, "iterations": 5}
+    short = {**options, "iterations": 20, "feature_phase": 0.0}  # past the set-up: matching steps
     for label, fn in (("stacked k=16", lambda: _stacked(observations, preset, short, "block")),
                       ("sequential, one trial", lambda: _sequential(observations[:1], preset, short))):
         fn()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             fn()
-        print(f"profile: {label}, 5 steps")
+        print(f"profile: {label}, 20 steps")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=40))
 
 
@@ -112,27 +113,32 @@ def _attacks(quick: bool) -> None:
     data = lb.load("photos", size=32)
     model = lb.build(MODEL, input_shape=data.shape, classes=data.num_classes, act="relu")
     ks = (1, 4, 16) if quick else (1, 4, 16, 64)
-    sample = 4 if quick else 8
+    sample, rounds = (4, 1) if quick else (8, 2)
     cases = [("quick", 1, {"iterations": 60} if quick else {}), ("fast", 4, {"iterations": 100} if quick else {})]
     for preset, batch, options in cases:
         observations = _setup(batch, max(ks), data, model)
         _stacked(observations[:2], preset, {**options, "iterations": 3}, "vmap")  # warm-up: imports, first calls
         flops, ops = _step_costs(observations, preset, options)
-        rows, at16 = [], 0.0
-        for k in ks:
-            seq = _sequential(observations[:min(k, sample)], preset, options)
-            vm = _stacked(observations[:k], preset, options, "vmap")
-            blk = _stacked(observations[:k], preset, options, "block")
-            at16 = max(at16, seq / min(vm, blk)) if k == 16 else at16
-            rows.append([k, seq, vm, blk, f"{seq / vm:.2f}", f"{seq / blk:.2f}", f"{_gpu_ratio(k, flops, ops):.1f}"])
+        seq = math.inf
+        best = {(k, mode): math.inf for k in ks for mode in STACKING}
+        for _ in range(rounds):  # interleaved rounds, the best of each kept: the machine is shared
+            seq = min(seq, _sequential(observations[:sample], preset, options))
+            for k in ks:
+                for mode in STACKING if k == 16 else ("block",):
+                    best[k, mode] = min(best[k, mode], _stacked(observations[:k], preset, options, mode))
+        rows = [[k, seq, best[k, "block"], f"{seq / best[k, 'block']:.2f}", f"{_gpu_ratio(k, flops, ops):.1f}"]
+                for k in ks]
         steps = create("inverting-gradients", preset=preset, **options).options.iterations
         table(f"Inverting Gradients {preset!r} at B = {batch}, {steps} steps: seconds per trial",
-              ["k", "seq s", "vmap s", "block s", "× vmap", "× block", "× GPU*"], rows,
-              f"{MODEL} relu, photos 32×32; sequential over min(k, {sample}) trials; torch threads "
-              f"{torch.get_num_threads()}, {_load()}.  * GPU: an estimate, unmeasured: a step of one problem is {flops / 1e6:.1f} "
-              f"MFLOP in {ops} operators; at {LAUNCH * 1e6:.0f} µs an operator and {THROUGHPUT / 1e12:.0f} TFLOP/s "
-              "the step is launch-bound until k·FLOPs/throughput reaches ops·launch.")
-        if 16 in ks and at16 < 3:
+              ["k", "sequential", "stacked", "ratio", "GPU ratio*"], rows,
+              f"{MODEL} relu, photos 32×32; sequential: {sample} trials one after the other; stacked: block-diagonal "
+              f"objective; best of {rounds} interleaved rounds; torch threads {torch.get_num_threads()}, {_load()}. "
+              f"At k = 16 the vmap objective took {best[16, 'vmap']:.4g} s a trial, block {best[16, 'block']:.4g} s.  "
+              f"* unmeasured estimate: a step of one problem is {flops / 1e6:.1f} MFLOP in {ops} operators; at "
+              f"{LAUNCH * 1e6:.0f} µs an operator and {THROUGHPUT / 1e12:.0f} TFLOP/s it is launch-bound until "
+              "k·FLOPs/throughput reaches ops·launch.")
+        at16 = seq / min(best[16, m] for m in STACKING)
+        if at16 < 3:
             console.print(f"[yellow]k = 16 reaches {at16:.2f}× (target 3×): where the time goes[/yellow]")
             _profile(observations[:16], preset, options)
 

@@ -159,13 +159,13 @@ def test_kill_parent_leaves_no_worker_and_resume_commits_each_trial_once(tmp_pat
 
 
 def test_kill_during_a_batched_chunk_and_resume_equals_an_uninterrupted_run(tmp_path):
-    """In-process chunks of 16 stacked Inverting Gradients trials: a kill -9 while the second chunk is being solved
+    """In-process chunks of 32 stacked Inverting Gradients trials: a kill -9 while the second chunk is being solved
     loses only that chunk, the resumed sweep runs each lost trial once, and every result equals an uninterrupted
     sweep's (the same chunks stacked)."""
     from leakbench.evaluation.chunks import CPU_STACK
 
     spec = {**TINY, "batch_sizes": [1], "images": 3 * CPU_STACK, "defenses": ["none"],
-            "attacks": [{"name": "inverting-gradients", "options": {"iterations": 120}}]}
+            "attacks": [{"name": "inverting-gradients", "options": {"iterations": 60}}]}
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     db = tmp_path / "r.db"
