@@ -216,9 +216,11 @@ def run_chunk(trials: Iterable[TrialSpec], *, cache_dir: str | Path | None = Non
         for trial in members:
             done = prepared.get(trial.key)
             result = run_trial(trial, cache_dir=cache_dir, prepared=done)
-            if done is not None:  # its share of the batched call counts in its time (the chunk sizer reads it)
-                result.timings = {**result.timings, "batched": share, "total": result.timings.get("total", 0.0)
-                                  + share, "stacked": float(len(members))}
+            if done is not None:  # its share of the batched call is its attack (training) time, and counts in its
+                lap = "attack" if trial.kind == "attack" else "train"  # total (the chunk sizer reads it)
+                timings = result.timings
+                result.timings = {**timings, lap: timings.get(lap, 0.0) + share, "batched": share,
+                                  "total": timings.get("total", 0.0) + share, "stacked": float(len(members))}
             yield result
 
 
