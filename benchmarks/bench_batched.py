@@ -12,7 +12,9 @@ The demo's CNN (``cnn:3-16-2-1,3-32-2-1``, relu) on 32×32 photo patches (``lb.l
 - **training** — 1, 3 and 8 seeds of the same CNN for one epoch at batch 4, plain and under DP-SGD
   (``dpsgd:1,1``), one after the other (``utility_seeds(stacked=False)``) against stacked.
 
-Target (issue 28): k = 16 stacked ≥ 3× faster per trial than sequential on 2 CPU cores.  When the best k = 16
+Times are this process's CPU seconds (``time.process_time``, one torch thread): on a quiet machine they equal
+the wall time, and on a shared one (other jobs on the cores) they do not stretch with the load as wall time
+does.  Target (issue 28): k = 16 stacked ≥ 3× faster per trial than sequential on 2 CPU cores.  When the best k = 16
 ratio misses it, the profiler's top operators of one stacked and one sequential step say where the time goes.
 The GPU column is an estimate from arithmetic intensity (FLOPs of one step from ``FlopCounterMode``, the
 operator count from the profiler), not a measurement: marked ``unmeasured``.
@@ -54,21 +56,21 @@ def _setup(batch: int, count: int, data, model) -> list:
 
 
 def _sequential(observations, preset: str, options: dict) -> float:
-    start = time.perf_counter()
+    start = time.process_time()
     for i, obs in enumerate(observations):
         lb.attack("inverting-gradients", obs, preset=preset, seed=i, **options)
-    return (time.perf_counter() - start) / len(observations)
+    return (time.process_time() - start) / len(observations)
 
 
 def _stacked(observations, preset: str, options: dict, stacking: str) -> float:
     attack = create("inverting-gradients", preset=preset, **options)
-    start = time.perf_counter()
+    start = time.process_time()
     matchers = [GradientMatcher(o, attack.options) for o in observations]
     labels = [recover_labels(o, seed=i) for i, o in enumerate(observations)]
     out = solve_many(matchers, labels, list(range(len(observations))), stacking=stacking)
     bad = [r for r in out if isinstance(r, Exception)]
     assert not bad, bad[0]
-    return (time.perf_counter() - start) / len(observations)
+    return (time.process_time() - start) / len(observations)
 
 
 def _step_costs(observations, preset: str, options: dict) -> tuple[float, int]:
@@ -129,9 +131,9 @@ def _attacks(quick: bool) -> None:
         rows = [[k, seq, best[k, "block"], f"{seq / best[k, 'block']:.2f}", f"{_gpu_ratio(k, flops, ops):.1f}"]
                 for k in ks]
         steps = create("inverting-gradients", preset=preset, **options).options.iterations
-        table(f"Inverting Gradients {preset!r} at B = {batch}, {steps} steps: seconds per trial",
+        table(f"Inverting Gradients {preset!r} at B = {batch}, {steps} steps: CPU seconds per trial",
               ["k", "sequential", "stacked", "ratio", "GPU ratio*"], rows,
-              f"{MODEL} relu, photos 32×32; sequential: {sample} trials one after the other; stacked: block-diagonal "
+              f"CPU seconds; {MODEL} relu, photos 32×32; sequential: {sample} trials one after the other; stacked: block-diagonal "
               f"objective; best of {rounds} interleaved rounds; torch threads {torch.get_num_threads()}, {_load()}. "
               f"At k = 16 the vmap objective took {best[16, 'vmap']:.4g} s a trial, block {best[16, 'block']:.4g} s.  "
               f"* unmeasured estimate: a step of one problem is {flops / 1e6:.1f} MFLOP in {ops} operators; at "
@@ -157,15 +159,15 @@ def _training(quick: bool) -> None:
     for defense in ("none", "dpsgd:1,1"):
         for k in counts:
             seeds = list(range(k))
-            start = time.perf_counter()
+            start = time.process_time()
             alone = utility_seeds(MODEL, "photos", defense, seeds=seeds, stacked=False, **common)
-            seq = (time.perf_counter() - start) / k
-            start = time.perf_counter()
+            seq = (time.process_time() - start) / k
+            start = time.process_time()
             stacked = utility_seeds(MODEL, "photos", defense, seeds=seeds, **common)
-            bat = (time.perf_counter() - start) / k
+            bat = (time.process_time() - start) / k
             gap = max(abs(a.train_loss - b.train_loss) for a, b in zip(alone, stacked))
             rows.append([defense, k, seq, bat, f"{seq / bat:.2f}×", f"{gap:.1e}"])
-    table("Training seeds for one epoch: seconds per seed", ["defense", "seeds", "one after the other", "stacked",
+    table("Training seeds for one epoch: CPU seconds per seed", ["defense", "seeds", "one after the other", "stacked",
                                                               "ratio", "max |Δ loss|"], rows,
           f"{MODEL} relu on photos {common['data_options']['size']}px, batch 4, lr 0.01; {_load()}.")
 

