@@ -36,7 +36,7 @@ from ..losses import get_loss
 from ..models import build
 from .seeds import seeds_refusal, train_seeds
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: initial_loss (the untrained model's training loss, the divergence line)
 
 
 @dataclass
@@ -73,6 +73,8 @@ class UtilityResult:
     cached: bool = False
     samples_seen: int = 0
     steps: int = 0
+    #: the untrained model's loss on the training set: a run that ends above it diverged
+    initial_loss: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -291,7 +293,7 @@ def utility_seeds(model_spec: str, dataset: str | ImageDataset | tuple[ImageData
     defense_obj = parse(defense)
     root = cache_root(cache_dir)
     results: list[UtilityResult | Exception | None] = [None] * len(seeds)
-    todo: list[tuple[int, dict, Path | None, ImageDataset, ImageDataset, nn.Module]] = []
+    todo: list[tuple[int, dict, Path | None, ImageDataset, ImageDataset, nn.Module, float]] = []
     for i, seed in enumerate(seeds):
         try:
             train, test, data_key = _resolve_data(dataset, data_options, test_fraction, seed)
@@ -320,7 +322,8 @@ def utility_seeds(model_spec: str, dataset: str | ImageDataset | tuple[ImageData
             if batch_size > len(train):
                 raise ConfigError(f"expected batch_size ≤ {len(train)} (the training set), got {batch_size} "
                                   "(field batch_size)")
-            todo.append((i, config, path, train, test, model))
+            initial_loss, _ = loss_and_accuracy(model, train.images.to(device), train.labels.to(device), loss=loss)
+            todo.append((i, config, path, train, test, model, initial_loss))
         except Exception as err:  # noqa: BLE001 (one seed's failure is its own)
             results[i] = err
     if not todo:
@@ -335,13 +338,13 @@ def utility_seeds(model_spec: str, dataset: str | ImageDataset | tuple[ImageData
         except Exception:  # noqa: BLE001 (an operation vmap cannot map: the seeds train one after the other;
             runs = []      # train_seeds writes the models only once it has finished)
     if not runs:
-        for i, _, _, train, _, model in todo:
+        for i, _, _, train, _, model, _ in todo:
             try:
                 runs.append(train_model(model, train, defense=defense_obj, epochs=epochs, batch_size=batch_size,
                                         lr=lr, seed=seeds[i], device=device, loss=loss))
             except Exception as err:  # noqa: BLE001
                 runs.append(err)
-    for (i, config, path, _, test, model), run in zip(todo, runs):
+    for (i, config, path, _, test, model, initial_loss), run in zip(todo, runs):
         if isinstance(run, Exception):
             results[i] = run
             continue
@@ -349,7 +352,8 @@ def utility_seeds(model_spec: str, dataset: str | ImageDataset | tuple[ImageData
         result = UtilityResult(defense=defense_obj.spec, train_loss=run.train_loss,
                                train_accuracy=run.train_accuracy, test_accuracy=test_accuracy, epsilon=run.epsilon,
                                seconds=run.seconds, config=json.loads(json.dumps(config, default=str)),
-                               test_loss=test_loss, losses=run.losses, samples_seen=run.samples_seen, steps=run.steps)
+                               test_loss=test_loss, losses=run.losses, samples_seen=run.samples_seen, steps=run.steps,
+                               initial_loss=initial_loss)
         _store(path, result)
         results[i] = result
     return results  # type: ignore[return-value]
