@@ -148,3 +148,15 @@ def test_die_with_parent_exits_an_orphan_at_once():
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 1
+
+
+def test_pool_keeps_a_group_that_fits_one_stack_on_one_worker(tmp_path, pool):
+    """Two groups of 10 trials that batch: the first ("none"), with more work behind it, is one stack on one
+    worker; the last is shared out between the workers with room."""
+    spec = {**SHORT, "name": "groups", "defenses": ["none", "noise:0.01"]}
+    sweep = Sweep(spec, tmp_path / "groups.db", runner=pool)
+    assert sweep.run().complete
+    rows = [r for r in sweep.store.rows() if r["defense"] == "none"]
+    sweep.store.close()
+    assert len(rows) == 10 and len({r["worker"] for r in rows}) == 1, "the first group ran as one stack"
+    assert {r["timings"]["stacked"] for r in rows} == {10.0}

@@ -254,11 +254,15 @@ class PoolRunner(Runner):
                     n = self.sizer.size(ahead)
                     if len(worker.pending) > n:
                         break
-                    # trials that batch: up to a stack for every worker with room, shared out evenly
+                    # trials that batch: up to a stack for every worker with room; a group larger than one stack,
+                    # or the sweep's last, is shared out evenly, a smaller one stays whole (a stack of its own)
                     free = sorted((w for w in self._pool if len(w.pending) <= n), key=lambda w: len(w.pending))
                     if batch_group(ahead) is None:
                         free = [worker]
                     chunk, ahead = _fill(ahead, n * len(free), pull, self.sizer.shape)
+                    last = ahead is None and exhausted and not self._requeued
+                    if len(chunk) <= n and not last:
+                        free = [worker]
                     parts = min(len(free), len(chunk))
                     for w, i in zip(free, range(parts)):
                         part = chunk[len(chunk) * i // parts:len(chunk) * (i + 1) // parts]
