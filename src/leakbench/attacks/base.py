@@ -93,6 +93,18 @@ class Attack(abc.ABC):
             progress: Progress | None = None) -> Reconstruction:
         """Rebuild the batch behind ``obs`` (requirements already checked)."""
 
+    def run_batch(self, observations: list[Observation], seeds: list[int], *,
+                  progress: Progress | None = None) -> list[Reconstruction | Exception]:
+        """Rebuild several batches (requirements already checked), each result or error its own.  The default
+        runs them one after the other; attacks that can solve independent problems together override it."""
+        out: list[Reconstruction | Exception] = []
+        for obs, seed in zip(observations, seeds):
+            try:
+                out.append(self.run(obs, seed=seed, progress=progress))
+            except Exception as err:  # noqa: BLE001 (one problem's failure is its own)
+                out.append(err)
+        return out
+
     def __call__(self, obs: Observation, *, seed: int = 0, callback: Callback | None = None,
                  progress: Progress | None = None) -> Reconstruction:
         reasons = self.requirements(obs)

@@ -148,6 +148,9 @@ def step_schedule(opt: torch.optim.Optimizer, kind: str, iterations: int):
 class GradientMatcher:
     """Simulates the client's shared quantity for candidate inputs and scores it against the observation."""
 
+    #: why a subclass's objective cannot be stacked with other problems' (None: it is the engine's own)
+    extra_terms: str | None = None
+
     def __init__(self, obs: Observation, settings: MatchingSettings) -> None:
         settings.check()
         if settings.tv_growth:  # the batch's α_TV, fixed for the run (the trace reports it as ``tv``)

@@ -9,7 +9,10 @@
 ``runner.run(trials)`` pulls trials from an iterable only when it has room, so the sweep claims a trial in
 the store just before it is submitted, and yields :class:`~.trial.TrialResult` objects in completion order.
 Short trials travel in chunks of one shape (as many as fill ``chunk_seconds``, from the mean time of the
-trials of that shape so far: :class:`ChunkSizer`);
+trials of that shape so far: :class:`ChunkSizer`), and trials that batch (:func:`~.chunks.batch_group`: the
+gradient-matching attacks, utility seeds) in chunks of at least a stack (:func:`~.chunks.stack_size`), which
+the worker solves as one batched call (:func:`~.chunks.run_chunk`; a pool shares a stack out evenly among
+its workers with room);
 a pool worker still sends each result back the moment it finishes, a Ray actor returns a chunk at once —
 either way the sweep commits one trial per transaction.  Every trial runs :func:`~.trial.run_trial`, which
 fixes its seeds and thread count, so all executors give the same results.
@@ -27,7 +30,8 @@ from typing import Any
 from collections.abc import Callable, Iterable, Iterator
 
 from ..errors import ConfigError
-from .trial import TrialResult, TrialSpec, run_trial
+from .chunks import batch_group, run_chunk, stack_size
+from .trial import TrialResult, TrialSpec
 from .workers import TrialActor, serve
 
 
@@ -60,16 +64,28 @@ class Runner(abc.ABC):
 
 
 class InProcessRunner(Runner):
-    """Trials one after the other in this process."""
+    """Trials in this process: those that batch (:func:`~.chunks.batch_group`) in chunks of
+    :func:`~.chunks.stack_size` solved together, the others one after the other."""
 
     name = "local"
 
     def run(self, trials: Iterable[TrialSpec]) -> Iterator[TrialResult]:
-        for trial in trials:
-            self.submitted += 1
-            result = run_trial(trial, cache_dir=self.cache_dir)
-            self.finished += 1
-            yield result
+        source = iter(trials)
+        ahead: TrialSpec | None = None  # pulled (so claimed) by the last fill, heads the next chunk
+        while True:
+            ahead = ahead or next(source, None)  # a full chunk pulls nothing ahead: a kill loses only the chunk
+            if ahead is None:
+                return
+            chunk, ahead = _fill(ahead, stack_size(ahead), lambda: next(source, None), _batch_key)
+            self.submitted += len(chunk)
+            for result in run_chunk(chunk, cache_dir=self.cache_dir):
+                self.finished += 1
+                yield result
+
+
+def _batch_key(trial: TrialSpec) -> object:
+    """A trial's batch group (a trial that runs alone is a group of its own)."""
+    return batch_group(trial) or ("alone", trial.key)
 
 
 class ChunkSizer:
@@ -103,11 +119,14 @@ class ChunkSizer:
         self.recent.setdefault(shape, collections.deque(maxlen=self.window)).append(max(result.seconds, 1e-4))
 
     def size(self, trial: TrialSpec | None = None) -> int:
+        """Trials to send at once: enough to fill ``seconds``, and at least a stack of trials that batch."""
         recent = self.recent.get(self.shape(trial))
         if not recent or self.seconds <= 0:
             self.last = 1
         else:
             self.last = max(1, min(self.most, int(self.seconds / (sum(recent) / len(recent)))))
+        if trial is not None:
+            self.last = max(self.last, stack_size(trial))
         return self.last
 
 
@@ -235,15 +254,20 @@ class PoolRunner(Runner):
                     n = self.sizer.size(ahead)
                     if len(worker.pending) > n:
                         break
-                    chunk, ahead = _fill(ahead, n, pull, self.sizer.shape)
-                    try:
-                        worker.send(chunk)
-                    except OSError:  # the worker died while idle: a fresh one takes the chunk
-                        worker.pending.clear()
-                        worker.kill()
-                        worker = self._pool[self._pool.index(worker)] = self._spawn()
-                        worker.send(chunk)
-                    self.sizer.sent(chunk)
+                    # trials that batch: up to a stack for every worker with room; a group larger than one stack,
+                    # or the sweep's last, is shared out evenly, a smaller one stays whole (a stack of its own)
+                    free = sorted((w for w in self._pool if len(w.pending) <= n), key=lambda w: len(w.pending))
+                    if batch_group(ahead) is None:
+                        free = [worker]
+                    chunk, ahead = _fill(ahead, n * len(free), pull, self.sizer.shape)
+                    last = ahead is None and exhausted and not self._requeued
+                    if len(chunk) <= n and not last:
+                        free = [worker]
+                    parts = min(len(free), len(chunk))
+                    for w, i in zip(free, range(parts)):
+                        part = chunk[len(chunk) * i // parts:len(chunk) * (i + 1) // parts]
+                        self._send(w, part)
+                        self.sizer.sent(part)
                     self.submitted += len(chunk)
                 busy = [w for w in self._pool if w.pending]
                 if not busy:
@@ -258,6 +282,15 @@ class PoolRunner(Runner):
             if any(w.pending for w in self._pool):
                 self._terminate()
             raise
+
+    def _send(self, worker: _Worker, chunk: list[TrialSpec]) -> None:
+        try:
+            worker.send(chunk)
+        except OSError:  # the worker died while idle: a fresh one takes the chunk
+            worker.pending.clear()
+            worker.kill()
+            worker = self._pool[self._pool.index(worker)] = self._spawn()
+            worker.send(chunk)
 
     def _collect(self, index: int, worker: _Worker) -> list[TrialResult]:
         results = worker.receive()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 
 from ..errors import ConfigError
 from ..progress import sweep_progress
+from .chunks import batched_order
 from .images import save_trial_files
 from .plan import plan
 from .preflight import check_size, preflight
@@ -135,7 +136,8 @@ class Sweep:
                             stopped=self.stopped)
 
     def _execute(self, runner: Runner, todo: list[TrialSpec], start: float, advance) -> None:
-        for result in runner.run(self._feed(todo, start)):
+        # the trials of one batch group next to each other, so that a chunk holds a stack of them
+        for result in runner.run(self._feed(batched_order(todo), start)):
             self._commit(result)
             if advance is not None:
                 advance(result.status)

@@ -266,6 +266,9 @@ class _Clock:
         self.timings: dict[str, float] = {}
         self._mark = self.start
         self._budget_start = self.start
+        #: what a batched call (:mod:`.chunks`) already computed for this trial: its reconstruction or utility
+        #: result, or the exception that stopped it
+        self.prepared: Any = None
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
@@ -286,13 +289,16 @@ class _Clock:
 
 
 def run_trial(spec: TrialSpec, *, cache_dir: str | Path | None = None, progress=None,
-              strict: bool = False) -> TrialResult:
+              strict: bool = False, prepared: Any = None) -> TrialResult:
     """Run one trial; never raises for a problem of the trial itself (see the module docstring).
 
     ``progress(done, total, loss)`` receives the attack's progress.  ``strict=True`` (the CLI's
     ``attack`` command) lets errors propagate instead of recording them as ``failed``/``n/a``.
+    ``prepared``: the trial's reconstruction (attack) or utility result (utility) from a batched call of
+    :mod:`.chunks`, or the exception that stopped it there; the trial is otherwise run and scored as alone.
     """
     clock = _Clock(spec.trial_seconds, progress)
+    clock.prepared = prepared
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, int(spec.threads)))
     try:
@@ -422,6 +428,11 @@ def run_attack(spec: TrialSpec, obs, clock: _Clock) -> Any:
     reasons = attack.requirements(obs)
     if reasons:
         return TrialResult(key=spec.key, status="n/a", error="; ".join(reasons))
+    if clock.prepared is not None:  # solved in a batched call with the trial's chunk-mates
+        if isinstance(clock.prepared, BaseException):
+            raise clock.prepared
+        clock.lap("attack")
+        return clock.prepared
     clock.start_budget()
     rec = attack(obs, seed=spec.seed, progress=clock.progress)
     clock.lap("attack")
@@ -479,19 +490,27 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
                        attack_options=dict(rec.options or {}))
 
 
-def _utility_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
-    from .utility import utility
-
+def utility_arguments(spec: TrialSpec, cache_dir) -> dict[str, Any]:
+    """The keyword arguments of :func:`~.utility.utility` for utility trial ``spec`` (``model_spec``, ``dataset``
+    and the options)."""
     u = dict(spec.utility)
     opts = dict(spec.model_options)
     model_options = {k: v for k, v in (("act", opts.get("act")), ("init", opts.get("init", "default"))) if v}
     model_options.update(dict(opts.get("options") or {}))
-    result = utility(spec.model, spec.dataset, defense=spec.defense, epochs=int(u["epochs"]),
-                     batch_size=int(spec.batch_size or u["batch_size"]), lr=float(u["lr"]), seed=int(u.get("seed", 0)),
-                     data_options=dict(spec.data_options) or None, model_options=model_options,
-                     test_fraction=float(u["test_fraction"]), loss=spec.threat.get("loss", "ce"),
-                     cache_dir=False if cache_dir is None else str(Path(cache_dir) / "utility"), device=spec.device,
-                     model_file=opts.get("file") or None)
+    return dict(model_spec=spec.model, dataset=spec.dataset, defense=spec.defense, epochs=int(u["epochs"]),
+                batch_size=int(spec.batch_size or u["batch_size"]), lr=float(u["lr"]), seed=int(u.get("seed", 0)),
+                data_options=dict(spec.data_options) or None, model_options=model_options,
+                test_fraction=float(u["test_fraction"]), loss=spec.threat.get("loss", "ce"),
+                cache_dir=False if cache_dir is None else str(Path(cache_dir) / "utility"), device=spec.device,
+                model_file=opts.get("file") or None)
+
+
+def _utility_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
+    from .utility import utility
+
+    if isinstance(clock.prepared, BaseException):  # trained in a batched call (:mod:`.chunks`), and it failed
+        raise clock.prepared
+    result = clock.prepared if clock.prepared is not None else utility(**utility_arguments(spec, cache_dir))
     clock.lap("train")
     metrics = {k: _number(getattr(result, k, None))
                for k in ("train_loss", "train_accuracy", "test_accuracy", "epsilon", "samples_seen", "steps",
