@@ -88,9 +88,12 @@ def _tensors(values: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], named,
         expect(isinstance(t, torch.Tensor), f"expected a tensor for parameter {name!r}, got {type(t).__name__}")
         expect(tuple(t.shape) == tuple(p.shape), f"expected the {what} of {name!r} with shape {tuple(p.shape)}, "
                f"got {tuple(t.shape)} (argument {what}s)")
-        expect(bool(torch.isfinite(t).all()), f"expected finite values in the {what} of {name!r}, got NaN/inf")
     param = named[0][1]
-    return [t.detach().to(device=param.device, dtype=param.dtype).clone() for t in out]
+    cast = [t.detach().to(device=param.device, dtype=param.dtype).clone() for t in out]
+    for (name, _), t in zip(named, cast):  # after the cast to the model's dtype: 1e300 in float64 is inf in float32
+        expect(bool(torch.isfinite(t).all()), f"expected finite values in the {what} of {name!r} in the model's "
+               f"dtype {param.dtype}, got NaN/inf (argument {what}s)")
+    return cast
 
 
 def _input_shape(model: nn.Module, input_shape) -> tuple[int, ...]:
