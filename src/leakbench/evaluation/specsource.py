@@ -62,6 +62,24 @@ def line_map(node: yaml.Node, path: tuple, out: dict[tuple, int], source: str) -
             line_map(item, path + (i,), out, source)
 
 
+#: deepest nesting of mappings and lists a spec may have (a real one has fewer than ten levels).
+MAX_DEPTH = 64
+
+
+def check_depth(text: str, name: str) -> None:
+    """Refuse YAML nested deeper than :data:`MAX_DEPTH` from the parser's events (iterative: no recursion)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = event.start_mark
+                raise ConfigError(f"{name} line {mark.line + 1}: nested more than {MAX_DEPTH} levels deep; a sweep "
+                                  "spec is a few levels of mappings and lists — flatten it")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
 def read_spec(source: str | Path | Mapping) -> tuple[Any, Source]:
     if isinstance(source, Mapping):
         return dict(source), Source("spec", {})
@@ -76,6 +94,7 @@ def read_spec(source: str | Path | Mapping) -> tuple[Any, Source]:
     else:
         text, name = str(source), "spec"
     try:
+        check_depth(text, name)
         node = yaml.compose(text)
         check_size(node, name)
         data = yaml.safe_load(text)
