@@ -64,6 +64,14 @@ def with_normalization(model: nn.Module, normalize: tuple | None) -> nn.Module:
     return wrapped
 
 
+def _check_models(**models: nn.Module) -> None:
+    """Each model (by argument name) materialised, dense and finite (:func:`leakbench.threat.check_model`)."""
+    from .threat import check_model
+
+    for field, model in models.items():
+        check_model(model, field)
+
+
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     expect(len(named) > 0, "the model has no trainable parameters (argument model)")
@@ -152,6 +160,7 @@ def from_gradients(model: nn.Module, grads: Sequence[torch.Tensor] | Mapping[str
     client applied (it is not applied again).  Equals :func:`~leakbench.threat.observe` on the
     same batch (tested).
     """
+    _check_models(model=model)
     named = _trainable(model)
     shared = _tensors(grads, named, "gradient")
     return _observation("gradient", model, shared, batch_size=batch_size, labels=labels, loss=loss,
@@ -186,6 +195,7 @@ def from_update(model_before: nn.Module, model_after: nn.Module, *, batch_size: 
     the samples per epoch, as a data loader drew them, when the client knows it) or unshuffled.
     The update-matching attacks simulate exactly those minibatch steps (``Observation.local_batches``).
     """
+    _check_models(model_before=model_before, model_after=model_after)
     named_before = _trainable(model_before)
     after = dict(model_after.named_parameters())
     expect(set(after) >= {n for n, _ in named_before},

@@ -71,6 +71,14 @@ class Observation:
                    "(field param_names)")
             expect(tuple(t.shape) == tuple(p.shape), f"expected the shared tensor of {name!r} with the parameter's "
                    f"shape {tuple(p.shape)}, got {tuple(t.shape)} (field shared)")
+        if self.labels is not None:
+            expect(isinstance(self.labels, torch.Tensor) and self.labels.dim() in (1, 2)
+                   and self.labels.shape[0] == self.batch_size,
+                   lambda: f"expected labels with one entry per sample ({self.batch_size}), got shape "
+                   f"{tuple(getattr(self.labels, 'shape', ()))} (field labels)")
+        for i, (mean, var) in enumerate(self.bn_stats or []):
+            expect(tuple(mean.shape) == tuple(var.shape), f"expected BN mean and variance of one shape, got "
+                   f"{tuple(mean.shape)} and {tuple(var.shape)} (field bn_stats[{i}])")
         bad = non_finite_tensor(zip(self.param_names, self.shared))
         expect(bad is None, lambda: f"expected finite shared {self.kind} values, got {bad[1]} NaN/inf value(s) in "
                f"{bad[0]!r} (field shared; defense {self.defense!r}): the client's round overflowed — lower the "

@@ -53,6 +53,14 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
+def _allocation_failure(err: BaseException) -> bool:
+    """Whether ``err`` is torch's refusal to allocate (CPU allocator, CUDA out of memory)."""
+    oom = getattr(torch, "OutOfMemoryError", None)
+    text = str(err)
+    return (oom is not None and isinstance(err, oom)) or "can't allocate memory" in text or "out of memory" in text \
+        or "Tried to allocate" in text
+
+
 def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Turn :class:`LeakbenchError` into one red line and exit code 2; Ctrl-C into exit code 130.
 
@@ -76,6 +84,11 @@ def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt:
             err_console.print(Text("interrupted", style="yellow"))
             raise typer.Exit(130) from None
+        except RuntimeError as err:  # torch's allocation failures are RuntimeErrors; anything else is a bug
+            if not _allocation_failure(err):
+                raise
+            fail(f"out of memory: {' '.join(str(err).split())[:160]}; use a smaller model, batch size, image size "
+                 "or dataset limit")
         except MemoryError:
             fail("out of memory: the model, batch or dataset is larger than this machine's memory; use a smaller "
                  "model, batch size, image size or dataset limit")

@@ -80,8 +80,22 @@ def check_depth(text: str, name: str) -> None:
             depth -= 1
 
 
+def check_nesting(value: Any, name: str) -> None:
+    """Refuse mappings and lists nested deeper than :data:`MAX_DEPTH` (walked with a stack: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (Mapping, list, tuple)):
+            if depth > MAX_DEPTH:
+                raise ConfigError(f"{name}: nested more than {MAX_DEPTH} levels deep; a sweep spec is a few levels "
+                                  "of mappings and lists — flatten it")
+            children = item.values() if isinstance(item, Mapping) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
 def read_spec(source: str | Path | Mapping) -> tuple[Any, Source]:
     if isinstance(source, Mapping):
+        check_nesting(source, "spec")
         return dict(source), Source("spec", {})
     if isinstance(source, BaseModel):
         return source.model_dump(), Source("spec", {})

@@ -326,8 +326,8 @@ class Store:
         try:
             return full.resolve().relative_to(base).as_posix()
         except ValueError:
-            raise ConfigError(f"expected the {kind} file of a trial inside the store's folder {base}, got {path} "
-                              "(images); write it under the store's images folder") from None
+            raise ConfigError(f"refused {kind} file {path}: it lies outside the store's folder {base} (images); "
+                              f"write it under {self.images_dir}") from None
 
     def resolve_file(self, stored: str | None, key: str, kind: str) -> tuple[Path | None, str | None]:
         """(path, None) for a file the store names inside its folder, (None, reason) for one it refuses.
