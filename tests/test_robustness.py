@@ -1077,3 +1077,114 @@ def test_untrusted_cli(untrusted_cli, u, cls, case, template, fragment):
     _assert_one_line(r["code"], r["stdout"], r["stderr"], fragment, case)
     assert not left and before == after
     assert not (u / "o2").exists()
+
+
+# --------------------------------------------------------------------------- issue 29: properties of whole runs
+def test_untrusted_retry_timed_out_trials_run_again_with_retry_failed(tmp_path):
+    slow = {**GOOD, "attacks": [{"name": "inverting-gradients", "options": {"iterations": 200}}]}
+    db = tmp_path / "r.db"
+    assert lb.evaluate({**slow, "budget": {"trial_seconds": 1e-6}}, db).counts == {"timed out": 2}
+    assert lb.evaluate(slow, db).ran == 0  # without --retry-failed they stay as they are
+    again = lb.evaluate(slow, db, retry_failed=True)  # the budget raised (it is not part of the trial's identity)
+    assert again.ran == 2 and again.counts == {"done": 2}
+
+
+def _grids(out: Path) -> int:
+    return len(list((out / "grids").glob("*.png"))) if (out / "grids").is_dir() else 0
+
+
+def test_untrusted_paths_report_from_another_directory_and_after_moving_the_store(tmp_path, monkeypatch):
+    from leakbench.report import write_report
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    assert lb.evaluate(GOOD, Path("sub") / "r.db").counts == {"done": 2}  # a relative --db
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    files = write_report(tmp_path / "run" / "sub" / "r.db", tmp_path / "rep1")
+    assert files.grids and _grids(tmp_path / "rep1") == len(files.grids)
+    assert "No reconstructions saved" not in files.index.read_text()
+    shutil.move(tmp_path / "run" / "sub", tmp_path / "moved")
+    files = write_report(tmp_path / "moved" / "r.db", tmp_path / "rep2")
+    assert files.grids and "No reconstructions saved" not in files.index.read_text()
+
+
+def test_untrusted_paths_a_file_outside_the_store_is_refused_for_its_row(tmp_path):
+    from leakbench.report import write_report
+
+    db = tmp_path / "store" / "r.db"
+    assert lb.evaluate(GOOD, db).counts == {"done": 2}
+    secret = tmp_path / "secret" / "s.npz"
+    secret.parent.mkdir()
+    x = np.random.default_rng(1).random((1, 1, 8, 8)).astype(np.float32)
+    np.savez(secret, x=x, y=np.zeros(1, int), reconstruction=x, order=np.zeros(1, int), labels=np.zeros(1, int))
+    with sqlite3.connect(db) as c:
+        keys = [r[0] for r in c.execute("SELECT key FROM trials ORDER BY key")]
+        c.execute("UPDATE images SET path = ? WHERE key = ? AND kind = 'npz'", (str(secret), keys[0]))
+        c.execute("UPDATE images SET path = ? WHERE key = ? AND kind = 'npz'", ("../secret/s.npz", keys[1]))
+    with lb.evaluation.Store(db, readonly=True) as store:
+        rows = {r["key"]: r for r in store.rows()}
+    for key in keys:
+        assert rows[key]["npz"] is None and "outside the store's folder" in rows[key]["images_refused"], rows[key]
+    files = write_report(db, tmp_path / "rep")
+    page = files.index.read_text()
+    assert not files.grids and "not shown" in page and "outside the store" in page
+
+
+def test_untrusted_terminal_escapes_markup_and_control_characters(w, u, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "leakbench.cli", "evaluate", str(u / "label-markup.yaml"), "--db",
+                           str(tmp_path / "t.db"), "--report", str(tmp_path / "rep")], capture_output=True, text=True,
+                          env=ENV, timeout=300, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert "\x1b" not in out and "\x07" not in out  # no escape sequence of the spec reaches the terminal
+    assert "[/x]" in out and "\\x1b" in out  # the label is shown as text, its control characters as escapes
+    assert (tmp_path / "rep" / "index.html").is_file()
+
+
+def test_untrusted_traceback_report_of_a_store_with_malformed_json(tmp_path):
+    db = tmp_path / "r.db"
+    assert lb.evaluate(GOOD, db).counts == {"done": 2}
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE results SET metrics = '{\"mse\": [' WHERE rowid = 1")
+        c.execute("UPDATE trials SET spec = 'not json' WHERE rowid = 2")
+    proc = subprocess.run([sys.executable, "-m", "leakbench.cli", "report", str(db), "--out", str(tmp_path / "rep")],
+                          capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    with lb.evaluation.Store(db, readonly=True) as store:
+        damaged = [r["damaged"] for r in store.rows() if r.get("damaged")]
+    assert sorted(damaged) == ["metrics", "spec"]
+
+
+@pytest.mark.parametrize("entry", ["module", "script"])
+def test_untrusted_traceback_ctrl_c_during_start_up_exits_130(w, entry):
+    script = Path(sys.executable).parent / "leakbench"
+    if entry == "script" and not script.is_file():
+        pytest.skip("no leakbench console script beside this Python")
+    argv = [sys.executable, "-m", "leakbench.cli"] if entry == "module" else [str(script)]
+    proc = subprocess.Popen([*argv, "evaluate", str(w / "good.yaml"), "--dry-run"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV, cwd=w)
+    time.sleep(0.3)  # still importing torch (seconds): the signal lands before any command runs
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in out + err, err
+    assert [line for line in err.splitlines() if line.strip()] == ["interrupted"]
+
+
+def test_untrusted_work_workers_die_with_a_parent_killed_while_they_start(w, tmp_path):
+    spec = _long_spec(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "leakbench.cli", "evaluate", str(spec), "--db",
+                             str(tmp_path / "k.db"), "--workers", "2", "-q"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=ENV, cwd=tmp_path, start_new_session=True)
+    deadline = time.time() + 120
+    children: list[str] = []
+    while time.time() < deadline and not children and proc.poll() is None:
+        ps = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout
+        children = ps.split()
+    assert children, "no worker started"
+    proc.kill()  # kill -9 of the sweep while its workers are still starting
+    proc.wait()
+    deadline = time.time() + 60
+    while time.time() < deadline and _session_alive(proc.pid):
+        time.sleep(0.1)
+    assert not _session_alive(proc.pid)

@@ -13,6 +13,7 @@ import json
 import os
 import sqlite3
 import typing
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +37,15 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+_format_warning = warnings.formatwarning
+
+
+def _clean_warning(*args: Any, **kwargs: Any) -> str:
+    """Warnings quote user strings too (a plot title with ESC in it): their control characters as escapes."""
+    return clean(_format_warning(*args, **kwargs))
+
+
+warnings.formatwarning = _clean_warning
 console = Console(markup=False)
 err_console = Console(stderr=True, markup=False)
 
