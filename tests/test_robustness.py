@@ -611,16 +611,17 @@ def _interrupt_after_two_trials(args: list[str], db: Path, cwd: Path) -> str:
 
 
 # =========================================================================== issue 29: trust nothing
-# Files, clients and specs that lie about their size, layout or values.  Every case runs in a separate
-# process under RLIMIT_AS (3 GiB: a file that makes leakbench allocate its declared gigabytes fails) and an
-# alarm per case (a FIFO or an unbounded loop fails instead of hanging), in its own session, so no process
-# it started can outlive it unseen.  Case ids start with their class (the issue's list):
+# Files, clients and specs that lie about their size, layout or values.  Every case runs in a process of
+# its own (forked from a driver that imported leakbench once) under RLIMIT_AS (3 GiB: a file that makes
+# leakbench allocate its declared gigabytes fails) and is killed at its deadline (a FIFO or an unbounded
+# loop fails instead of hanging); the driver runs in its own session, so no process a case started can
+# outlive it unseen.  Case ids start with their class (the issue's list):
 #   retry · paths · finite · shapes · formats · work · flower · terminal · traceback
 # API cases: a ValueError subclass (LeakbenchError) with one line holding the fragment, or ``None``: the call
 # must succeed.  CLI cases: exit 2 and one ``error:`` line holding the fragment, the store unchanged.
 
 LIMIT_AS = 3 * 1024**3
-CASE_SECONDS = 60
+CASE_SECONDS = 45
 
 
 def _npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
@@ -925,31 +926,78 @@ def _capped(u: Path) -> None:
         sweep.store.close()
 
 
-API_DRIVER = r"""
-import importlib.util, json, resource, signal, sys, traceback
-from pathlib import Path
-limit, seconds, module, folder = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-def alarm(*_):
-    raise TimeoutError(f"case ran past {seconds} s")
-signal.signal(signal.SIGALRM, alarm)
-spec = importlib.util.spec_from_file_location("robustness_cases", module)
-cases = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cases)
-from leakbench.errors import LeakbenchError
-table = {c[1]: c[2] for c in cases.UNTRUSTED_API}
-out = {}
-for name in json.loads(sys.stdin.read()):
-    signal.alarm(seconds)
+FORK_DRIVER = r"""
+import contextlib, io, json, os, resource, select, sys, time, traceback
+mode, limit, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+if mode == "api":  # the case table of the test module, called with the issue-29 folder
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("robustness_cases", sys.argv[4])
+    cases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cases)
+    from leakbench.errors import LeakbenchError
+    table, folder = {c[1]: c[2] for c in cases.UNTRUSTED_API}, Path(sys.argv[5])
+
+    def case(name):
+        try:
+            table[name](folder)
+            return {"ok": True}
+        except BaseException as err:
+            return {"ok": False, "type": type(err).__name__, "message": str(err)[:3000],
+                    "leakbench": isinstance(err, LeakbenchError), "value_error": isinstance(err, ValueError),
+                    "traceback": traceback.format_exc()[-3000:]}
+else:  # argv lists for the leakbench command
+    from leakbench.cli import app
+
+    def case(argv):
+        so, se = io.StringIO(), io.StringIO()
+        code = 0
+        with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
+            try:
+                app(argv, prog_name="leakbench", standalone_mode=True)
+            except SystemExit as err:
+                code = err.code if isinstance(err.code, int) else (0 if err.code is None else 1)
+            except BaseException:
+                code = "exception"
+                se.write(traceback.format_exc())
+        return {"code": code, "stdout": so.getvalue(), "stderr": se.getvalue()}
+
+out = []
+for item in json.loads(sys.stdin.read()):  # each case in a forked child: its own RLIMIT_AS, killed at the deadline
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        try:
+            data = json.dumps(case(item)).encode()
+        except BaseException as err:
+            data = json.dumps({"ok": False, "code": "driver", "type": type(err).__name__, "message": str(err),
+                               "stdout": "", "stderr": traceback.format_exc()}).encode()
+        with os.fdopen(write, "wb") as f:
+            f.write(data)
+        os._exit(0)
+    os.close(write)
+    chunks, deadline, done = [], time.monotonic() + seconds, False
+    while not done and time.monotonic() < deadline:
+        ready, _, _ = select.select([read], [], [], max(0.0, deadline - time.monotonic()))
+        if ready:
+            chunk = os.read(read, 1 << 16)
+            chunks.append(chunk)
+            done = not chunk
+    os.close(read)
+    if not done:
+        os.kill(pid, 9)
+    _, status = os.waitpid(pid, 0)
     try:
-        table[name](folder)
-        out[name] = {"ok": True}
-    except BaseException as err:
-        out[name] = {"ok": False, "type": type(err).__name__, "message": str(err)[:3000],
-                     "leakbench": isinstance(err, LeakbenchError), "value_error": isinstance(err, ValueError),
-                     "traceback": traceback.format_exc()[-3000:]}
-    finally:
-        signal.alarm(0)
+        result = json.loads(b"".join(chunks)) if done else None
+    except ValueError:
+        result = None
+    if result is None:
+        why = f"ran past {seconds:g} s" if not done else f"died (wait status {status})"
+        result = {"ok": False, "code": why, "type": "Bounded", "message": why, "leakbench": False,
+                  "value_error": False, "traceback": why, "stdout": "", "stderr": why}
+    out.append(result)
 print(json.dumps(out))
 """
 
@@ -984,10 +1032,10 @@ def _bounded(args: list[str], payload: str, cwd: Path, timeout: float = 900) -> 
 def untrusted_api(w, u):
     before = _store_rows(w / "store.db")
     names = [c[1] for c in UNTRUSTED_API]
-    proc, left = _bounded([sys.executable, "-c", API_DRIVER, str(LIMIT_AS), str(CASE_SECONDS), __file__, str(u)],
-                          json.dumps(names), u)
+    proc, left = _bounded([sys.executable, "-c", FORK_DRIVER, "api", str(LIMIT_AS), str(CASE_SECONDS), __file__,
+                           str(u)], json.dumps(names), u)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.splitlines()[-1]), left, before, _store_rows(w / "store.db")
+    return dict(zip(names, json.loads(proc.stdout.splitlines()[-1]))), left, before, _store_rows(w / "store.db")
 
 
 @pytest.mark.parametrize("cls, case, call, fragment", UNTRUSTED_API, ids=[f"{c[0]}:{c[1]}" for c in UNTRUSTED_API])
@@ -1032,39 +1080,14 @@ UNTRUSTED_CLI = [
                                               "{u}/zeros.pt --attack fc-inversion --out {u}/o2", "NaN/inf"),
 ]
 
-CLI_DRIVER = r"""
-import contextlib, io, json, resource, signal, sys, traceback
-limit, seconds = int(sys.argv[1]), int(sys.argv[2])
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-def alarm(*_):
-    raise TimeoutError(f"case ran past {seconds} s")
-signal.signal(signal.SIGALRM, alarm)
-from leakbench.cli import app
-out = []
-for argv in json.loads(sys.stdin.read()):
-    so, se = io.StringIO(), io.StringIO()
-    code = 0
-    signal.alarm(seconds)
-    with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
-        try:
-            app(argv, prog_name="leakbench", standalone_mode=True)
-        except SystemExit as err:
-            code = err.code if isinstance(err.code, int) else (0 if err.code is None else 1)
-        except BaseException:
-            code = "exception"
-            se.write(traceback.format_exc())
-        finally:
-            signal.alarm(0)
-    out.append({"code": code, "stdout": so.getvalue(), "stderr": se.getvalue()})
-print(json.dumps(out))
-"""
 
 
 @pytest.fixture(scope="module")
 def untrusted_cli(w, u):
     before = _store_rows(w / "store.db")
     argvs = [[p.replace("{w}", str(w)).replace("{u}", str(u)) for p in t.split()] for _, _, t, _ in UNTRUSTED_CLI]
-    proc, left = _bounded([sys.executable, "-c", CLI_DRIVER, str(LIMIT_AS), str(CASE_SECONDS)], json.dumps(argvs), u)
+    proc, left = _bounded([sys.executable, "-c", FORK_DRIVER, "cli", str(LIMIT_AS), str(CASE_SECONDS)],
+                          json.dumps(argvs), u)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.splitlines()[-1])
     return dict(zip([c[1] for c in UNTRUSTED_CLI], results)), left, before, _store_rows(w / "store.db")
