@@ -699,6 +699,8 @@ def u(w) -> Path:
     root = w / "u"
     root.mkdir()
     x = np.random.default_rng(0).random((4, 8, 8)).astype(np.float32)
+    np.savez(root / "ambiguous.npz", x=np.random.default_rng(0).random((4, 3, 4, 4)).astype(np.float32),
+             y=np.arange(4) % 2)  # 4×4 RGB (NCHW) or 3×4 RGBA (NHWC)?
     _declared_npz(root / "bomb.npz", {"x": ((100_000, 3, 64, 64), "<f4"), "y": np.arange(4) % 2})
     _declared_npz(root / "unused.npz", {"x": x, "y": np.arange(4) % 2, "junk": ((50_000, 3, 256, 256), "<f4")})
     mnist = root / "mnist"
@@ -840,6 +842,7 @@ UNTRUSTED_API = [
     ("finite", "observe-local-lr-1e38-overflows", _observe(local_steps=3, local_lr=1e38), "field shared"),
     ("finite", "observe-noise-1e308", _observe(defense="noise:1e308"), "field shared"),
     ("finite", "observe-nan-weights", lambda u: lb.observe(_nan_model(), *_xy()), "argument model"),
+    ("finite", "observe-weights-nan-model", lambda u: lb.observe_weights(_nan_model()), "argument model"),
     ("finite", "from-update-nan-model", lambda u: lb.Observation.from_update(_nan_model(), _model(), batch_size=1,
                                                                             lr=0.1), "argument model"),
     ("finite", "observation-nan-shared", _observation(lambda o: {"shared": [s * float("nan") for s in o.shared]}),
@@ -865,6 +868,7 @@ UNTRUSTED_API = [
     ("formats", "cifar-wrong-shape", lambda u: lb.load("cifar10", root=u / "cifar-shape"), "N×3072"),
     ("formats", "cifar-labels-out-of-range", lambda u: lb.load("cifar10", root=u / "cifar-labels"), "labels 0..9"),
     ("formats", "cifar-object-data", lambda u: lb.load("cifar10", root=u / "cifar-object"), "CIFAR"),
+    ("formats", "npz-ambiguous-channel-axis", lambda u: lb.load("npz", path=u / "ambiguous.npz"), "layout="),
     ("formats", "mnist-short-body", lambda u: lb.load("mnist", root=u / "mnist-short"), "re-download"),
     ("formats", "model-file-sparse", _files("read_state", "sparse.pt"), "dense"),
     # work: nothing a file, a client or a spec says sizes memory or time without a bound
@@ -1170,7 +1174,8 @@ def test_untrusted_traceback_report_of_a_store_with_malformed_json(tmp_path):
     assert lb.evaluate(GOOD, db).counts == {"done": 2}
     with sqlite3.connect(db) as c:
         c.execute("UPDATE results SET metrics = '{\"mse\": [' WHERE rowid = 1")
-        c.execute("UPDATE trials SET spec = 'not json' WHERE rowid = 2")
+        c.execute("UPDATE trials SET spec = 'not json', batch_size = 'four', seed = x'00ff' WHERE rowid = 2")
+        c.execute("UPDATE results SET psnr = 'high', seconds = 'slow' WHERE rowid = 2")
     proc = subprocess.run([sys.executable, "-m", "leakbench.cli", "report", str(db), "--out", str(tmp_path / "rep")],
                           capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr

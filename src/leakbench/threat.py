@@ -431,6 +431,7 @@ def observe_weights(
     expect(len(data_range) == 2 and float(data_range[0]) < float(data_range[1]),
            f"expected data_range (low, high) with low < high, got {data_range!r} (argument data_range)")
     expect(margin is None or float(margin) > 0, f"expected a positive margin, got {margin!r} (argument margin)")
+    check_model(model)
     attacker = copy.deepcopy(model).eval()
     named = [(n, p) for n, p in attacker.named_parameters() if p.requires_grad]
     expect(len(named) > 0, "the model has no trainable parameters")

@@ -600,6 +600,11 @@ def _npz_images(x: np.ndarray, layout: str | None, file: Path) -> torch.Tensor:
         arr = arr[:, None]
     elif arr.ndim == 4:
         nhwc = layout == "nhwc" or (layout is None and arr.shape[3] in (1, 3, 4))
+        square_nhwc = arr.shape[1] == arr.shape[2] != arr.shape[3]
+        if layout is None and nhwc and arr.shape[1] in (1, 3, 4) and not square_nhwc:
+            raise ConfigError(  # (N, 3, 4, 4): 4×4 RGB images or 3×4 RGBA ones; reading one as the other is silent
+                f"cannot tell the channel axis of x with shape {x.shape} in {file} (both axis 1 and axis 3 could "
+                "hold channels); pass layout='nhwc' or 'nchw'")
         if layout is None and not nhwc and arr.shape[1] not in (1, 3):
             raise ConfigError(
                 f"cannot tell the channel axis of x with shape {x.shape} in {file}; pass layout='nhwc' or 'nchw'"

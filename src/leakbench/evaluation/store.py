@@ -72,6 +72,29 @@ def _real(value: Any) -> float | None:
         return None
 
 
+#: columns of :meth:`Store.rows` by the type every reader may assume (a hand-edited store may hold anything).
+_INT_COLUMNS = ("batch_size", "seed", "batch", "attempts")
+_TEXT_COLUMNS = ("key", "kind", "dataset", "model", "attack", "defense", "status", "error", "traceback", "worker",
+                 "npz", "png")
+
+
+def _typed(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with integer, real and text columns of those types (None where a value does not convert)."""
+    for name in _INT_COLUMNS:
+        v = row.get(name)
+        if v is not None and not (isinstance(v, int) and not isinstance(v, bool)):
+            f = _real(v)
+            row[name] = int(f) if f is not None and f.is_integer() else None
+    for name in (*MEAN_COLUMNS, "seconds", "created", "started", "finished"):
+        if name in row:
+            row[name] = _real(row[name])
+    for name in _TEXT_COLUMNS:
+        v = row.get(name)
+        if v is not None and not isinstance(v, str):
+            row[name] = v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+    return row
+
+
 def _decoded(text: Any, name: str, key: Any, row: dict[str, Any]) -> dict[str, Any]:
     """A JSON column of a row as a dict; ``{}`` (and ``row["damaged"]`` saying which) when it is not valid JSON."""
     if not text:
@@ -378,7 +401,7 @@ class Store:
                + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY t.rowid")
         out = []
         for row in self._conn.execute(sql, args):
-            d = dict(row)
+            d = _typed(dict(row))
             for name in ("spec", "metrics", "per_sample", "timings"):
                 d[name] = _decoded(d.get(name), name, d.get("key"), d)
             refused = []
