@@ -1156,6 +1156,7 @@ def test_untrusted_paths_a_file_outside_the_store_is_refused_for_its_row(tmp_pat
     files = write_report(db, tmp_path / "rep")
     page = files.index.read_text()
     assert not files.grids and "not shown" in page and "outside the store" in page
+    assert "Files refused" in page and str(secret) in page and "../secret/s.npz" in page
 
 
 def test_untrusted_terminal_escapes_markup_and_control_characters(w, u, tmp_path):
