@@ -20,6 +20,10 @@ class UnsupportedThreatModel(LeakbenchError, ValueError):
     """An attack cannot run on this observation (missing grant, wrong architecture...)."""
 
 
+class NothingRecovered(LeakbenchError):
+    """An attack ran but determined nothing about the batch: it returns no reconstruction (never a flat image)."""
+
+
 class DataNotFound(LeakbenchError, FileNotFoundError):
     """A dataset's files are absent; the message says where to put them."""
 

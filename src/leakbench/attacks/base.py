@@ -56,6 +56,9 @@ class Attack(abc.ABC):
     #: a preset whose values changed after it first shipped counts its revisions here (2 = changed once);
     #: a sweep trial's key carries the revision, so a resumed store never mixes results of old and new values
     preset_revisions: ClassVar[dict[str, int]] = {}
+    #: True for gradient matching (an optimisation that applies to every differentiable model): an evaluation
+    #: whose attack set on a model holds none of these reports its S_D as a lower bound on leakage
+    matching: ClassVar[bool] = False
 
     def __init__(self, *, preset: str | None = None, **options: Any) -> None:
         fields = {f.name: f for f in dataclasses.fields(self.Options)}

@@ -22,7 +22,7 @@ from ..evaluation import Sweep, load_spec, strongest
 from ..evaluation.bundled import preset_path
 from ..report import write_report
 from .common import app, clean, console, err_console, reports_errors
-from .evaluate import print_failures, print_summary, strongest_tables
+from .evaluate import print_failures, print_summary, print_verdicts, strongest_tables
 
 
 def demo_spec_path() -> Path:
@@ -71,6 +71,7 @@ def demo_command(
             print_failures(sweep.store, sweep.by_key)
             for table in strongest_tables(strongest(sweep.store.rows(kind="attack"))):
                 console.print(table)
+            print_verdicts(sweep.store)
             console.print(clean(f"report: {files.index}"), highlight=False, soft_wrap=True)
         else:
             console.print(clean(files.index), highlight=False, soft_wrap=True)

@@ -11,7 +11,9 @@ kept and the command that resumes.  ``report`` opens the store read-only.
 """
 from __future__ import annotations
 
+import html
 import math
+import re
 import shlex
 from pathlib import Path
 from typing import Annotated, Any
@@ -43,15 +45,50 @@ def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
         if table is None:
             table = tables[where] = Table(title=Text(clean(f"Strongest attack S_D — {s.threat_model}: {s.dataset} · "
                                                            f"{s.model}")))
-            for name in ("defense", "B", "strongest attack", "RMSE", "PSNR", "SSIM", "ran"):
+            for name in ("defense", "B", "strongest attack", "S_D (RMSE) ± 95 % CI", "n", "chance", "PSNR", "SSIM",
+                         "ran"):
                 table.add_column(name, justify="left" if name in ("defense", "strongest attack") else "right",
                                  no_wrap=True)
         ran = sum(1 for a in s.scores if a.trials)
         late = sum(a.timed_out for a in s.scores)
+        sd = num(s.sd.mean if s.sd.n else s.rmse) + (f" ± {s.sd.half_width:.3f}" if s.sd.known else "")
+        if s.stops:
+            sd += " (stops every attack)"
         table.add_row(Text(clean(s.defense)), str(s.batch_size),
-                      Text(clean(s.attack)) if s.attack else Text("none ran", style="dim"), num(s.rmse),
-                      num(s.psnr, 2), num(s.ssim), f"{ran}/{len(s.scores)}" + (f" ({late} timed out)" if late else ""))
+                      Text(clean(s.attack)) if s.attack else Text("none ran", style="dim"),
+                      sd, str(s.sd.n), num(s.chance_rmse), num(s.psnr, 2), num(s.ssim),
+                      f"{ran}/{len(s.scores)}" + (f" ({late} timed out)" if late else ""))
     return list(tables.values())
+
+
+def verdict_texts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The report's summary verdict per gradient threat model, dataset and model, as plain text."""
+    from ..evaluation.strongest import finite, privacy_utility, utility_table, verdicts
+    from ..report.attack_section import SUMMARY_BUDGET
+    from ..report.verdict_text import summary_sentence
+
+    points = privacy_utility(strongest(rows), utility_table(rows))
+    found = verdicts(points, (SUMMARY_BUDGET, math.inf))
+    out = []
+    for threat, dataset, model in dict.fromkeys((v.threat_model, v.dataset, v.model) for v in found):
+        measured = any(finite(p.utility_loss) for p in points if p.defense != "none"
+                       and (p.threat_model, p.dataset, p.model) == (threat, dataset, model))
+        budget = SUMMARY_BUDGET if measured else math.inf
+        text = summary_sentence([v for v in found if (v.threat_model, v.dataset, v.model, v.budget)
+                                 == (threat, dataset, model, budget)])
+        plain = html.unescape(re.sub(r"<[^>]+>", "", text.replace("<sub>D</sub>", "_D")))
+        out.append(f"{threat} · {dataset} · {model}: {plain}")
+    return out
+
+
+def print_verdicts(store: Store) -> None:
+    """Print :func:`verdict_texts` of the store (user strings escaped)."""
+    lines = verdict_texts(store.rows())
+    if lines:
+        console.print(Text.assemble(("Verdicts", "bold"),
+                                    " (mean ± 95 % interval, n = batches; details in the report):"))
+    for line in lines:
+        console.print(Text("• " + clean(line)), soft_wrap=True)
 
 
 def print_summary(summary: SweepSummary) -> None:
@@ -149,6 +186,7 @@ def evaluate_command(
             for table in strongest_tables(strongest([r for r in sweep.store.rows(kind="attack")
                                                      if r["key"] in sweep.by_key])):
                 console.print(table)
+            print_verdicts(sweep.store)
         if report is not None:
             files = write_report(sweep.store, report)
             console.print(clean(f"report: {files.index}"), highlight=False, soft_wrap=True)

@@ -83,10 +83,11 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
                 sizes = spec.batch_sizes if spec.utility.per_batch_size else [0]
                 for defense in defenses:
                     for size in sizes:
-                        t = TrialSpec(kind="utility", defense=defense, batch_size=size,
-                                      utility=spec.utility.model_dump(), **base, **common)
-                        if keep(t, spec.include, spec.exclude):
-                            trials.setdefault(t.key, t)
+                        for seed in spec.utility.seed_list():
+                            t = TrialSpec(kind="utility", defense=defense, batch_size=size,
+                                          utility=spec.utility.for_seed(seed), **base, **common)
+                            if keep(t, spec.include, spec.exclude):
+                                trials.setdefault(t.key, t)
             for defense in defenses:
                 for size in spec.batch_sizes:
                     for seed in spec.seeds:

@@ -324,7 +324,31 @@ class UtilityEntry(_Strict):
     lr: float = Field(0.05, gt=0)
     test_fraction: float = Field(0.2, gt=0, lt=1)
     seed: int = Field(0, ge=0, lt=MAX_SEED)
+    #: training seeds per setting (default: three, from ``seed``): the utility loss is paired by seed and given
+    #: with its interval over them
+    seeds: list[int] | None = Field(None, min_length=1, max_length=64)
     per_batch_size: bool = True
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, values: list[int] | None) -> list[int] | None:
+        if values is not None:
+            bad = [v for v in values if v < 0 or v >= 2**31]
+            if bad:
+                raise ValueError(f"expected seeds in [0, 2**31), got {bad[0]}")
+            if len(set(values)) != len(values):
+                raise ValueError("expected distinct seeds, got a repeat")
+        return values
+
+    def seed_list(self) -> list[int]:
+        """The training seeds: ``seeds``, else three from ``seed``."""
+        return list(self.seeds) if self.seeds else [self.seed, self.seed + 1, self.seed + 2]
+
+    def for_seed(self, seed: int) -> dict[str, Any]:
+        """The utility options of one training run (what a utility trial's key holds)."""
+        out = self.model_dump(exclude={"seeds"})
+        out["seed"] = int(seed)
+        return out
 
 
 class BoundsEntry(_Strict):
@@ -332,6 +356,18 @@ class BoundsEntry(_Strict):
 
     cramer_rao: bool = True
     options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ReplicateEntry(_Strict):
+    """Adaptive replication: after the planned trials, add ``step`` batches at a time to the cells whose verdict
+    is still undecided (a tie that is not exact, or fewer than MIN_N batches), until each is decided,
+    ``max_batches`` per cell is reached, or ``max_trials`` added trials / ``max_minutes`` are spent."""
+
+    auto: bool = False
+    step: int = Field(4, ge=1, le=256)
+    max_batches: int = Field(48, ge=1, le=4096)
+    max_trials: int = Field(2000, ge=1, le=1_000_000)
+    max_minutes: float | None = Field(None, gt=0)
 
 
 class BudgetEntry(_Strict):
@@ -359,6 +395,7 @@ class SweepSpec(_Strict):
     utility: UtilityEntry | None = None
     bounds: BoundsEntry | None = None
     budget: BudgetEntry = Field(default_factory=BudgetEntry)
+    replicate: ReplicateEntry = Field(default_factory=ReplicateEntry)
     include: list[dict[str, Any]] = Field(default_factory=list)
     exclude: list[dict[str, Any]] = Field(default_factory=list)
     device: str = "cpu"
@@ -445,5 +482,5 @@ def dump_spec(spec: SweepSpec) -> str:
 
 __all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "ServerEntry", "TargetEntry", "WeightsEntry",
            "MembershipEntry", "MEMBERSHIP_SETTINGS", "SERVER_MOVES", "TrainingEntry", "AttackEntry", "DefenseEntry",
-           "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "RULE_KEYS", "load_spec",
+           "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "ReplicateEntry", "RULE_KEYS", "load_spec",
            "check_names", "dump_spec", "MAX_SPEC_NODES", "MAX_TRIALS", "MAX_SEED", "MAX_THREADS"]

@@ -14,6 +14,7 @@ of the trials in flight, so nothing is lost and nothing is repeated.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,12 +123,9 @@ class Sweep:
         bar = sweep_progress(len(self.trials), skipped, self.spec.name) if progress else contextlib.nullcontext(None)
         try:
             with bar as advance:
-                for result in runner.run(self._feed(todo, start)):
-                    self._commit(result)
-                    if advance is not None:
-                        advance(result.status)
-                    if self.on_result is not None:
-                        self.on_result(self.by_key[result.key], result)
+                self._execute(runner, todo, start, advance)
+            if self.spec.replicate.auto and self.stopped is None:
+                self._replicate(runner, start, progress)
         except KeyboardInterrupt:
             self.stopped = "interrupted"
             raise
@@ -137,9 +135,70 @@ class Sweep:
                 self._claimed.clear()
             if self.runner is None:
                 runner.close()
-        return SweepSummary(db=self.store.path, planned=len(self.trials), skipped=skipped, ran=self.ran,
+        return SweepSummary(db=self.store.path, planned=len(self.by_key), skipped=skipped, ran=self.ran,
                             counts=self.store.counts(self.by_key), seconds=time.perf_counter() - start,
                             stopped=self.stopped)
+
+    def _execute(self, runner: Runner, todo: list[TrialSpec], start: float, advance) -> None:
+        for result in runner.run(self._feed(todo, start)):
+            self._commit(result)
+            if advance is not None:
+                advance(result.status)
+            if self.on_result is not None:
+                self.on_result(self.by_key[result.key], result)
+
+    def _replicate(self, runner: Runner, start: float, progress: bool) -> None:
+        """``replicate: auto``: add batches to the cells whose verdict is still open, round by round (resumable:
+        trials added by an earlier run and still pending run first)."""
+        from .replicate import more_trials, open_cells
+        from .trial import dataset_for
+
+        rep = self.spec.replicate
+        state = json.loads(self.store.meta("replicate") or "{}")
+        added, rounds = int(state.get("added", 0)), int(state.get("rounds", 0))
+        limits: dict[tuple, int] = {}
+        while True:
+            known = {r["key"]: r for r in self.store.rows(kind="attack")}
+            extra = {k: TrialSpec.from_dict(r["spec"]) for k, r in known.items() if k not in self.by_key}
+            self.by_key.update(extra)
+            pending = [t for k, t in extra.items() if known[k]["status"] == "pending"]
+            cells = open_cells(self.store.rows())
+            why = None
+            if not pending:
+                if not cells:
+                    why = "every verdict decided (or an exact tie)"
+                elif added >= rep.max_trials:
+                    why = f"replicate.max_trials ({rep.max_trials}) spent"
+                elif rep.max_minutes is not None and time.perf_counter() - start > 60 * rep.max_minutes:
+                    why = f"replicate.max_minutes ({rep.max_minutes:g}) spent"
+                else:
+                    trials = [*self.trials, *extra.values()]
+                    for t in trials:
+                        cell = (t.threat_model, t.dataset_key or t.dataset, t.model_key or t.model, t.batch_size)
+                        if t.kind == "attack" and cell in cells and cell not in limits:
+                            limits[cell] = max(1, len(dataset_for(t)) // max(1, t.batch_size))
+                    pending = more_trials(trials, cells, step=rep.step, max_batches=rep.max_batches,
+                                          limit=limits)[: rep.max_trials - added]
+                    if not pending:
+                        why = f"replicate.max_batches ({rep.max_batches}) or the dataset reached"
+                    else:
+                        self.store.add(pending)
+                        added += len(pending)
+                        rounds += 1
+                        self.by_key.update({t.key: t for t in pending})
+            if why is not None:
+                self.store.set_meta("replicate", json.dumps({
+                    "added": added, "rounds": rounds, "stopped": why,
+                    "open": {" · ".join(map(str, c)): w for c, w in cells.items()}}))
+                return
+            self.store.set_meta("replicate", json.dumps({"added": added, "rounds": rounds, "stopped": None,
+                                                         "open": {}}))
+            bar = (sweep_progress(len(pending), 0, f"{self.spec.name} (replication round {rounds})") if progress
+                   else contextlib.nullcontext(None))
+            with bar as advance:
+                self._execute(runner, pending, start, advance)
+            if self.stopped is not None:
+                return
 
     def state_dict(self) -> dict[str, Any]:
         """Where the sweep stands: spec, store counts for its trials, executor."""

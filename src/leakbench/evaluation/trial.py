@@ -140,7 +140,7 @@ class TrialSpec:
         """A one-line human description."""
         if self.kind == "utility":
             at = f" B={self.batch_size}" if self.batch_size else ""
-            return f"utility {self.dataset_key} {self.model_key} {self.defense}{at}"
+            return f"utility {self.dataset_key} {self.model_key} {self.defense}{at} seed {self.utility.get('seed', 0)}"
         if self.kind in ("weights", "membership"):
             return f"{self.attack_key} on published {self.model_key} seed {self.seed}"
         if self.kind == "bound":
@@ -360,6 +360,18 @@ def chance_scores(x: torch.Tensor, data) -> dict[str, float]:
     return {"chance_rmse": math.sqrt(mse), "chance_psnr": 10 * math.log10(1.0 / mse) if mse > 0 else math.inf}
 
 
+def chance_per_sample(x: torch.Tensor, data) -> list[float]:
+    """Each image's own chance RMSE (the flat image at the dataset's mean pixel value), original order."""
+    grey = float(data.images.mean())
+    return (x.double() - grey).pow(2).flatten(1).mean(1).sqrt().tolist()
+
+
+def constant_output(images: torch.Tensor) -> bool:
+    """True when a reconstruction is one flat value everywhere: an attack's fallback, not a reconstruction."""
+    return images.numel() > 1 and bool((images.amax() - images.amin()).abs() <= 1e-12 * max(1.0, float(
+        images.abs().amax())))
+
+
 def draw_excluding(images: torch.Tensor, exclude: torch.Tensor, count: int, *, seed: int) -> torch.Tensor:
     """Indices of a seeded draw of at most ``count`` rows of ``images`` none of which equals a row of ``exclude``.
 
@@ -436,6 +448,12 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     if isinstance(rec, TrialResult):
         return rec
     images = rec.images.detach().to("cpu", torch.float32)
+    if constant_output(images):
+        # a constant image carries nothing about the batch: scoring it would rank a defense by a grey image
+        return TrialResult(key=spec.key, status="failed",
+                           error=f"the attack returned one flat value ({float(images.flatten()[0]):.3g}) for every "
+                                 "pixel: it determined nothing from this observation, so there is nothing to score",
+                           timings={"attack_reported": float(rec.trace.get("seconds", 0.0))})
     labels = None if rec.labels is None else rec.labels.detach().cpu()
     if labels is not None and labels.ndim == 2:
         labels = labels.argmax(dim=1)
@@ -449,6 +467,7 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     metrics = {k: v for k, v in scores.items() if v is None or isinstance(v, (int, float))}
     metrics["matching"] = str(scores.get("matching", "total-mse"))  # which pairing of Liu et al. eq. 1 scored it
     metrics.update(chance_scores(x, data))
+    per_sample["chance_rmse"] = chance_per_sample(x, data)
     arrays = {}
     if spec.save_images:
         arrays = {"x": x.numpy(), "y": y.numpy(), "reconstruction": images.numpy(),
@@ -475,7 +494,15 @@ def _utility_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
                      model_file=opts.get("file") or None)
     clock.lap("train")
     metrics = {k: _number(getattr(result, k, None))
-               for k in ("train_loss", "train_accuracy", "test_accuracy", "epsilon", "samples_seen", "steps")}
+               for k in ("train_loss", "train_accuracy", "test_accuracy", "epsilon", "samples_seen", "steps",
+                         "initial_loss")}
+    start, loss = metrics.get("initial_loss"), metrics.get("train_loss")
+    if loss is None or not math.isfinite(loss):
+        # a diverged run is a finding about the defense (no utility number), not a failed trial
+        metrics.update(diverged="non-finite training loss", train_loss=None, train_accuracy=None,
+                       test_accuracy=None)
+    elif start is not None and math.isfinite(start) and loss > start:
+        metrics["diverged"] = f"final training loss {loss:.3g} above the untrained model's {start:.3g}"
     return TrialResult(key=spec.key, status="done", metrics=metrics,
                        timings={"train_reported": float(getattr(result, "seconds", 0.0) or 0.0)})
 
@@ -518,5 +545,6 @@ def _number(value: Any) -> float | None:
 
 
 __all__ = ["TrialSpec", "TrialResult", "TrialTimeout", "run_trial", "batch_for", "model_for", "dataset_for",
-           "worker_id", "apply_server", "public_sample", "draw_excluding", "chance_scores", "non_finite", "threat_model", "KINDS", "STATUSES",
+           "worker_id", "apply_server", "public_sample", "draw_excluding", "chance_scores", "chance_per_sample",
+           "constant_output", "non_finite", "threat_model", "KINDS", "STATUSES",
            "THREAT_MODELS"]

@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from ..losses import get_loss
 from ..models import build
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: initial_loss (the untrained model's training loss, the divergence line)
 
 
 @dataclass
@@ -72,6 +72,8 @@ class UtilityResult:
     cached: bool = False
     samples_seen: int = 0
     steps: int = 0
+    #: the untrained model's loss on the training set: a run that ends above it diverged
+    initial_loss: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -298,13 +300,14 @@ def utility(model_spec: str, dataset: str | ImageDataset | tuple[ImageDataset, I
         from ..models.files import load_weights
 
         load_weights(model, model_file, field="model_file")
+    initial_loss, _ = loss_and_accuracy(model, train.images.to(device), train.labels.to(device), loss=loss)
     run = train_model(model, train, defense=defense_obj, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
                       device=device, loss=loss)
     test_loss, test_accuracy = loss_and_accuracy(model, test.images.to(device), test.labels.to(device), loss=loss)
     result = UtilityResult(defense=defense_obj.spec, train_loss=run.train_loss, train_accuracy=run.train_accuracy,
                            test_accuracy=test_accuracy, epsilon=run.epsilon, seconds=run.seconds,
                            config=json.loads(json.dumps(config, default=str)), test_loss=test_loss, losses=run.losses,
-                           samples_seen=run.samples_seen, steps=run.steps)
+                           samples_seen=run.samples_seen, steps=run.steps, initial_loss=initial_loss)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")

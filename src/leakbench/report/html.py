@@ -31,7 +31,8 @@ from ..errors import ConfigError
 from ..evaluation.store import Store
 from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, membership_table, privacy_utility,
                                     strongest, threat_model, usable, utility_table, verdicts, weights_table)
-from .attack_section import SUMMARY_BUDGET, Drawn, attack_section, verdict_sentence
+from .attack_section import SUMMARY_BUDGET, Drawn, attack_section
+from .verdict_text import summary_sentence
 from .federated_section import federated_section, federated_summary
 from .export import RESULT_COLUMNS, result_records, strongest_records, write_csv, write_parquet
 from .markup import esc, muted, table
@@ -192,7 +193,7 @@ def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, 
                 measured = any(finite(p.utility_loss) for p in points if p.defense != "none" and (
                     p.threat_model, p.dataset, p.model) == (t, dataset, model))
                 budget = SUMMARY_BUDGET if measured else math.inf
-                sentence = verdict_sentence([v for v in mine if (v.dataset, v.model) == (dataset, model)
+                sentence = summary_sentence([v for v in mine if (v.dataset, v.model) == (dataset, model)
                                              and v.budget == budget])
                 texts.append(f"{esc(dataset)} · {esc(model)}: {sentence}"
                              + ("" if measured else " (utility not measured)"))
@@ -216,6 +217,23 @@ def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, 
                            "their output to the pixel box are biased and can go below it, so it is not a lower "
                            "bound on what an attack achieves."))
     return "".join(parts)
+
+
+def _replication(store: Store) -> str:
+    """What ``replicate: auto`` did: trials added, rounds, why it stopped and the cells it left undecided."""
+    try:
+        state = json.loads(store.meta("replicate") or "null")
+    except (json.JSONDecodeError, TypeError):
+        return muted("The store's replication record is unreadable.")
+    if not isinstance(state, Mapping):
+        return ""
+    left = state.get("open") if isinstance(state.get("open"), Mapping) else {}
+    text = (f"Adaptive replication added {esc(state.get('added', 0))} trial(s) in {esc(state.get('rounds', 0))} "
+            f"round(s)" + (f"; it stopped because {esc(state['stopped'])}" if state.get("stopped") else
+                           "; it had not finished when this report was written"))
+    if left:
+        text += ". Cells left undecided: " + "; ".join(f"{esc(c)} ({esc(w)})" for c, w in left.items())
+    return f"<p>{text}.</p>"
 
 
 def _open(db: str | Path | Store) -> tuple[Store, bool]:
@@ -295,6 +313,7 @@ the attack with the lowest mean RMSE on that setting) at the utility it costs. E
 separate question: an attack that needs a malicious server is never the strongest attack against an
 eavesdropper.</p>
 {summary}
+{_replication(store)}
 {''.join(sections) or ("" if federated else muted("No finished trials yet."))}
 {federated}
 

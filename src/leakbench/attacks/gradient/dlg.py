@@ -22,6 +22,7 @@ class DLG(Attack):
     """Deep Leakage from Gradients: L-BFGS on the L2 gradient distance with dummy soft labels."""
 
     name = "dlg"
+    matching = True
     Options = MatchingSettings
     presets = {
         "default": DLG_PAPER,

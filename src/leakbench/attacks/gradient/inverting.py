@@ -41,6 +41,7 @@ class InvertingGradients(Attack):
     """Inverting Gradients: signed Adam on 1 − cosine gradient similarity + TV, box-constrained, restarts."""
 
     name = "inverting-gradients"
+    matching = True
     Options = MatchingSettings
     preset_revisions = {"fast": 3}  # 2: α_TV grows with the batch (tv_growth); 3: output-layer features from B = 2
     presets = {

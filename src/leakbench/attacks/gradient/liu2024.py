@@ -227,6 +227,7 @@ class Liu2024(Attack):
     """Liu et al. 2024: IG + BN prior + TV + tensor-feature matching, images from an untrained U-Net (deep image prior)."""
 
     name = "liu2024"
+    matching = True
     Options = Liu2024Options
     presets = {
         "paper": {"iterations": 10000, "lr": 1e-5},
