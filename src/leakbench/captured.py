@@ -64,6 +64,14 @@ def with_normalization(model: nn.Module, normalize: tuple | None) -> nn.Module:
     return wrapped
 
 
+def _check_models(**models: nn.Module) -> None:
+    """Each model (by argument name) materialised, dense and finite (:func:`leakbench.threat.check_model`)."""
+    from .threat import check_model
+
+    for field, model in models.items():
+        check_model(model, field)
+
+
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     expect(len(named) > 0, "the model has no trainable parameters (argument model)")
@@ -88,9 +96,12 @@ def _tensors(values: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], named,
         expect(isinstance(t, torch.Tensor), f"expected a tensor for parameter {name!r}, got {type(t).__name__}")
         expect(tuple(t.shape) == tuple(p.shape), f"expected the {what} of {name!r} with shape {tuple(p.shape)}, "
                f"got {tuple(t.shape)} (argument {what}s)")
-        expect(bool(torch.isfinite(t).all()), f"expected finite values in the {what} of {name!r}, got NaN/inf")
     param = named[0][1]
-    return [t.detach().to(device=param.device, dtype=param.dtype).clone() for t in out]
+    cast = [t.detach().to(device=param.device, dtype=param.dtype).clone() for t in out]
+    for (name, _), t in zip(named, cast):  # after the cast to the model's dtype: 1e300 in float64 is inf in float32
+        expect(bool(torch.isfinite(t).all()), f"expected finite values in the {what} of {name!r} in the model's "
+               f"dtype {param.dtype}, got NaN/inf (argument {what}s)")
+    return cast
 
 
 def _input_shape(model: nn.Module, input_shape) -> tuple[int, ...]:
@@ -149,6 +160,7 @@ def from_gradients(model: nn.Module, grads: Sequence[torch.Tensor] | Mapping[str
     client applied (it is not applied again).  Equals :func:`~leakbench.threat.observe` on the
     same batch (tested).
     """
+    _check_models(model=model)
     named = _trainable(model)
     shared = _tensors(grads, named, "gradient")
     return _observation("gradient", model, shared, batch_size=batch_size, labels=labels, loss=loss,
@@ -183,6 +195,7 @@ def from_update(model_before: nn.Module, model_after: nn.Module, *, batch_size: 
     the samples per epoch, as a data loader drew them, when the client knows it) or unshuffled.
     The update-matching attacks simulate exactly those minibatch steps (``Observation.local_batches``).
     """
+    _check_models(model_before=model_before, model_after=model_after)
     named_before = _trainable(model_before)
     after = dict(model_after.named_parameters())
     expect(set(after) >= {n for n, _ in named_before},

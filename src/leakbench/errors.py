@@ -5,6 +5,8 @@ User input is checked with these, never with ``assert``.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class LeakbenchError(Exception):
     """Base class of every error leakbench raises on purpose."""
@@ -26,7 +28,8 @@ class DataNotFound(LeakbenchError, FileNotFoundError):
     """A dataset's files are absent; the message says where to put them."""
 
 
-def expect(condition: bool, message: str, *, error: type[LeakbenchError] = ConfigError) -> None:
-    """Raise ``error(message)`` when ``condition`` is false (an ``assert`` for user input)."""
+def expect(condition: bool, message: str | Callable[[], str], *, error: type[LeakbenchError] = ConfigError) -> None:
+    """Raise ``error(message)`` when ``condition`` is false (an ``assert`` for user input); ``message`` may be
+    a callable, built only on failure."""
     if not condition:
-        raise error(message)
+        raise error(message() if callable(message) else message)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 
@@ -17,7 +18,22 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
     TimeRemainingColumn
 
-__all__ = ["rich_progress", "sweep_progress", "LogLines", "on_terminal"]
+__all__ = ["rich_progress", "sweep_progress", "LogLines", "on_terminal", "clean"]
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def clean(value: object) -> str:
+    """``str(value)`` with control characters (ESC, CR, BiDi overrides...) written as escapes like ``\\x1b``."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(value))
+
+
+def _label(value: object) -> str:
+    """A user string for a rich markup template: control characters escaped, then markup escaped."""
+    from rich.markup import escape
+
+    return escape(clean(value))
 
 
 def on_terminal() -> bool:
@@ -58,7 +74,7 @@ class LogLines:
             return
         self.last = now
         elapsed = now - self.start
-        text = f"{time.strftime('%H:%M:%S')} {self.description}: {done}"
+        text = clean(f"{time.strftime('%H:%M:%S')} {self.description}: {done}")
         if total:
             text += f"/{total} {self.unit} ({100 * done / total:.0f}%)"
             if 0.05 * total <= done < total:  # earlier, the ETA is mostly start-up
@@ -87,7 +103,7 @@ def rich_progress(description: str) -> Iterator:
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                    TextColumn("loss {task.fields[loss]:.4g}"), TimeElapsedColumn(), TimeRemainingColumn(),
                    transient=False)
-    task = bar.add_task(description, total=None, loss=float("nan"))
+    task = bar.add_task(_label(description), total=None, loss=float("nan"))
 
     def report(done: int, total: int, loss: float) -> None:
         bar.update(task, completed=done, total=total, loss=loss)
@@ -119,7 +135,7 @@ def sweep_progress(total: int, done: int, name: str) -> Iterator[Callable[[str],
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[counts]}"), TimeElapsedColumn(), TextColumn("ETA"),
                    TimeRemainingColumn())
-    task = bar.add_task(name, total=total, completed=done, counts="")
+    task = bar.add_task(_label(name), total=total, completed=done, counts="")
 
     def advance(status: str) -> None:
         counts[status] = counts.get(status, 0) + 1

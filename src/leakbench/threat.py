@@ -11,6 +11,7 @@ threat model grants: the labels, the batch-norm statistics of the batch
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -54,6 +55,35 @@ class Observation:
     defense: str = "none"
     data_range: tuple[float, float] = (0.0, 1.0)
     extras: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """An observation is consistent and finite, or it says which tensor is not (no silent NaN downstream)."""
+        expect(self.kind in KINDS, f"expected an observation kind in {KINDS}, got {self.kind!r} (field kind)")
+        expect(len(self.shared) == len(self.param_names),
+               f"expected one shared tensor per parameter name ({len(self.param_names)}), got {len(self.shared)} "
+               "(field shared)")
+        named = dict(self.model.named_parameters())
+        for name, t in zip(self.param_names, self.shared):
+            expect(isinstance(t, torch.Tensor), f"expected a tensor for parameter {name!r}, got {type(t).__name__} "
+                   "(field shared)")
+            p = named.get(name)
+            expect(p is not None, f"expected shared tensors named after the model's parameters, got {name!r} "
+                   "(field param_names)")
+            expect(tuple(t.shape) == tuple(p.shape), f"expected the shared tensor of {name!r} with the parameter's "
+                   f"shape {tuple(p.shape)}, got {tuple(t.shape)} (field shared)")
+        if self.labels is not None:
+            expect(isinstance(self.labels, torch.Tensor) and self.labels.dim() in (1, 2)
+                   and self.labels.shape[0] == self.batch_size,
+                   lambda: f"expected labels with one entry per sample ({self.batch_size}), got shape "
+                   f"{tuple(getattr(self.labels, 'shape', ()))} (field labels)")
+        for i, (mean, var) in enumerate(self.bn_stats or []):
+            expect(tuple(mean.shape) == tuple(var.shape), f"expected BN mean and variance of one shape, got "
+                   f"{tuple(mean.shape)} and {tuple(var.shape)} (field bn_stats[{i}])")
+        bad = non_finite_tensor(zip(self.param_names, self.shared))
+        expect(bad is None, lambda: f"expected finite shared {self.kind} values, got {bad[1]} NaN/inf value(s) in "
+               f"{bad[0]!r} (field shared; defense {self.defense!r}): the client's round overflowed — lower the "
+               "learning rate, steps or noise")
+        check_model(self.model)
 
     @property
     def gradients(self) -> list[torch.Tensor]:
@@ -107,11 +137,40 @@ class Observation:
         return from_update(model_before, model_after, **options)
 
 
+def non_finite_tensor(named) -> tuple[str, int] | None:
+    """(name, count) of the first floating tensor of ``(name, tensor)`` pairs holding NaN/inf; None if all finite."""
+    for name, t in named:
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()) and t.device.type != "meta":
+            finite = torch.isfinite(t)
+            if not bool(finite.all()):
+                return name, int((~finite).sum())
+    return None
+
+
+def check_model(model: nn.Module, field: str = "model") -> None:
+    """Refuse a model with meta (data-less), sparse or non-finite parameters or buffers, naming the tensor."""
+    expect(isinstance(model, nn.Module), f"expected a torch.nn.Module, got {type(model).__name__} (argument {field})")
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    for name, t in tensors:
+        expect(t.device.type != "meta", f"expected a model with materialised weights, got meta tensor {name!r} "
+               f"(argument {field}); load its weights first (model.to_empty(device=...) + load_state_dict)")
+        expect(t.layout == torch.strided, f"expected dense tensors, got a {t.layout} tensor {name!r} "
+               f"(argument {field}); convert it with .to_dense()")
+    bad = non_finite_tensor(tensors)
+    expect(bad is None, lambda: f"expected finite weights, got {bad[1]} NaN/inf value(s) in {bad[0]!r} "
+           f"(argument {field}); load or train a model whose weights are finite")
+
+
 def _check_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
     expect(isinstance(x, torch.Tensor) and x.dim() >= 2,
            f"expected x as a batch tensor B×C×H×W or B×d, got {type(x).__name__} "
            f"{tuple(x.shape) if isinstance(x, torch.Tensor) else ''}".rstrip())
-    expect(isinstance(y, torch.Tensor) and y.shape[0] == x.shape[0],
+    expect(isinstance(y, torch.Tensor) and y.dim() >= 1,
+           f"expected y with one label per sample ({x.shape[0]}), got "
+           f"{'a 0-d tensor' if isinstance(y, torch.Tensor) else type(y).__name__} (argument y); pass y.reshape(-1)")
+    expect(x.device.type != "meta" and y.device.type != "meta",
+           "expected a batch with data, got meta tensors (argument x / y)")
+    expect(y.shape[0] == x.shape[0],
            f"expected y with one label per sample ({x.shape[0]}), got "
            f"{tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__} (argument y)")
     shape = getattr(model, "input_shape", None)
@@ -131,6 +190,9 @@ def _check_values(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
            "(argument x)")
     expect(x.is_floating_point(), f"expected float pixels in [0, 1], got dtype {x.dtype} (argument x); "
            "convert with x.float() / 255")
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if param is not None and x.dtype != param.dtype:  # checked after the cast: 1e300 in float64 is inf in float32
+        x = x.to(param.dtype)
     finite = torch.isfinite(x)
     expect(bool(finite.all()), f"expected finite values, got {int((~finite).sum())} NaN/inf value(s) in x "
            "(argument x); clean the batch")
@@ -142,8 +204,7 @@ def _check_values(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
         finite = torch.isfinite(y)
         expect(bool(finite.all()), f"expected finite targets, got {int((~finite).sum())} NaN/inf value(s) in y "
                "(argument y)")
-    param = next((p for p in model.parameters() if p.is_floating_point()), None)
-    return x if param is None or x.dtype == param.dtype else x.to(param.dtype)
+    return x
 
 
 def _check_labels(y: torch.Tensor, outputs: int, loss: str) -> None:
@@ -224,12 +285,14 @@ def observe(
     loss takes, a ±1 loss on a multi-output model); a float ``x`` of another precision than the model
     is converted to the model's dtype.
     """
+    check_model(model)
     _check_batch(model, x, y)
     x = _check_values(model, x, y)
     loss_fn = get_loss(loss)
     expect(isinstance(local_steps, int) and not isinstance(local_steps, bool) and local_steps >= 0,
            f"expected local_steps ≥ 0 (0 shares the gradient), got {local_steps!r}")
-    expect(local_steps == 0 or local_lr > 0, f"expected local_lr > 0, got {local_lr!r}")
+    expect(local_steps == 0 or (isinstance(local_lr, (int, float)) and math.isfinite(local_lr) and local_lr > 0),
+           f"expected local_lr > 0 (finite), got {local_lr!r} (argument local_lr)")
     expect(not bn_stats or train, "bn_stats=True needs train=True (batch statistics exist only in training mode)")
     defense_obj = parse_defense(defense)
 
@@ -315,13 +378,21 @@ def _batch_norm_stats(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Ten
 def _out_dim(model: nn.Module, x: torch.Tensor) -> int:
     was = model.training
     model.eval()
-    with torch.no_grad():
-        k = int(model(x[:1]).shape[-1])
-    model.train(was)
-    return k
+    try:
+        with torch.no_grad():
+            out = model(x[:1])
+    except RuntimeError as err:
+        raise ConfigError(f"the model cannot run on inputs of shape {tuple(x.shape[1:])}: "
+                          f"{' '.join(str(err).split())[:200]} (argument model / x)") from None
+    finally:
+        model.train(was)
+    expect(isinstance(out, torch.Tensor) and out.dim() >= 1,
+           f"expected the model to return one tensor of logits B×K, got {type(out).__name__} (argument model); "
+           "wrap it so forward returns the logits only")
+    return int(out.shape[-1])
 
 
-__all__ = ["KINDS", "Observation", "observe", "ConfigError"]
+__all__ = ["KINDS", "Observation", "observe", "ConfigError", "check_model", "non_finite_tensor"]
 
 
 def observe_weights(
@@ -360,6 +431,7 @@ def observe_weights(
     expect(len(data_range) == 2 and float(data_range[0]) < float(data_range[1]),
            f"expected data_range (low, high) with low < high, got {data_range!r} (argument data_range)")
     expect(margin is None or float(margin) > 0, f"expected a positive margin, got {margin!r} (argument margin)")
+    check_model(model)
     attacker = copy.deepcopy(model).eval()
     named = [(n, p) for n, p in attacker.named_parameters() if p.requires_grad]
     expect(len(named) > 0, "the model has no trainable parameters")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from ..coerce import coerce
-from ..errors import ConfigError, UnsupportedThreatModel
+from ..errors import ConfigError, LeakbenchError, UnsupportedThreatModel
 from ..registry import Registry
 from ..threat import Observation
 
@@ -113,10 +113,30 @@ class Attack(abc.ABC):
                                          + "; ".join(reasons))
         start = time.perf_counter()
         rec = self.run(obs, seed=seed, callback=callback, progress=progress)
+        check_reconstruction(rec, self.name)
         rec.trace.setdefault("seconds", time.perf_counter() - start)
         rec.attack = self.name
         rec.options = {"preset": self.preset, **dataclasses.asdict(self.options)}
         return rec
+
+
+class NonFiniteReconstruction(LeakbenchError, ValueError):
+    """An attack's result holds NaN/inf: the observation gave it nothing to solve (a zero or degenerate gradient)."""
+
+
+def check_reconstruction(rec: Reconstruction, name: str) -> None:
+    """Refuse a reconstruction whose images or confidence hold NaN/inf, or whose images are not a batch tensor."""
+    if not isinstance(rec.images, torch.Tensor) or rec.images.dim() < 2:
+        raise NonFiniteReconstruction(f"attack {name!r} returned no image batch (got "
+                                      f"{type(rec.images).__name__}); it cannot run on this observation")
+    for field_name, t in (("images", rec.images), ("confidence", rec.confidence)):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            bad = ~torch.isfinite(t)
+            if bool(bad.any()):
+                raise NonFiniteReconstruction(
+                    f"attack {name!r} returned {int(bad.sum())} NaN/inf value(s) in its reconstruction ({field_name}):"
+                    " the observation gives it nothing to solve (e.g. a zero or degenerate gradient); check the "
+                    "observation, or use another attack")
 
 
 def register(cls: type[Attack]) -> type[Attack]:

@@ -13,12 +13,13 @@ import numpy as np
 import torch
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from .. import __version__
 from ..attacks import Reconstruction, create as create_attack, preset_revision
 from ..data import DATASETS
 from ..defenses import parse as parse_defense
-from ..errors import ConfigError, UnsupportedThreatModel
+from ..errors import ConfigError, LeakbenchError, UnsupportedThreatModel
 from ..evaluation.trial import TrialSpec, dataset_for, run_trial
 from ..losses import LOSSES
 from ..metrics import score_columns
@@ -26,7 +27,7 @@ from ..models import parse_spec
 from ..models.files import file_digest, read_state
 from ..progress import rich_progress
 from ..report import format_metric, save_grid
-from .common import (_print_paths, app, check_out_dir, console, data_options, parse_assignments, parse_device,
+from .common import (_print_paths, app, check_out_dir, clean, console, data_options, parse_assignments, parse_device,
                      parse_indices, reports_errors, write_json)
 
 #: metrics shown by ``leakbench attack``: the stored scores of the metric registry, plus the attack's seconds.
@@ -111,6 +112,11 @@ def execute(spec: RunSpec, *, progress: bool) -> RunResult:
         result = run_trial(trial, progress=report, strict=True)
     if result.status == "n/a":
         raise UnsupportedThreatModel(f"attack {spec.attack!r} cannot run on this observation: {result.error}")
+    if result.status != "done" or not all(k in result.arrays for k in ("x", "y", "reconstruction", "labels", "order")):
+        why = " ".join(str(result.error or "no reconstruction was returned").split())[:300]
+        fix = ("raise --option iterations or use a faster attack" if result.status == "timed out"
+               else "use another attack, preset or batch")
+        raise LeakbenchError(f"attack {spec.attack!r} gave no usable result ({result.status}: {why}); {fix}")
     a = result.arrays
     labels = torch.from_numpy(a["labels"])
     rec = Reconstruction(images=torch.from_numpy(a["reconstruction"]),
@@ -147,7 +153,7 @@ def write_grid(path: Path, result: RunResult) -> Path:
 
 def metrics_rich_table(columns: Mapping[str, tuple[Mapping[str, Any], float]], title: str) -> Table:
     """A rich table of the mean metrics and the attack's seconds, one value column per run."""
-    table = Table(title=title, min_width=len(title) + 4)
+    table = Table(title=Text(clean(title)), min_width=len(title) + 4)
     table.add_column("metric")
     for name in columns:
         table.add_column(name, justify="right")
@@ -219,7 +225,7 @@ def attack_command(
     write_json(paths[1], run_record(spec, result))
     write_arrays(paths[2], result)
     if quiet:
-        console.print(str(target), highlight=False, soft_wrap=True)
+        console.print(clean(target), highlight=False, soft_wrap=True)
         return
     console.print(metrics_rich_table({"value": (result.scores, result.seconds)}, title=f"{attack} on {data}"))
     _print_paths(paths)

@@ -20,7 +20,6 @@ from typing import Annotated, Any
 from collections.abc import Mapping, Sequence
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -30,7 +29,7 @@ from ..evaluation.preflight import check_size, preflight
 from ..evaluation.spec import MAX_TRIALS
 from ..evaluation.strongest import Strongest
 from ..report import write_report
-from .common import app, check_out_dir, console, err_console, reports_errors
+from .common import app, check_out_dir, clean, console, err_console, reports_errors
 
 
 def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
@@ -44,7 +43,8 @@ def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
         where = (s.threat_model, s.dataset, s.model)
         table = tables.get(where)
         if table is None:
-            table = tables[where] = Table(title=f"Strongest attack S_D — {s.threat_model}: {s.dataset} · {s.model}")
+            table = tables[where] = Table(title=Text(clean(f"Strongest attack S_D — {s.threat_model}: {s.dataset} · "
+                                                           f"{s.model}")))
             for name in ("defense", "B", "strongest attack", "S_D (RMSE) ± 95 % CI", "n", "chance", "PSNR", "SSIM",
                          "ran"):
                 table.add_column(name, justify="left" if name in ("defense", "strongest attack") else "right",
@@ -54,7 +54,8 @@ def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
         sd = num(s.sd.mean if s.sd.n else s.rmse) + (f" ± {s.sd.half_width:.3f}" if s.sd.known else "")
         if s.stops:
             sd += " (stops every attack)"
-        table.add_row(escape(s.defense), str(s.batch_size), escape(s.attack) if s.attack else "[dim]none ran[/dim]",
+        table.add_row(Text(clean(s.defense)), str(s.batch_size),
+                      Text(clean(s.attack)) if s.attack else Text("none ran", style="dim"),
                       sd, str(s.sd.n), num(s.chance_rmse), num(s.psnr, 2), num(s.ssim),
                       f"{ran}/{len(s.scores)}" + (f" ({late} timed out)" if late else ""))
     return list(tables.values())
@@ -84,24 +85,25 @@ def print_verdicts(store: Store) -> None:
     """Print :func:`verdict_texts` of the store (user strings escaped)."""
     lines = verdict_texts(store.rows())
     if lines:
-        console.print("[bold]Verdicts[/bold] (mean ± 95 % interval, n = batches; details in the report):")
+        console.print(Text.assemble(("Verdicts", "bold"),
+                                    " (mean ± 95 % interval, n = batches; details in the report):"))
     for line in lines:
-        console.print(Text("• " + line), soft_wrap=True)
+        console.print(Text("• " + clean(line)), soft_wrap=True)
 
 
 def print_summary(summary: SweepSummary) -> None:
     counts = ", ".join(f"{v} {k}" for k, v in sorted(summary.counts.items()))
     stopped = f" (stopped: {summary.stopped})" if summary.stopped else ""
-    console.print(f"{summary.ran} trial(s) run in {summary.seconds:.1f} s, {summary.skipped} already finished; "
-                  f"store {summary.db}: {counts}{stopped}", highlight=False, soft_wrap=True)
+    console.print(clean(f"{summary.ran} trial(s) run in {summary.seconds:.1f} s, {summary.skipped} already finished; "
+                        f"store {summary.db}: {counts}{stopped}"), highlight=False, soft_wrap=True)
 
 
 def print_failures(store: Store, keys: Mapping[str, Any], limit: int = 5) -> None:
     failed = [r for r in store.rows() if r["status"] in ("failed", "timed out") and r["key"] in keys]
     for r in failed[:limit]:
-        first = (r.get("error") or "").splitlines()[0][:200]
-        console.print(f"[yellow]{r['status']}[/yellow] {keys[r['key']].label}: {first}", highlight=False,
-                      soft_wrap=True)
+        first = ((r.get("error") or "").splitlines() or [""])[0][:200]
+        console.print(Text.assemble((clean(r["status"]), "yellow"), " ", clean(f"{keys[r['key']].label}: {first}")),
+                      highlight=False, soft_wrap=True)
     if len(failed) > limit:
         console.print(f"… and {len(failed) - limit} more failed trial(s); see the report", highlight=False)
 
@@ -159,22 +161,24 @@ def evaluate_command(
         sweep_spec = sweep_spec.model_copy(update={"max_trials": max(total, sweep_spec.max_trials or 1)})
     checked = preflight(sweep_spec)
     if dry_run:
-        console.print(f"{spec}: valid; {checked.summary()}", highlight=False, soft_wrap=True, markup=False)
+        console.print(clean(f"{spec}: valid; {checked.summary()}"), highlight=False, soft_wrap=True, markup=False)
         return
     if report is not None:
         check_out_dir(report, "--report")  # before any trial runs
     sweep = Sweep(sweep_spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials,
                   force=force, check=False)
     again = resume_command(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, yes=yes, report=report)
+    for note in sweep.notes:
+        err_console.print(Text(clean(note), style="yellow"), soft_wrap=True, highlight=False)
     try:
         try:
             summary = sweep.run(progress=not quiet)
         except KeyboardInterrupt:
             counts = sweep.store.counts(sweep.by_key)
             kept = sum(counts.get(s, 0) for s in ("done", "failed", "timed out", "n/a"))
-            err_console.print(Text(f"interrupted: {kept} of {len(sweep.trials)} trial(s) are kept in {db} "
-                                   f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}); resume with: "
-                                   f"{again}", style="yellow"), soft_wrap=True, highlight=False)
+            err_console.print(Text(clean(f"interrupted: {kept} of {len(sweep.trials)} trial(s) are kept in {db} "
+                                         f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}); resume "
+                                         f"with: {again}"), style="yellow"), soft_wrap=True, highlight=False)
             raise typer.Exit(130) from None
         if not quiet:
             print_summary(summary)
@@ -185,14 +189,14 @@ def evaluate_command(
             print_verdicts(sweep.store)
         if report is not None:
             files = write_report(sweep.store, report)
-            console.print(f"report: {files.index}", highlight=False, soft_wrap=True)
+            console.print(clean(f"report: {files.index}"), highlight=False, soft_wrap=True)
         late = summary.counts.get("timed out", 0)
         failed = summary.counts.get("failed", 0) + late
         if failed:
             why = f" ({late} timed out: the attack ran past budget.trial_seconds)" if late else ""
-            err_console.print(Text(f"{failed} of {summary.planned} trial(s) failed{why} (errors in the store"
-                                   f"{' and the report' if report is not None else ''}); run them again with: "
-                                   f"{again if retry_failed else again + ' --retry-failed'}", style="red"),
+            err_console.print(Text(clean(f"{failed} of {summary.planned} trial(s) failed{why} (errors in the store"
+                                         f"{' and the report' if report is not None else ''}); run them again with: "
+                                         f"{again if retry_failed else again + ' --retry-failed'}"), style="red"),
                               soft_wrap=True, highlight=False)
             raise typer.Exit(1)
     finally:
@@ -216,5 +220,5 @@ def report_command(
     finally:
         store.close()
     extra = f", {files.parquet.name}" if files.parquet else " (Parquet: install pandas and pyarrow)"
-    console.print(f"wrote {files.index}, {files.csv.name}, {files.strongest_csv.name}{extra}, "
-                  f"{len(files.plots)} plot(s), {len(files.grids)} grid(s)", highlight=False, soft_wrap=True)
+    console.print(clean(f"wrote {files.index}, {files.csv.name}, {files.strongest_csv.name}{extra}, "
+                        f"{len(files.plots)} plot(s), {len(files.grids)} grid(s)"), highlight=False, soft_wrap=True)

@@ -11,7 +11,12 @@ then fails every trial at run time:
 - every model is built once on every dataset's shape with its ``act``, ``init`` and options
   (``act: relux``, ``cnn:99-1-1-0`` on 8×8 images) and one client round is observed on the
   smallest batch under the spec's threat settings (a ±1 loss on a 10-class dataset);
-- the plan is not empty.
+- the plan is not empty;
+- the work a user value sizes (:func:`check_work`): an attack's iterations × restarts × ... (bounded at run
+  time by ``budget.trial_seconds`` when it is set, else refused past :data:`MAX_ATTACK_WORK`), any single
+  loop option past :data:`MAX_LOOP`, and training (model ``training.epochs``, ``utility.epochs``, a
+  published target's ``steps``) past :data:`MAX_TRAIN_SAMPLES` samples — the budget does not stop training,
+  so it is refused here with the estimate.
 
 Errors are :class:`~leakbench.errors.ConfigError` lines naming the spec field
 (``datasets[0].options``, ``models[1] on datasets[0]``, ``threat``...).
@@ -94,6 +99,69 @@ def check_size(spec: SweepSpec, *, yes: bool = False) -> int:
                       f"{total} in the spec (or leakbench evaluate --yes)")
 
 
+#: loop options of attacks that repeat the whole optimisation, and those that count its steps.
+REPEAT_OPTIONS = ("restarts", "runs", "candidates", "trials", "tensor_trials", "directions")
+STEP_OPTIONS = ("iterations", "inversion_iterations", "lbfgs_max_iter", "iters_rest", "refine", "tensor_refine")
+#: the largest value of any one loop option (the papers' settings stay below 10⁵).
+MAX_LOOP = 10**7
+#: the largest product of an attack's loop options without ``budget.trial_seconds`` (the largest preset: 10⁸).
+MAX_ATTACK_WORK = 10**9
+#: the most samples one training run may pass over (epochs × samples; the budget does not stop training).
+MAX_TRAIN_SAMPLES = 10**9
+
+
+def attack_work(name: str, preset: str | None, options: dict[str, Any], where: str) -> int:
+    """The product of attack ``name``'s loop options (its preset's values with ``options``); one too large
+    single loop option is refused here, naming it."""
+    from ..attacks import ATTACKS, create
+
+    if name not in ATTACKS:
+        return 1
+    chosen = create(name, preset=preset, **options).options
+    work = 1
+    for option in (*REPEAT_OPTIONS, *STEP_OPTIONS):
+        value = getattr(chosen, option, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value > MAX_LOOP:
+                raise ConfigError(f"field {where}.options.{option}: expected at most {MAX_LOOP:,}, got {value:,}; "
+                                  f"lower it")
+            work *= max(1, value)
+    return work
+
+
+def check_work(spec: SweepSpec) -> None:
+    """Refuse attacks whose loops no budget bounds (see the module docstring), with the estimate."""
+    entries = [(f"attacks[{i}]", a) for i, a in enumerate(spec.attacks)]
+    entries += [(f"weights[{i}].attacks[{j}]", a) for i, w in enumerate(spec.weights) for j, a in enumerate(w.attacks)]
+    for where, entry in entries:
+        work = attack_work(entry.name, entry.preset, dict(entry.options), where)
+        if work > MAX_ATTACK_WORK and spec.budget.trial_seconds is None:
+            raise ConfigError(f"field {where}.options: about {work:,} optimisation steps per trial (the product of "
+                              f"{', '.join(o for o in (*REPEAT_OPTIONS, *STEP_OPTIONS))} that apply), more than "
+                              f"{MAX_ATTACK_WORK:,} with no budget; lower them or set budget.trial_seconds")
+    for i, entry in enumerate([*spec.weights, *spec.membership]):
+        steps = entry.target.options.get("steps")
+        samples = entry.target.per_class * max(2, len(entry.target.classes or ()))
+        if isinstance(steps, int) and not isinstance(steps, bool) and steps * samples > MAX_TRAIN_SAMPLES:
+            section = "weights" if i < len(spec.weights) else "membership"
+            k = i if i < len(spec.weights) else i - len(spec.weights)
+            raise ConfigError(f"field {section}[{k}].target.options.steps: training would pass about "
+                              f"{steps * samples:,} samples ({steps:,} steps × {samples:,}), more than "
+                              f"{MAX_TRAIN_SAMPLES:,} (budgets do not stop training); lower steps")
+
+
+def _check_training(spec: SweepSpec, i: int, n: int, key: str) -> None:
+    """Refuse training runs on dataset ``i`` (``n`` samples) past :data:`MAX_TRAIN_SAMPLES`, with the estimate."""
+    runs = [(f"models[{j}].training.epochs", m.training.epochs) for j, m in enumerate(spec.models)]
+    if spec.utility is not None:
+        runs.append(("utility.epochs", spec.utility.epochs))
+    for field_name, epochs in runs:
+        if epochs * n > MAX_TRAIN_SAMPLES:
+            raise ConfigError(f"field {field_name}: training on datasets[{i}] ({key}) would pass about "
+                              f"{epochs * n:,} samples ({epochs:,} epochs × {n:,}), more than {MAX_TRAIN_SAMPLES:,} "
+                              "(budgets do not stop training); lower epochs or the dataset's limit")
+
+
 def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
     """Check what every trial of ``spec`` needs (see the module docstring); one line per problem found first."""
     from ..data import load
@@ -106,6 +174,7 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
     if total == 0:
         raise ConfigError("field include/exclude: the spec plans no trial (the rules exclude everything); "
                           "loosen the include/exclude rules")
+    check_work(spec)
     report = Preflight(trials=total, kinds=kinds or {"trials (upper bound)": total})
     device = torch.device(spec.device)
     smallest = min(spec.batch_sizes)
@@ -120,6 +189,7 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
             raise ConfigError(f"{where}: holds {len(data)} samples, the spec draws {need} (images: {spec.images}, "
                               f"batch_sizes: {list(spec.batch_sizes)}); lower them or load more samples")
         report.datasets[d.key] = (data.shape, len(data), data.num_classes)
+        _check_training(spec, i, len(data), d.key)
         x, y = data.batch(smallest, seed=0)
         for j, m in enumerate(spec.models):
             where = f"models[{j}] ({m.key}) on datasets[{i}] ({d.key}, shape {'×'.join(map(str, data.shape))})"
@@ -199,4 +269,5 @@ def _first_line(err: BaseException) -> str:
     return text if isinstance(err, LeakbenchError) else f"{type(err).__name__}: {text}"
 
 
-__all__ = ["Preflight", "preflight", "count_trials", "check_size"]
+__all__ = ["Preflight", "preflight", "count_trials", "check_size", "check_work", "attack_work", "MAX_LOOP",
+           "MAX_ATTACK_WORK", "MAX_TRAIN_SAMPLES"]

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from ..errors import ConfigError
 from .chunks import batch_group, run_chunk, stack_size
 from .trial import TrialResult, TrialSpec
-from .workers import TrialActor, serve
+from .workers import TrialActor, parent_marked, serve
 
 
 class Runner(abc.ABC):
@@ -156,7 +156,8 @@ class _Worker:
         kernel = threading.current_thread() is threading.main_thread()
         self.process = ctx.Process(target=serve, args=(child, parent_pid, cache_dir, kernel), daemon=True,
                                    name=f"leakbench-worker-{index}")
-        self.process.start()
+        with parent_marked(parent_pid if kernel else None):  # dies with us even while it still imports torch
+            self.process.start()
         child.close()
         self.pending: list[TrialSpec] = []
         self.ready = False
@@ -336,6 +337,27 @@ def _ray_module():
     return ray
 
 
+#: seconds a cluster address gets to accept a connection before ``--ray ADDRESS`` is refused.
+CONNECT_SECONDS = 10.0
+
+
+def _probe(address: str, timeout: float = CONNECT_SECONDS) -> None:
+    """Refuse in at most ``timeout`` seconds a cluster address nothing listens on (Ray itself retries for minutes)."""
+    import socket
+
+    hostport = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"expected --ray auto, local or HOST:PORT (ray://HOST:PORT), got {address!r}")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError, OverflowError) as err:
+        raise ConfigError(f"cannot connect to the Ray cluster at {address!r} within {timeout:g} s "
+                          f"({getattr(err, 'strerror', None) or err}); start the cluster, or use --ray auto or "
+                          "--ray local") from None
+
+
 class RayRunner(Runner):
     """Trials on long-lived Ray actors; ``address`` is ``"local"`` (start a cluster here), ``"auto"`` (a
     running cluster, else a local one) or a cluster address (``ray://host:10001``, ``host:6379``).
@@ -379,6 +401,7 @@ class RayRunner(Runner):
                 ray.init(**local)
                 self._started = True
         else:
+            _probe(self.address)
             try:
                 ray.init(address=self.address, **options)
             except (ConnectionError, RuntimeError, ValueError) as err:
@@ -514,14 +537,34 @@ class RayRunner(Runner):
                 "actors": sum(len(a) for a in self._actors.values())}
 
 
+def cores() -> int:
+    """CPU cores this process may run on (its affinity where the platform tells it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def capped_workers(workers: int, trials: int | None = None) -> tuple[int, str | None]:
+    """``workers`` capped at the cores (and at ``trials``), and the line saying so (None when not capped)."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ConfigError(f"expected --workers ≥ 1, got {workers!r}")
+    limit = cores() if trials is None else max(1, min(cores(), trials))
+    if workers <= limit:
+        return workers, None
+    why = f"{cores()} core(s)" + (f" and {trials} trial(s) to run" if trials is not None else "")
+    return limit, f"--workers {workers} capped at {limit} ({why}): more processes only compete for the same cores"
+
+
 def make_runner(*, workers: int = 1, ray: str | None = None, cache_dir: str | Path | None = None,
                 num_cpus: int | None = None) -> Runner:
-    """The executor for ``--workers``/``--ray``: Ray when ``ray`` is given, else a pool for ``workers > 1``."""
+    """The executor for ``--workers``/``--ray``: Ray when ``ray`` is given, else a pool for ``workers > 1``
+    (never more processes than cores: :func:`capped_workers`)."""
     if ray is not None:
         return RayRunner(ray, num_cpus=num_cpus, cache_dir=cache_dir)
-    if not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"expected --workers ≥ 1, got {workers!r}")
+    workers, _ = capped_workers(workers)
     return InProcessRunner(cache_dir=cache_dir) if workers == 1 else PoolRunner(workers, cache_dir=cache_dir)
 
 
-__all__ = ["Runner", "InProcessRunner", "PoolRunner", "RayRunner", "ChunkSizer", "make_runner"]
+__all__ = ["Runner", "InProcessRunner", "PoolRunner", "RayRunner", "ChunkSizer", "make_runner", "capped_workers",
+           "cores"]

@@ -42,6 +42,10 @@ from .specsource import Source as _Source
 from .specsource import pydantic_message, read_spec
 
 #: keys an include/exclude rule may name.
+#: seeds are stored as SQLite 64-bit integers: 0 ≤ seed < 2**63.
+MAX_SEED = 2**63
+#: torch threads a trial may ask for (a larger value is a typo, not a machine).
+MAX_THREADS = 1024
 RULE_KEYS = ("dataset", "model", "batch_size", "attack", "defense", "seed")
 
 
@@ -76,7 +80,7 @@ class TrainingEntry(_Strict):
     epochs: int = Field(0, ge=0)
     lr: float = Field(0.05, gt=0)
     batch_size: int = Field(32, ge=1)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, lt=MAX_SEED)
 
 
 #: what a malicious server can ship in place of the model, and the function that builds it.
@@ -129,7 +133,7 @@ class ModelEntry(_Strict):
     file: str | None = None
     act: str | None = None
     init: str = "default"
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, lt=MAX_SEED)
     options: dict[str, Any] = Field(default_factory=dict)
     training: TrainingEntry = Field(default_factory=TrainingEntry)
     server: ServerEntry | None = None
@@ -319,7 +323,7 @@ class UtilityEntry(_Strict):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0)
     test_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, lt=MAX_SEED)
     #: training seeds per setting (default: three, from ``seed``): the utility loss is paired by seed and given
     #: with its interval over them
     seeds: list[int] | None = Field(None, min_length=1, max_length=64)
@@ -395,7 +399,7 @@ class SweepSpec(_Strict):
     include: list[dict[str, Any]] = Field(default_factory=list)
     exclude: list[dict[str, Any]] = Field(default_factory=list)
     device: str = "cpu"
-    threads: int = Field(1, ge=1)
+    threads: int = Field(1, ge=1, le=MAX_THREADS)
     save_images: bool = True
     max_trials: int | None = Field(None, ge=1)  # the largest sweep this spec may plan (default MAX_TRIALS)
 
@@ -410,9 +414,9 @@ class SweepSpec(_Strict):
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, values: list[int]) -> list[int]:
-        bad = [v for v in values if v < 0]
+        bad = [v for v in values if v < 0 or v >= MAX_SEED]
         if bad:
-            raise ValueError(f"expected non-negative seeds, got {bad[0]}")
+            raise ValueError(f"expected seeds in 0..2**63-1 (non-negative, stored as 64-bit integers), got {bad[0]}")
         return values
 
     @model_validator(mode="after")
@@ -442,12 +446,18 @@ def load_spec(source: str | Path | Mapping | SweepSpec, *, check: bool = True) -
         if check:
             check_names(source, _Source("spec", {}))
         return source
-    data, where = read_spec(source)
+    try:
+        data, where = read_spec(source)
+    except RecursionError:
+        raise ConfigError("spec: nested too deeply to read (RecursionError); a sweep spec is a few levels of "
+                          "mappings and lists — flatten it") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where.name}: expected a mapping with datasets, models, batch_sizes, attacks..., "
                           f"got {type(data).__name__}")
     try:
         spec = SweepSpec.model_validate(data)
+    except RecursionError:
+        raise ConfigError(f"{where.name}: nested too deeply to validate (RecursionError); flatten it") from None
     except ValidationError as err:
         problems = [pydantic_message(e, SweepSpec) for e in err.errors()]
         path, msg = problems[0]
@@ -473,4 +483,4 @@ def dump_spec(spec: SweepSpec) -> str:
 __all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "ServerEntry", "TargetEntry", "WeightsEntry",
            "MembershipEntry", "MEMBERSHIP_SETTINGS", "SERVER_MOVES", "TrainingEntry", "AttackEntry", "DefenseEntry",
            "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "ReplicateEntry", "RULE_KEYS", "load_spec",
-           "check_names", "dump_spec", "MAX_SPEC_NODES", "MAX_TRIALS"]
+           "check_names", "dump_spec", "MAX_SPEC_NODES", "MAX_TRIALS", "MAX_SEED", "MAX_THREADS"]

@@ -4,7 +4,7 @@
     summary = lb.evaluate("examples/sweep-tiny.yaml", db="results.db", workers=2)
 
 Re-running the same call resumes: finished trials (done or n/a) are skipped,
-failed ones are retried only with ``retry_failed=True``, and trials left
+failed and timed-out ones are retried only with ``retry_failed=True``, and trials left
 ``running`` by a process that died are run again.  Before anything runs, the
 spec passes :func:`~.preflight.preflight` (size, every dataset loaded, every
 model built) and the store is bound to the sweep's trials: another spec on the
@@ -27,9 +27,9 @@ from .chunks import batched_order
 from .images import save_trial_files
 from .plan import plan
 from .preflight import check_size, preflight
-from .runners import Runner, make_runner
+from .runners import Runner, capped_workers, make_runner
 from .spec import SweepSpec, dump_spec, load_spec
-from .store import Store
+from .store import RETRYABLE, Store
 from .trial import TrialResult, TrialSpec, worker_id
 
 #: statuses that count as finished (not run again).
@@ -74,15 +74,20 @@ class Sweep:
         self.on_result = on_result
         self.trials = plan(self.spec)
         self.by_key = {t.key: t for t in self.trials}
+        #: lines for the user about how the sweep runs (a --workers value capped at the cores or trials)
+        self.notes: list[str] = []
+        if ray is None and runner is None:
+            self.workers, note = capped_workers(workers, len(self.trials))
+            self.notes += [note] if note else []
         self.store.bind(self.by_key, force=force)  # one sweep per store: another spec needs a new db or force
         self.worker = worker_id()
         self.ran = 0
         self._claimed: set[str] = set()
 
     def todo(self) -> list[TrialSpec]:
-        """Trials still to run (pending; also failed ones with ``retry_failed``)."""
+        """Trials still to run (pending; also failed and timed-out ones with ``retry_failed``)."""
         status = self.store.status(self.by_key)
-        wanted = ("pending", "failed") if self.retry_failed else ("pending",)
+        wanted = ("pending", *RETRYABLE) if self.retry_failed else ("pending",)
         return [t for t in self.trials if status.get(t.key, "pending") in wanted]
 
     def _feed(self, todo: list[TrialSpec], start: float) -> Iterator[TrialSpec]:

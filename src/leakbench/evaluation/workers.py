@@ -12,6 +12,7 @@ SIGKILL (``prctl(PR_SET_PDEATHSIG)``); everywhere a watchdog thread exits when t
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import os
@@ -21,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from collections.abc import Iterator
 
 from .chunks import run_chunk
 from .trial import TrialResult, TrialSpec, worker_id
@@ -56,6 +58,31 @@ def die_with_parent(parent_pid: int, *, kernel: bool = True, interval: float = 0
 
     threading.Thread(target=watch, name="leakbench-parent-watch", daemon=True).start()
     return armed
+
+
+@contextlib.contextmanager
+def parent_marked(parent_pid: int | None) -> Iterator[None]:
+    """Processes started inside carry ``LEAKBENCH_PARENT_PID``: :mod:`leakbench._startup` arms their death
+    with the parent before the first heavy import, so a worker still starting never outlives its sweep
+    (``None``: no mark, for a process started off the main thread, where the kernel signal misfires)."""
+    from .._startup import PARENT_ENV
+
+    if parent_pid is None:
+        yield
+        return
+    with _ENV_LOCK:
+        before = os.environ.get(PARENT_ENV)
+        os.environ[PARENT_ENV] = str(parent_pid)
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(PARENT_ENV, None)
+            else:
+                os.environ[PARENT_ENV] = before
+
+
+_ENV_LOCK = threading.Lock()
 
 
 def warm_up() -> None:

@@ -187,6 +187,8 @@ def initialize(
     if generator is None:
         generator, _ = make_generator(seed)
     devices = {p.device for p in model.parameters()} | {b.device for b in model.buffers()}
+    if devices == {torch.device("meta")}:  # a model sized without memory (load_model's check): nothing to draw
+        return model
     on_cpu = devices <= {torch.device("cpu")}
     target = model if on_cpu else _cpu_copy(model)
     INITS.get(name)(target, generator=generator, init_scale=init_scale)

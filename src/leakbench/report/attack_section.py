@@ -249,6 +249,10 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
         parts.append("<h4>Best reconstruction per setting</h4>")
         parts.append('<div class="grids">' + "".join(figure(p, out, c) for p, c in grids) + "</div>" if grids else
                      muted("No reconstructions saved."))
+        refused = [r for r in rows if r.get("images_refused") and (r.get("dataset"), r.get("model")) == (dataset, model)]
+        if refused:
+            parts.append(muted(f"Images of {len(refused)} trial(s) not shown: {esc(refused[0]['images_refused'])}"
+                               f" (trial {esc(refused[0].get('key'))})."))
     return "".join(parts)
 
 

@@ -319,6 +319,7 @@ eavesdropper.</p>
 
 <h2>Attacks that did not apply, failed trials</h2>
 {_problems_section(rows)}
+{_refused_files(rows)}
 
 <h2>Sweep spec</h2>
 <details><summary>the spec this store was run with</summary><pre>{esc(spec_text)}</pre></details>
@@ -327,6 +328,17 @@ eavesdropper.</p>
 """
     files.index.write_text(page, encoding="utf-8")
     return files
+
+
+def _refused_files(rows: list[dict[str, Any]], limit: int = 20) -> str:
+    """The trials whose files the store names outside its folder (not read, not shown), with the reason."""
+    refused = [r for r in rows if r.get("images_refused")]
+    if not refused:
+        return ""
+    items = "".join(f"<li>{esc(r.get('key'))}: {esc(r['images_refused'])}</li>" for r in refused[:limit])
+    more = f"<li>… and {len(refused) - limit} more</li>" if len(refused) > limit else ""
+    return (f"<h2>Files refused</h2><p class=muted>{len(refused)} trial(s) name files outside the store's folder; "
+            f"they were not read.</p><ul>{items}{more}</ul>")
 
 
 __all__ = ["write_report", "ReportFiles", "THREATS", "PAGE_CHECK"]
