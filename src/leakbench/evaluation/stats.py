@@ -82,19 +82,26 @@ def _finite(values: Iterable[float]) -> np.ndarray:
     return v[np.isfinite(v)]
 
 
+def _start(values: Iterable[float], method: str) -> tuple[np.ndarray, Interval | None]:
+    """The finite values, and the interval to return at once when fewer than two give no spread."""
+    v = _finite(values)
+    if v.size == 0:
+        return v, EMPTY
+    if v.size < 2:
+        return v, Interval(float(v.mean()), math.nan, math.nan, 1, method)
+    return v, None
+
+
 def bootstrap_mean(values: Iterable[float], *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
                    seed: int = SEED) -> Interval:
     """The mean of the finite ``values`` and its percentile-bootstrap interval (units resampled with replacement).
 
     Constant values give a zero-width interval at the value (an exact tie stays exact).
     """
-    v = _finite(values)
-    n = v.size
-    if n == 0:
-        return EMPTY
-    mean = float(v.mean())
-    if n < 2:
-        return Interval(mean, math.nan, math.nan, n)
+    v, early = _start(values, "bootstrap")
+    if early is not None:
+        return early
+    n, mean = v.size, float(v.mean())
     if float(v.max() - v.min()) == 0.0:
         return Interval(mean, mean, mean, n)
     rng = np.random.default_rng(seed)
@@ -106,13 +113,10 @@ def bootstrap_mean(values: Iterable[float], *, confidence: float = CONFIDENCE, r
 
 def t_mean(values: Iterable[float], *, confidence: float = CONFIDENCE) -> Interval:
     """The mean of the finite ``values`` and its Student-t interval (for a few seeds)."""
-    v = _finite(values)
-    n = v.size
-    if n == 0:
-        return EMPTY
-    mean = float(v.mean())
-    if n < 2:
-        return Interval(mean, math.nan, math.nan, n, "t")
+    v, early = _start(values, "t")
+    if early is not None:
+        return early
+    n, mean = v.size, float(v.mean())
     sd = float(v.std(ddof=1))
     half = float(_sp.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n, "t")
