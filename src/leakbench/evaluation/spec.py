@@ -361,7 +361,8 @@ class BoundsEntry(_Strict):
 class ReplicateEntry(_Strict):
     """Adaptive replication: after the planned trials, add ``step`` batches at a time to the cells whose verdict
     is still undecided (a tie that is not exact, or fewer than MIN_N batches), until each is decided,
-    ``max_batches`` per cell is reached, or ``max_trials`` added trials / ``max_minutes`` are spent."""
+    ``max_batches`` per cell is reached, or ``max_trials`` added trials / ``max_minutes`` of replication rounds
+    (counted from the end of the planned trials) are spent."""
 
     auto: bool = False
     step: int = Field(4, ge=1, le=256)

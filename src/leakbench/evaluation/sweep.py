@@ -156,6 +156,7 @@ class Sweep:
         from .trial import dataset_for
 
         rep = self.spec.replicate
+        begun = time.perf_counter()  # replication's own clock: max_minutes is spent on replication rounds
         state = json.loads(self.store.meta("replicate") or "{}")
         added, rounds = int(state.get("added", 0)), int(state.get("rounds", 0))
         limits: dict[tuple, int] = {}
@@ -171,7 +172,7 @@ class Sweep:
                     why = "every verdict decided (or an exact tie)"
                 elif added >= rep.max_trials:
                     why = f"replicate.max_trials ({rep.max_trials}) spent"
-                elif rep.max_minutes is not None and time.perf_counter() - start > 60 * rep.max_minutes:
+                elif rep.max_minutes is not None and time.perf_counter() - begun > 60 * rep.max_minutes:
                     why = f"replicate.max_minutes ({rep.max_minutes:g}) spent"
                 else:
                     trials = [*self.trials, *extra.values()]
