@@ -13,11 +13,13 @@
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 
 import leakbench as lb
+from leakbench.errors import NothingRecovered
 
 from .common import CIFAR_NPZ, table
 
@@ -42,9 +44,13 @@ def _row(label: str, batch: int, obs, x: torch.Tensor, quick: bool, others: bool
     row = [label, batch, spear.trace["rank"], f"{int((p_spear > 60).sum())}/{batch}",
            int(spear.confidence.sum()), t_spear]
     if others:
-        excl, t_excl = _timed("exclusivity", obs)
+        try:
+            excl, t_excl = _timed("exclusivity", obs)
+            p_excl = _scores(excl, x)
+        except NothingRecovered:  # no sample identified: nothing exact
+            p_excl, t_excl = torch.zeros(0), math.nan
         cpa, t_cpa = _timed("cocktail-party", obs, preset="quick" if quick else None)
-        p_excl, p_cpa = _scores(excl, x), _scores(cpa.images.clamp(0, 1), x)
+        p_cpa = _scores(cpa.images.clamp(0, 1), x)
         row += [f"{int((p_excl > 60).sum())}/{batch}", t_excl,
                 f"{int((p_cpa > 60).sum())}/{batch} ({float(p_cpa.median()):.1f} dB)", t_cpa]
     grey = torch.full_like(x, 0.5)
