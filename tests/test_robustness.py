@@ -585,9 +585,11 @@ def test_ctrl_c_of_the_demo_prints_the_kept_trials_and_how_to_resume(tmp_path):
 
 def _long_spec(tmp_path: Path) -> Path:
     """A sweep of 8 trials of about 1.5 s each, so a SIGINT lands mid-sweep even when the polling lags behind
-    (at 0.5 s a trial, a loaded machine let the sweep finish before the signal arrived)."""
+    (at 0.5 s a trial, a loaded machine let the sweep finish before the signal arrived).  DLG's L-BFGS runs
+    each trial alone: Adam-based attacks of one shape would be solved together in one stacked call and
+    finish at the same instant."""
     return _spec(tmp_path, "long", {**GOOD, "images": 8,
-                                    "attacks": [{"name": "inverting-gradients", "options": {"iterations": 120}}]})
+                                    "attacks": [{"name": "dlg", "options": {"iterations": 200}}]})
 
 
 def _interrupt_after_two_trials(args: list[str], db: Path, cwd: Path) -> str:
@@ -1191,11 +1193,17 @@ def test_untrusted_traceback_ctrl_c_during_start_up_exits_130(w, entry):
     if entry == "script" and not script.is_file():
         pytest.skip("no leakbench console script beside this Python")
     argv = [sys.executable, "-m", "leakbench.cli"] if entry == "module" else [str(script)]
-    proc = subprocess.Popen([*argv, "evaluate", str(w / "good.yaml"), "--dry-run"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV, cwd=w)
-    time.sleep(0.3)  # still importing torch (seconds): the signal lands before any command runs
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    # A signal that lands before leakbench's own first lines run (the interpreter still starting) cannot be
+    # handled by it; seen once in ~10 runs on a quiet machine, so the case is tried up to three times and
+    # must pass on one of them (a regression fails all three).
+    for _ in range(3):
+        proc = subprocess.Popen([*argv, "evaluate", str(w / "good.yaml"), "--dry-run"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=ENV, cwd=w)
+        time.sleep(0.3)  # still importing torch (seconds): the signal lands before any command runs
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        if proc.returncode == 130:
+            break
     assert proc.returncode == 130 and "Traceback" not in out + err, err
     assert [line for line in err.splitlines() if line.strip()] == ["interrupted"]
 
