@@ -1193,9 +1193,9 @@ def test_untrusted_traceback_ctrl_c_during_start_up_exits_130(w, entry):
     if entry == "script" and not script.is_file():
         pytest.skip("no leakbench console script beside this Python")
     argv = [sys.executable, "-m", "leakbench.cli"] if entry == "module" else [str(script)]
-    # A signal that lands before leakbench's own first lines run (the interpreter still starting) cannot be
-    # handled by it; seen once in ~10 runs on a quiet machine, so the case is tried up to three times and
-    # must pass on one of them (a regression fails all three).
+    # Seen once in ~10 runs on a quiet machine: the signal, landing while the package imports, printed a
+    # traceback through runpy although the hook was installed (cause not found yet); the case is tried up to
+    # three times and must pass on one of them (a regression fails all three).
     for _ in range(3):
         proc = subprocess.Popen([*argv, "evaluate", str(w / "good.yaml"), "--dry-run"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=ENV, cwd=w)
