@@ -51,9 +51,21 @@ def install() -> None:
     if not _is_cli() or getattr(sys.excepthook, "_leakbench", False):
         return
     previous = sys.excepthook
+    import signal
+
+    seen = []
+
+    def on_sigint(signum, frame) -> None:
+        # remembered: a KeyboardInterrupt that lands inside a module's import can leave that module half
+        # imported, and what reaches the top level is then another error (numpy's lazy attributes recurse)
+        seen.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_sigint)
 
     def hook(kind, value, tb) -> None:
-        if issubclass(kind, KeyboardInterrupt):
+        if issubclass(kind, KeyboardInterrupt) or seen:
             try:
                 sys.stderr.write("interrupted\n")
                 sys.stderr.flush()

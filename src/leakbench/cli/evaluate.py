@@ -63,19 +63,11 @@ def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
 
 def verdict_texts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The report's summary verdict per gradient threat model, dataset and model, as plain text."""
-    from ..evaluation.strongest import finite, privacy_utility, utility_table, verdicts
-    from ..report.attack_section import SUMMARY_BUDGET
-    from ..report.verdict_text import summary_sentence
+    from ..evaluation.strongest import privacy_utility, utility_table
+    from ..report.verdict_text import summaries
 
-    points = privacy_utility(strongest(rows), utility_table(rows))
-    found = verdicts(points, (SUMMARY_BUDGET, math.inf))
     out = []
-    for threat, dataset, model in dict.fromkeys((v.threat_model, v.dataset, v.model) for v in found):
-        measured = any(finite(p.utility_loss) for p in points if p.defense != "none"
-                       and (p.threat_model, p.dataset, p.model) == (threat, dataset, model))
-        budget = SUMMARY_BUDGET if measured else math.inf
-        text = summary_sentence([v for v in found if (v.threat_model, v.dataset, v.model, v.budget)
-                                 == (threat, dataset, model, budget)])
+    for (threat, dataset, model), (text, _) in summaries(privacy_utility(strongest(rows), utility_table(rows))).items():
         plain = html.unescape(re.sub(r"<[^>]+>", "", text.replace("<sub>D</sub>", "_D")))
         out.append(f"{threat} · {dataset} · {model}: {plain}")
     return out

@@ -22,10 +22,8 @@ from ..evaluation.strongest import (BUDGETS, AttackScore, PrivacyUtilityPoint, S
 from .grid import save_grid
 from .markup import MISSING, esc, figure, hover, muted, num, slug, table
 from .plots import CRAMER_RAO, pareto_plot, sd_heatmap
-from .verdict_text import ci, ci_n, summary_sentence, verdict_table
+from .verdict_text import SUMMARY_BUDGET, ci, ci_n, summary_sentence, verdict_table
 
-#: the budget whose verdict the report's summary quotes.
-SUMMARY_BUDGET = 0.1
 GAIN_NOTE = ("a negative utility loss: the defended run ended with a lower training loss than the undefended run of "
              "the same seed; where its interval spans 0 the difference is within run-to-run noise")
 
@@ -256,4 +254,4 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
     return "".join(parts)
 
 
-__all__ = ["attack_section", "table4", "table5", "Drawn", "SUMMARY_BUDGET"]
+__all__ = ["attack_section", "table4", "table5", "Drawn"]

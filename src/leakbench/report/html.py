@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,9 @@ from .. import __version__
 from ..errors import ConfigError
 from ..evaluation.store import Store
 from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, membership_table, privacy_utility,
-                                    strongest, threat_model, usable, utility_table, verdicts, weights_table)
-from .attack_section import SUMMARY_BUDGET, Drawn, attack_section
-from .verdict_text import summary_sentence
+                                    strongest, threat_model, usable, utility_table, weights_table)
+from .attack_section import Drawn, attack_section
+from .verdict_text import summaries
 from .federated_section import federated_section, federated_summary
 from .export import RESULT_COLUMNS, result_records, strongest_records, write_csv, write_parquet
 from .markup import esc, muted, table
@@ -179,7 +178,7 @@ def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, 
     covered = ", ".join(THREATS.get(t, (t,))[0] for t in threats) or "none"
     missing = [THREATS[t][0] for t in THREAT_MODELS if t not in threats]
     lines = []
-    found = verdicts(points, (SUMMARY_BUDGET, math.inf))
+    sentences = summaries(points)
     for t in threats:
         title = THREATS.get(t, (t, ""))[0]
         texts = []
@@ -188,15 +187,10 @@ def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, 
         elif t == "membership":
             texts.append(membership_summary_line(members))
         else:
-            mine = [v for v in found if v.threat_model == t]
-            for dataset, model in dict.fromkeys((v.dataset, v.model) for v in mine):
-                measured = any(finite(p.utility_loss) for p in points if p.defense != "none" and (
-                    p.threat_model, p.dataset, p.model) == (t, dataset, model))
-                budget = SUMMARY_BUDGET if measured else math.inf
-                sentence = summary_sentence([v for v in mine if (v.dataset, v.model) == (dataset, model)
-                                             and v.budget == budget])
-                texts.append(f"{esc(dataset)} · {esc(model)}: {sentence}"
-                             + ("" if measured else " (utility not measured)"))
+            for (threat, dataset, model), (sentence, measured) in sentences.items():
+                if threat == t:
+                    texts.append(f"{esc(dataset)} · {esc(model)}: {sentence}"
+                                 + ("" if measured else " (utility not measured)"))
         body = texts[0] if len(texts) == 1 else "<ul>" + "".join(f"<li>{x}</li>" for x in texts) + "</ul>"
         lines.append(f'<li><b><a href="#threat-{esc(t)}">{esc(title)}</a></b> — {body}</li>')
     parts = [f"<p>This sweep covers these threat models: <b>{esc(covered)}</b>"

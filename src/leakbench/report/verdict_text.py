@@ -11,8 +11,11 @@ import math
 from collections.abc import Sequence
 
 from ..evaluation.stats import MIN_N, Interval
-from ..evaluation.strongest import Verdict, finite
+from ..evaluation.strongest import PrivacyUtilityPoint, Verdict, finite, verdicts
 from .markup import MISSING, esc, hover, num, table
+
+#: the budget whose verdict the report's summary (and the terminal) quotes.
+SUMMARY_BUDGET = 0.1
 
 
 def budget_text(u: float) -> str:
@@ -77,6 +80,20 @@ def summary_sentence(found: Sequence[Verdict]) -> str:
     return text
 
 
+def summaries(points: Sequence[PrivacyUtilityPoint]) -> dict[tuple[str, str, str], tuple[str, bool]]:
+    """(threat model, dataset, model) → (:func:`summary_sentence` at :data:`SUMMARY_BUDGET`, or at any cost where
+    no defense's utility was measured; whether it was measured), in first-seen order."""
+    found = verdicts(points, (SUMMARY_BUDGET, math.inf))
+    out = {}
+    for where in dict.fromkeys((v.threat_model, v.dataset, v.model) for v in found):
+        measured = any(finite(p.utility_loss) for p in points
+                       if p.defense != "none" and (p.threat_model, p.dataset, p.model) == where)
+        budget = SUMMARY_BUDGET if measured else math.inf
+        out[where] = (summary_sentence([v for v in found if (v.threat_model, v.dataset, v.model) == where
+                                        and v.budget == budget]), measured)
+    return out
+
+
 def verdict_table(found: Sequence[Verdict]) -> str:
     """Batch size × budget: the decision, S_D of the pick, its utility loss and the undefended S_D (HTML)."""
     rows = []
@@ -91,4 +108,4 @@ def verdict_table(found: Sequence[Verdict]) -> str:
                  css="verdicts")
 
 
-__all__ = ["budget_text", "ci", "ci_n", "decision", "summary_sentence", "verdict_table"]
+__all__ = ["SUMMARY_BUDGET", "summaries", "budget_text", "ci", "ci_n", "decision", "summary_sentence", "verdict_table"]
