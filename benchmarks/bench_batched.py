@@ -14,7 +14,8 @@ The demo's CNN (``cnn:3-16-2-1,3-32-2-1``, relu) on 32×32 photo patches (``lb.l
 
 Times are this process's CPU seconds (``time.process_time``, one torch thread): on a quiet machine they equal
 the wall time, and on a shared one (other jobs on the cores) they do not stretch with the load as wall time
-does.  Target (issue 28): k = 16 stacked ≥ 3× faster per trial than sequential on 2 CPU cores.  When the best k = 16
+does.  With ``--device cuda`` everything runs on the GPU, times are wall seconds after a synchronize, k goes up to
+256, and the ratio is measured there (the estimate is printed beside it).  Target (issue 28): k = 16 stacked ≥ 3× faster per trial than sequential on 2 CPU cores.  When the best k = 16
 ratio misses it, the profiler's top operators of one stacked and one sequential step say where the time goes.
 The GPU column is an estimate from arithmetic intensity (FLOPs of one step from ``FlopCounterMode``, the
 operator count from the profiler), not a measurement: marked ``unmeasured``.
@@ -47,30 +48,40 @@ def _load() -> str:
         return "load average n/a"
 
 
-def _setup(batch: int, count: int, data, model) -> list:
+def _setup(batch: int, count: int, data, model, device: torch.device) -> list:
     out = []
     for t in range(count):
         x, y = data.batch(size=batch, seed=1000 + t)
-        out.append(lb.observe(model, x, y, defense="noise:0.001" if t % 2 else "none", seed=t))
+        out.append(lb.observe(model, x.to(device), y.to(device), defense="noise:0.001" if t % 2 else "none", seed=t))
     return out
 
 
+def _clock(device: torch.device) -> float:
+    """CPU seconds of this process on a CPU; wall seconds after the queued GPU work on CUDA."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return time.process_time()
+
+
 def _sequential(observations, preset: str, options: dict) -> float:
-    start = time.process_time()
+    device = observations[0].device
+    start = _clock(device)
     for i, obs in enumerate(observations):
         lb.attack("inverting-gradients", obs, preset=preset, seed=i, **options)
-    return (time.process_time() - start) / len(observations)
+    return (_clock(device) - start) / len(observations)
 
 
 def _stacked(observations, preset: str, options: dict, stacking: str) -> float:
     attack = create("inverting-gradients", preset=preset, **options)
-    start = time.process_time()
+    device = observations[0].device
+    start = _clock(device)
     matchers = [GradientMatcher(o, attack.options) for o in observations]
     labels = [recover_labels(o, seed=i) for i, o in enumerate(observations)]
     out = solve_many(matchers, labels, list(range(len(observations))), stacking=stacking)
     bad = [r for r in out if isinstance(r, Exception)]
     assert not bad, bad[0]
-    return (time.process_time() - start) / len(observations)
+    return (_clock(device) - start) / len(observations)
 
 
 def _step_costs(observations, preset: str, options: dict) -> tuple[float, int]:
@@ -81,7 +92,7 @@ def _step_costs(observations, preset: str, options: dict) -> tuple[float, int]:
     obs = observations[0]
     m = GradientMatcher(obs, attack.options)
     labels = recover_labels(obs)
-    x = torch.rand((obs.batch_size, *obs.input_shape)).requires_grad_(True)
+    x = torch.rand((obs.batch_size, *obs.input_shape), device=obs.device).requires_grad_(True)
     counter = FlopCounterMode(display=False)
     with counter:
         total, _ = m.objective(x, labels)
@@ -111,14 +122,15 @@ def _profile(observations, preset: str, options: dict) -> None:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=40))
 
 
-def _attacks(quick: bool) -> None:
+def _attacks(quick: bool, device: torch.device, presets: tuple[str, ...] = ("quick", "fast")) -> None:
     data = lb.load("photos", size=32)
-    model = lb.build(MODEL, input_shape=data.shape, classes=data.num_classes, act="relu")
-    ks = (1, 4, 16) if quick else (1, 4, 16, 64)
-    sample, rounds = (4, 1) if quick else (8, 2)
+    model = lb.build(MODEL, input_shape=data.shape, classes=data.num_classes, act="relu").to(device)
+    gpu = device.type == "cuda"
+    ks = (1, 4, 16) if quick else (1, 4, 16, 64, 256) if gpu else (1, 4, 16, 64)
+    sample, rounds = (4, 1) if quick else (8, 1) if gpu else (8, 2)  # a GPU machine is not shared: one round
     cases = [("quick", 1, {"iterations": 60} if quick else {}), ("fast", 4, {"iterations": 100} if quick else {})]
-    for preset, batch, options in cases:
-        observations = _setup(batch, max(ks), data, model)
+    for preset, batch, options in (c for c in cases if c[0] in presets):
+        observations = _setup(batch, max(ks), data, model, device)
         _stacked(observations[:2], preset, {**options, "iterations": 3}, "vmap")  # warm-up: imports, first calls
         flops, ops = _step_costs(observations, preset, options)
         seq = math.inf
@@ -131,25 +143,27 @@ def _attacks(quick: bool) -> None:
         rows = [[k, seq, best[k, "block"], f"{seq / best[k, 'block']:.2f}", f"{_gpu_ratio(k, flops, ops):.1f}"]
                 for k in ks]
         steps = create("inverting-gradients", preset=preset, **options).options.iterations
-        table(f"Inverting Gradients {preset!r} at B = {batch}, {steps} steps: CPU seconds per trial",
-              ["k", "sequential", "stacked", "ratio", "GPU ratio*"], rows,
-              f"CPU seconds; {MODEL} relu, photos 32×32; sequential: {sample} trials one after the other; stacked: block-diagonal "
-              f"objective; best of {rounds} interleaved rounds; torch threads {torch.get_num_threads()}, {_load()}. "
+        unit = f"wall seconds on {torch.cuda.get_device_name(device)}" if gpu else "CPU seconds"
+        table(f"Inverting Gradients {preset!r} at B = {batch}, {steps} steps: {unit} per trial",
+              ["k", "sequential", "stacked", "ratio", "GPU ratio, estimated*"], rows,
+              f"{unit}; {MODEL} relu, photos 32×32; sequential: {sample} trials one after the other; stacked: "
+              f"block-diagonal objective; best of {rounds} interleaved rounds; torch threads {torch.get_num_threads()}, "
+              f"{_load()}. "
               f"At k = 16 the vmap objective took {best[16, 'vmap']:.4g} s a trial, block {best[16, 'block']:.4g} s.  "
               f"* unmeasured estimate: a step of one problem is {flops / 1e6:.1f} MFLOP in {ops} operators; at "
               f"{LAUNCH * 1e6:.0f} µs an operator and {THROUGHPUT / 1e12:.0f} TFLOP/s it is launch-bound until "
               "k·FLOPs/throughput reaches ops·launch.")
         at16 = seq / min(best[16, m] for m in STACKING)
-        if at16 < 3:
+        if at16 < 3 and not gpu:
             console.print(f"[yellow]k = 16 reaches {at16:.2f}× (target 3×): where the time goes[/yellow]")
             _profile(observations[:16], preset, options)
 
 
-def _training(quick: bool) -> None:
+def _training(quick: bool, device: torch.device) -> None:
     counts = (1, 3) if quick else (1, 3, 8)
     rows = []
     common = dict(epochs=1, batch_size=4, lr=0.01, data_options={"size": 32}, model_options={"act": "relu"},
-                  cache_dir=False)
+                  cache_dir=False, device=str(device))
     if quick:
         common["data_options"] = {"size": 16}
     for defense in ("none", "dpsgd:1,1"):  # warm-up: imports (Opacus), first calls
@@ -159,22 +173,26 @@ def _training(quick: bool) -> None:
     for defense in ("none", "dpsgd:1,1"):
         for k in counts:
             seeds = list(range(k))
-            start = time.process_time()
+            start = _clock(device)
             alone = utility_seeds(MODEL, "photos", defense, seeds=seeds, stacked=False, **common)
-            seq = (time.process_time() - start) / k
-            start = time.process_time()
-            stacked = utility_seeds(MODEL, "photos", defense, seeds=seeds, **common)
-            bat = (time.process_time() - start) / k
+            seq = (_clock(device) - start) / k
+            start = _clock(device)
+            stacked = utility_seeds(MODEL, "photos", defense, seeds=seeds, stacked=True, **common)
+            bat = (_clock(device) - start) / k
             gap = max(abs(a.train_loss - b.train_loss) for a, b in zip(alone, stacked))
             rows.append([defense, k, seq, bat, f"{seq / bat:.2f}×", f"{gap:.1e}"])
-    table("Training seeds for one epoch: CPU seconds per seed", ["defense", "seeds", "one after the other", "stacked",
-                                                              "ratio", "max |Δ loss|"], rows,
+    unit = "wall seconds on the GPU" if device.type == "cuda" else "CPU seconds"
+    table(f"Training seeds for one epoch: {unit} per seed", ["defense", "seeds", "one after the other", "stacked",
+                                                             "ratio", "max |Δ loss|"], rows,
           f"{MODEL} relu on photos {common['data_options']['size']}px, batch 4, lr 0.01; {_load()}.")
 
 
-def run(*, quick: bool = False) -> None:
-    _attacks(quick)
-    _training(quick)
+def run(*, quick: bool = False, device: str = "cpu") -> None:
+    where = torch.device(device)
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {device}: CUDA is not available here")
+    _attacks(quick, where)
+    _training(quick, where)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ def test_bad_options(tmp_path):
     spec.write_text(yaml.safe_dump(SPEC))
     one_line_error(invoke("evaluate", spec, "--workers", "0"), "--workers")
     one_line_error(invoke("evaluate", spec, "--workers", "2", "--ray", "auto"), "--ray")
+    one_line_error(invoke("evaluate", spec, "--stack", "0"), "--stack")
     one_line_error(invoke("evaluate", tmp_path / "absent.yaml"), "no such file")
     one_line_error(invoke("report", tmp_path / "absent.db"), "no such file")
 
@@ -82,3 +83,10 @@ def test_demo_with_a_small_spec_writes_db_report_and_images(tmp_path):
     assert (out / "results.db").is_file() and (out / "report" / "index.html").is_file()
     assert len(list((out / "results-images").glob("*.npz"))) == 4
     assert "Strongest attack S_D" in result.output and str(out / "report" / "index.html") in result.output
+
+
+def test_the_resume_line_keeps_the_stack():
+    from leakbench.cli.evaluate import resume_command
+
+    line = resume_command("s.yaml", "r.db", workers=1, ray=None, retry_failed=False, yes=False, report=None, stack=1)
+    assert line.endswith("--stack 1")

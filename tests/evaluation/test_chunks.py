@@ -71,9 +71,12 @@ def test_utility_seeds_train_together_and_equal_each_seed_alone(tmp_path):
             "attacks": [], "images": 0}
     base = [t for t in plan(load_spec({**spec, "attacks": SPEC["attacks"], "images": 1})) if t.kind == "utility"]
     trials = [dataclasses.replace(base[0], utility={**base[0].utility, "seed": s}) for s in (0, 1, 2)]
-    assert len({batch_group(t) for t in trials}) == 1 and len({t.key for t in trials}) == 3
-    stacked = list(run_chunk(trials))
-    assert {r.timings.get("stacked") for r in stacked} == {3.0}
+    assert len({t.key for t in trials}) == 3
+    assert {batch_group(t) for t in trials} == {None}, "on a CPU seeds train one after the other (measured faster)"
+    on_cuda = [dataclasses.replace(t, device="cuda") for t in trials]  # grouped there (tests/test_cuda.py runs it)
+    assert len({batch_group(t) for t in on_cuda}) == 1 and None not in {batch_group(t) for t in on_cuda}
+    prepared = chunks._utility_group(trials, None)  # the stacked call a CUDA chunk makes, here on the CPU
+    stacked = [run_trial(t, prepared=prepared[t.key]) for t in trials]
     for trial, result in zip(trials, stacked):
         _same(result, run_trial(trial))
     assert len({r.metrics["train_loss"] for r in stacked}) == 3, "three seeds, three runs"
@@ -88,3 +91,24 @@ def test_batched_order_puts_each_group_together():
     assert sorted(t.key for t in ordered) == sorted(t.key for t in trials)
     assert [t.attack for t in ordered] == ["inverting-gradients"] * 4 + ["dlg"] * 4
     assert batch_group(ordered[-1]) is None, "DLG's L-BFGS runs alone"
+
+
+def test_the_spec_stack_bounds_a_chunk_and_one_runs_every_trial_alone():
+    from leakbench.evaluation.chunks import CPU_STACK, stack_size
+
+    default, two, alone = (plan(load_spec({**SPEC, **extra})) for extra in ({}, {"stack": 2}, {"stack": 1}))
+    assert [t.key for t in default] == [t.key for t in two] == [t.key for t in alone], "stack is no part of a key"
+    assert stack_size(default[0]) == CPU_STACK and stack_size(two[0]) == 2 and stack_size(alone[0]) == 1
+    assert batch_group(alone[0]) is None and batch_group(two[0]) is not None
+    results = list(run_chunk(alone))
+    assert all("stacked" not in r.timings for r in results), "stack 1: no batched call"
+    for result, stacked in zip(results, run_chunk(default)):
+        _same(result, stacked)
+
+
+def test_a_stack_out_of_bounds_is_refused_with_the_field_named():
+    from leakbench.errors import ConfigError
+
+    for bad in (0, 10**6):
+        with pytest.raises(ConfigError, match="stack"):
+            load_spec({**SPEC, "stack": bad})

@@ -16,7 +16,7 @@ COMMON = dict(epochs=2, batch_size=8, lr=0.05, model_options={"act": "tanh"}, ca
 def _alone_and_stacked(defense: str, model: str = "cnn:3-4-2-1") -> tuple[list, list]:
     seeds = [0, 1, 2]
     alone = utility_seeds(model, DATA, defense, seeds=seeds, stacked=False, **COMMON)
-    stacked = utility_seeds(model, DATA, defense, seeds=seeds, **COMMON)
+    stacked = utility_seeds(model, DATA, defense, seeds=seeds, stacked=True, **COMMON)
     for a, b in zip(alone, stacked):
         assert not isinstance(b, Exception), b
         assert b.train_loss == pytest.approx(a.train_loss, rel=1e-5)
@@ -47,5 +47,15 @@ def test_defenses_that_cannot_stack_say_why_and_still_train_each_seed():
     assert "dropout" in seeds_refusal(parse("dropout:0.2"), model)
     assert "local steps" in seeds_refusal(parse("local:2,0.05"), model)
     assert seeds_refusal(parse("dpsgd:1,1+noise:0.1"), model) is None
-    out = utility_seeds("mlp:16", DATA, "dropout:0.2", seeds=[0, 1], **COMMON)
+    out = utility_seeds("mlp:16", DATA, "dropout:0.2", seeds=[0, 1], stacked=True, **COMMON)
     assert all(isinstance(r, lb.evaluation.UtilityResult) for r in out)
+
+
+def test_seeds_stack_by_default_on_cuda_only():
+    from unittest import mock
+
+    from leakbench.evaluation import utility
+
+    with mock.patch.object(utility, "train_seeds", side_effect=AssertionError("stacked on a CPU")) as called:
+        out = utility_seeds("mlp:16", DATA, "none", seeds=[0, 1], **COMMON)
+    assert not called.called and all(isinstance(r, lb.evaluation.UtilityResult) for r in out)

@@ -161,3 +161,28 @@ def test_round_trip_through_the_store_keeps_units_and_per_image_scores(tmp_path)
     assert best["prune:0.9"].sd.n == 4 and set(best["prune:0.9"].sd_per_batch) == {(0, i) for i in range(4)}
     v = verdicts(privacy_utility(list(best.values()), {}), (math.inf,))[0]
     assert v.status == "decided" and v.defense == "prune:0.9"
+
+
+def test_a_setting_whose_cost_straddles_the_budget_is_reported_beside_the_pick_as_a_tie():
+    # prune leaks least but costs 0.08 ± ~0.1 (its interval straddles 0.1); clip is surely within 0.1
+    rows = [*attack_rows("none", noisy(0.05)), *attack_rows("prune:0.9", noisy(0.25, seed=1)),
+            *attack_rows("clip:1", noisy(0.15, seed=2)),
+            *utility_rows("none", [1.00, 1.00, 1.00]), *utility_rows("prune:0.9", [1.00, 1.16, 1.08]),
+            *utility_rows("clip:1", [1.01, 1.02, 1.015])]
+    found = decide(rows, (0.1, 0.5, math.inf))
+    v = found[0.1]
+    assert v.defense == "clip:1" and v.edge == ["prune:0.9"] and v.status == "tied" and v.tied == []
+    from leakbench.report.verdict_text import decision
+
+    assert "straddles the budget" in decision(v) and "prune:0.9" in decision(v)
+    # a budget the whole interval fits, or the interval lies above: no edge, decided
+    assert found[0.5].defense == "prune:0.9" and found[0.5].edge == [] and found[0.5].status == "decided"
+    rows_far = [r for r in rows if not (r["kind"] == "utility" and r["defense"] == "prune:0.9")]
+    rows_far += utility_rows("prune:0.9", [1.30, 1.31, 1.32])
+    v = decide(rows_far, (0.1,))[0.1]
+    assert v.defense == "clip:1" and v.edge == [] and v.status == "decided"
+    # an edge setting that would lose anyway is not listed
+    rows_weak = [r for r in rows if not (r["kind"] == "attack" and r["defense"] == "prune:0.9")]
+    rows_weak += attack_rows("prune:0.9", noisy(0.07, seed=1))
+    v = decide(rows_weak, (0.1,))[0.1]
+    assert v.defense == "clip:1" and v.edge == [] and v.status == "decided"

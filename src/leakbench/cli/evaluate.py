@@ -26,7 +26,7 @@ from rich.text import Text
 from ..errors import ConfigError
 from ..evaluation import Store, Sweep, SweepSummary, load_spec, strongest
 from ..evaluation.preflight import check_size, preflight
-from ..evaluation.spec import MAX_TRIALS
+from ..evaluation.spec import MAX_STACK, MAX_TRIALS
 from ..evaluation.strongest import Strongest
 from ..report import write_report
 from .common import app, check_out_dir, clean, console, err_console, reports_errors
@@ -101,12 +101,13 @@ def print_failures(store: Store, keys: Mapping[str, Any], limit: int = 5) -> Non
 
 
 def resume_command(spec: Path, db: Path, *, workers: int, ray: str | None, retry_failed: bool, yes: bool,
-                   report: Path | None) -> str:
+                   report: Path | None, stack: int | None = None) -> str:
     """The exact ``leakbench evaluate`` command line that resumes this sweep."""
     parts = ["leakbench", "evaluate", str(spec), "--db", str(db)]
     parts += ["--workers", str(workers)] if workers != 1 else []
     parts += ["--ray", ray] if ray is not None else []
     parts += ["--retry-failed"] if retry_failed else []
+    parts += ["--stack", str(stack)] if stack is not None else []
     parts += ["--yes"] if yes else []
     parts += ["--report", str(report)] if report is not None else []
     return " ".join(shlex.quote(p) for p in parts)
@@ -131,6 +132,9 @@ def evaluate_command(
                                       f"(default {MAX_TRIALS:,} trials).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Add this sweep to a store that holds another one "
                                         "(its trials stay and are reported too).")] = False,
+    stack: Annotated[int | None, typer.Option(
+        help="Most trials of one shape solved as one batched call, overriding the spec's stack (default: the "
+             "device's measured best; 1: every trial alone).")] = None,
 ) -> None:
     """Run (or resume) a sweep: every finished trial is committed to --db at once; done trials are skipped.
 
@@ -148,6 +152,10 @@ def evaluate_command(
 
         spec = preset_path(preset)
     sweep_spec = load_spec(spec)
+    if stack is not None:
+        if not 1 <= stack <= MAX_STACK:
+            raise ConfigError(f"expected --stack between 1 and {MAX_STACK}, got {stack} (1 runs every trial alone)")
+        sweep_spec = sweep_spec.model_copy(update={"stack": stack})
     if yes:
         total = check_size(sweep_spec, yes=True)
         sweep_spec = sweep_spec.model_copy(update={"max_trials": max(total, sweep_spec.max_trials or 1)})
@@ -159,7 +167,8 @@ def evaluate_command(
         check_out_dir(report, "--report")  # before any trial runs
     sweep = Sweep(sweep_spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials,
                   force=force, check=False)
-    again = resume_command(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, yes=yes, report=report)
+    again = resume_command(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, yes=yes, report=report,
+                           stack=stack)
     for note in sweep.notes:
         err_console.print(Text(clean(note), style="yellow"), soft_wrap=True, highlight=False)
     try:

@@ -3,7 +3,8 @@
 Attack trials that differ only in their images and seeds (same data, model, defense, B, attack, preset and
 options: :func:`batch_group`) go to :func:`leakbench.attacks.attack_batch` together, which stacks the
 gradient-matching ones into one optimisation.  Utility trials that differ only in their training seed train
-together (:func:`~.utility.utility_seeds`).  Every other trial runs alone.  Each trial is then finished by
+together on CUDA (:func:`~.utility.utility_seeds`; on a CPU the stacked step measured slower than the seeds one
+after the other).  Every other trial runs alone.  Each trial is then finished by
 :func:`~.trial.run_trial` with its batched result (``prepared``): the same scoring, the same per-trial
 failure, n/a and non-finite checks as a trial run alone, one :class:`~.trial.TrialResult` each — a NaN trial
 fails alone, its chunk-mates are untouched.
@@ -53,13 +54,16 @@ def _stackable_attack(name: str, preset: str | None, options_json: str) -> bool:
 
 
 def batch_group(trial: TrialSpec) -> tuple | None:
-    """Trials with the same (non-None) group can run in one batched call; None: the trial runs alone."""
+    """Trials with the same (non-None) group can run in one batched call; None: the trial runs alone (also
+    every trial of a sweep whose ``stack`` is 1)."""
+    if trial.stack == 1:
+        return None
     if trial.kind == "attack" and not trial.server:
         if not _stackable_attack(trial.attack, trial.preset, json.dumps(trial.options, sort_keys=True, default=str)):
             return None
         fixed = {k: v for k, v in trial.identity().items() if k not in ATTACK_FREE}
-    elif trial.kind == "utility":
-        fixed = trial.identity()
+    elif trial.kind == "utility" and trial.device.startswith("cuda"):  # on a CPU stacked training is slower
+        fixed = trial.identity()                                       # (:func:`~.utility.utility_seeds`)
         fixed["utility"] = {k: v for k, v in dict(trial.utility).items() if k != "seed"}
     else:
         return None
@@ -77,9 +81,12 @@ def batched_order(trials: Iterable[TrialSpec]) -> list[TrialSpec]:
 
 
 def stack_size(trial: TrialSpec) -> int:
-    """How many trials of ``trial``'s group a chunk should hold (1 for a trial that runs alone)."""
+    """How many trials of ``trial``'s group a chunk should hold (1 for a trial that runs alone): the sweep's
+    ``stack`` where it sets one, else :data:`CUDA_CHUNK` on CUDA and :data:`CPU_STACK` on a CPU."""
     if batch_group(trial) is None:
         return 1
+    if trial.stack is not None:
+        return int(trial.stack)
     return CUDA_CHUNK if trial.device.startswith("cuda") else CPU_STACK
 
 
@@ -192,7 +199,7 @@ def _utility_group(trials: list[TrialSpec], cache_dir) -> dict[str, Any]:
     arguments.pop("seed")
     seeds = [int(dict(t.utility).get("seed", 0)) for t in trials]
     with _Threads(trials[0].threads):
-        results = utility_seeds(seeds=seeds, **arguments)
+        results = utility_seeds(seeds=seeds, stacked=True, **arguments)
     return {t.key: r for t, r in zip(trials, results)}
 
 

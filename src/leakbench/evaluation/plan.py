@@ -70,8 +70,8 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
     """The trials of ``spec`` in run order (utility trials first), without duplicates."""
     trials: dict[str, TrialSpec] = {}
     defenses = spec.defense_specs()
-    common = dict(device=spec.device, threads=spec.threads, trial_seconds=spec.budget.trial_seconds,
-                  save_images=spec.save_images)
+    common = dict(device=spec.device, threads=spec.threads, stack=spec.stack,
+                  trial_seconds=spec.budget.trial_seconds, save_images=spec.save_images)
     for d in spec.datasets:
         for m in spec.models:
             base = dict(dataset=d.name, data_options=dict(d.options), dataset_key=d.key, model=m.spec,

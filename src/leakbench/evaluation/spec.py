@@ -46,6 +46,8 @@ from .specsource import pydantic_message, read_spec
 MAX_SEED = 2**63
 #: torch threads a trial may ask for (a larger value is a typo, not a machine).
 MAX_THREADS = 1024
+#: the most trials a spec's ``stack`` may solve as one batched call
+MAX_STACK = 4096
 RULE_KEYS = ("dataset", "model", "batch_size", "attack", "defense", "seed")
 
 
@@ -401,6 +403,9 @@ class SweepSpec(_Strict):
     exclude: list[dict[str, Any]] = Field(default_factory=list)
     device: str = "cpu"
     threads: int = Field(1, ge=1, le=MAX_THREADS)
+    #: the most trials of one shape solved as one batched call (None: measured per device, see
+    #: ``evaluation.chunks``; 1: every trial alone, as before batching)
+    stack: int | None = Field(None, ge=1, le=MAX_STACK)
     save_images: bool = True
     max_trials: int | None = Field(None, ge=1)  # the largest sweep this spec may plan (default MAX_TRIALS)
 
@@ -484,4 +489,4 @@ def dump_spec(spec: SweepSpec) -> str:
 __all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "ServerEntry", "TargetEntry", "WeightsEntry",
            "MembershipEntry", "MEMBERSHIP_SETTINGS", "SERVER_MOVES", "TrainingEntry", "AttackEntry", "DefenseEntry",
            "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "ReplicateEntry", "RULE_KEYS", "load_spec",
-           "check_names", "dump_spec", "MAX_SPEC_NODES", "MAX_TRIALS", "MAX_SEED", "MAX_THREADS"]
+           "check_names", "dump_spec", "MAX_SPEC_NODES", "MAX_TRIALS", "MAX_SEED", "MAX_THREADS", "MAX_STACK"]

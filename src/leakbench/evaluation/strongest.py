@@ -441,6 +441,14 @@ class UtilityLoss:
             return True
         return self.interval.known and self.interval.high <= budget
 
+    def at_edge(self, budget: float) -> bool:
+        """The cost may or may not fit a finite ``budget`` at this n: not :meth:`within` it, yet its interval's
+        lower end (the mean, with one seed) is ≤ u."""
+        if not self.measured or math.isinf(budget) or self.within(budget):
+            return False
+        low = self.interval.low if self.interval.known else self.mean
+        return low is not None and low <= budget
+
     @property
     def gain(self) -> bool:
         """The measured change is negative (a gain); :attr:`interval` says whether it overlaps zero."""
@@ -568,7 +576,9 @@ class Verdict:
     candidate), ``tied`` (``defense`` has the highest mean S_D but ``tied`` are not significantly below it),
     ``undecided`` (too few batches) or ``none`` (no candidate fits the budget).  ``margin``: S_D of the pick
     minus the next candidate's (paired by batch) — or, for ``stops``, the undefended run's distance from
-    chance.  ``n``: the batches the pick rests on; ``seeds``: the training seeds of its utility.
+    chance.  ``n``: the batches the pick rests on; ``seeds``: the training seeds of its utility.  ``edge``:
+    settings whose cost interval straddles the budget (:meth:`UtilityLoss.at_edge`) and that would be named or
+    tied if admitted — a ``decided`` verdict with an edge is reported as ``tied``: more training seeds decide it.
     """
 
     threat_model: str
@@ -596,6 +606,7 @@ class Verdict:
     excluded: dict[str, str] = field(default_factory=dict)
     incomplete: str | None = None
     baseline_sd: Interval = EMPTY
+    edge: list[str] = field(default_factory=list)
 
 
 def _cost_key(p: PrivacyUtilityPoint) -> float:
@@ -628,6 +639,15 @@ def _decide(pts: Sequence[PrivacyUtilityPoint]) -> tuple[str, PrivacyUtilityPoin
     return ("tied" if tied else "decided"), pick, sorted(tied), margin
 
 
+def _edge(ok: Sequence[PrivacyUtilityPoint], edge: Sequence[PrivacyUtilityPoint]) -> list[str]:
+    """The settings of ``edge`` (cost undetermined at the budget) that would be named or tied beside ``ok``."""
+    if not edge:
+        return []
+    _, pick, tied, _ = _decide([*ok, *edge])
+    names = {p.defense for p in edge}
+    return sorted(d for d in {pick.defense, *tied} if d in names)
+
+
 def verdicts(points: Iterable[PrivacyUtilityPoint], budgets: Sequence[float] = BUDGETS) -> list[Verdict]:
     """Per (threat model, dataset, model, batch size) and budget u: the decision among the defenses within u.
 
@@ -635,7 +655,8 @@ def verdicts(points: Iterable[PrivacyUtilityPoint], budgets: Sequence[float] = B
     0) — diverged ones never, unmeasured ones only at u = inf.  Then (:data:`VERDICT_STATUSES`): the cheapest
     setting that stops every attack (others that do are listed as equivalent), else the highest S_D with every
     setting not significantly below it (paired bootstrap over batches) listed as tied.  Ties are never broken by
-    a name.
+    a name.  Settings whose cost interval straddles u and that would be named or tied if admitted are listed as
+    ``edge`` (and turn ``decided`` into ``tied``): the budget does not decide between them at this n.
     """
     groups: dict[tuple, list[PrivacyUtilityPoint]] = {}
     for p in points:
@@ -660,6 +681,9 @@ def verdicts(points: Iterable[PrivacyUtilityPoint], budgets: Sequence[float] = B
                 v.defense, v.attack, v.rmse, v.utility_loss = pick.defense, pick.attack, pick.rmse, pick.utility_loss
                 v.gain, v.epsilon, v.chance_rmse = pick.gain, pick.epsilon, pick.chance_rmse
                 v.n, v.sd, v.utility, v.seeds = pick.sd.n, pick.sd, pick.utility, pick.utility.interval.n
+            v.edge = _edge(ok, [p for p in scored if not p.diverged and p.defense != "none" and p.utility.at_edge(u)])
+            if v.edge and v.status == "decided":
+                v.status = "tied"
             out.append(v)
     return out
 

@@ -39,7 +39,8 @@ THREAT_MODELS = ("eavesdropper", "informed-eavesdropper", "malicious-server", "p
 BOUND_ARGUMENTS = {"noise": ("sigma", "sigma"), "clip": ("clip", "C"), "prune": ("prune", "p")}
 STATUSES = ("pending", "running", "done", "failed", "timed out", "n/a")
 #: fields of a :class:`TrialSpec` that do not change its result (labels and execution settings).
-NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "trial_seconds", "save_images")
+NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "stack", "trial_seconds",
+                "save_images")
 
 
 #: fields added after the first store format; empty values leave a trial's key as it was.
@@ -105,6 +106,7 @@ class TrialSpec:
     attack_key: str = ""
     device: str = "cpu"
     threads: int = 1
+    stack: int | None = None  # the most trials solved as one batched call (None: the device's default)
     trial_seconds: float | None = None
     save_images: bool = True
 

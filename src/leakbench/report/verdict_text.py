@@ -41,7 +41,15 @@ def _names(names: Sequence[str], most: int = 3) -> str:
 
 
 def decision(v: Verdict) -> str:
-    """The decision of one verdict in a few words (HTML)."""
+    """The decision of one verdict in a few words (HTML), with the settings at the budget's edge."""
+    text = _decision(v)
+    if v.edge:
+        text += (f"; {'or ' if v.defense is not None and v.status != 'none' else ''}{_names(v.edge)}, whose cost "
+                 "interval straddles the budget (more training seeds decide it)")
+    return text
+
+
+def _decision(v: Verdict) -> str:
     eps = f" (ε = {v.epsilon:.2f})" if finite(v.epsilon) else ""
     if v.status == "none" or v.defense is None:
         return "no defense fits this budget"
