@@ -24,6 +24,10 @@ class NothingRecovered(LeakbenchError):
     """An attack ran but determined nothing about the batch: it returns no reconstruction (never a flat image)."""
 
 
+class BudgetExceeded(LeakbenchError):
+    """Work ran past a time budget (a trial's ``budget.trial_seconds``, a sweep's ``budget.sweep_minutes``)."""
+
+
 class DataNotFound(LeakbenchError, FileNotFoundError):
     """A dataset's files are absent; the message says where to put them."""
 

@@ -20,6 +20,7 @@ from ..attacks import Reconstruction, create as create_attack, preset_revision
 from ..data import DATASETS
 from ..defenses import parse as parse_defense
 from ..errors import ConfigError, LeakbenchError, UnsupportedThreatModel
+from ..evaluation.preflight import MAX_ATTACK_WORK, attack_work
 from ..evaluation.trial import TrialSpec, dataset_for, run_trial
 from ..losses import LOSSES
 from ..metrics import score_columns
@@ -107,6 +108,10 @@ def trial_spec(spec: RunSpec) -> TrialSpec:
 def execute(spec: RunSpec, *, progress: bool) -> RunResult:
     """Load the data, build the model, observe one batch, attack it and score the reconstruction (the trial core)."""
     check_spec(spec)
+    work = attack_work(spec.attack, spec.preset, dict(spec.options), "--option")
+    if work > MAX_ATTACK_WORK:
+        raise ConfigError(f"--option: about {work:,} optimisation steps (iterations × restarts × … of the preset "
+                          f"with your options), more than {MAX_ATTACK_WORK:,}; lower them")
     trial = trial_spec(spec)
     with (rich_progress(spec.attack) if progress else contextlib.nullcontext(None)) as report:
         result = run_trial(trial, progress=report, strict=True)

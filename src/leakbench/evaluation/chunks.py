@@ -28,7 +28,9 @@ from typing import Any
 
 import torch
 
-from .trial import TrialResult, TrialSpec, TrialTimeout, run_trial
+from ..budget import check_time, time_limit
+from ..errors import BudgetExceeded
+from .trial import SWEEP_BUDGET, TrialResult, TrialSpec, TrialTimeout, run_trial
 
 #: trials stacked per batched call on a CPU: measured fastest per trial on 2 cores (IG quick B = 1 / fast B = 4 on
 #: the demo CNN, s a trial at k = 8/16/32/64: 0.093/0.067/0.056/0.050 and 0.161/0.160/0.107/0.110); 64 adds
@@ -130,6 +132,7 @@ class _Deadline:
         self.limit, self.count, self.start = limit, count, time.perf_counter()
 
     def __call__(self, done: int, total: int, loss: float) -> None:
+        check_time(f"the batched call of {self.count} trials ran {done} of {total} steps")
         if self.limit is not None and time.perf_counter() - self.start > self.limit:
             raise TrialTimeout(f"ran {done} of {total} steps: the batched call of {self.count} trials exceeded "
                                f"their summed budget.trial_seconds ({self.limit:g} s)")
@@ -214,9 +217,15 @@ def run_chunk(trials: Iterable[TrialSpec], *, cache_dir: str | Path | None = Non
         prepared: dict[str, Any] = {}
         started = time.perf_counter()
         if len(members) > 1:
+            head = members[0]
+            own = _budget(members) if head.kind == "utility" else None  # training is a utility trial's work
             try:
-                run = _attack_group if members[0].kind == "attack" else _utility_group
-                prepared = run(members, cache_dir)
+                run = _attack_group if head.kind == "attack" else _utility_group
+                with time_limit(until=head.deadline, what=SWEEP_BUDGET), \
+                        time_limit(own, "budget.trial_seconds (summed over the stack)"):
+                    prepared = run(members, cache_dir)
+            except BudgetExceeded as err:  # out of time: each trial is timed out, none runs again alone
+                prepared = {t.key: err for t in members}
             except Exception:  # noqa: BLE001 (each trial then runs alone and reports its own error)
                 prepared = {}
         share = (time.perf_counter() - started) / len(members)

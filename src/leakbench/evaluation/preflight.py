@@ -15,8 +15,9 @@ then fails every trial at run time:
 - the work a user value sizes (:func:`check_work`): an attack's iterations × restarts × ... (bounded at run
   time by ``budget.trial_seconds`` when it is set, else refused past :data:`MAX_ATTACK_WORK`), any single
   loop option past :data:`MAX_LOOP`, and training (model ``training.epochs``, ``utility.epochs``, a
-  published target's ``steps``) past :data:`MAX_TRAIN_SAMPLES` samples — the budget does not stop training,
-  so it is refused here with the estimate.
+  published target's ``steps``) past :data:`MAX_TRAIN_SAMPLES` samples, refused here with the estimate; below
+  it, ``budget.sweep_minutes`` (every trial) and ``budget.trial_seconds`` (a utility trial) stop training at
+  run time (:mod:`leakbench.budget`).
 
 Errors are :class:`~leakbench.errors.ConfigError` lines naming the spec field
 (``datasets[0].options``, ``models[1] on datasets[0]``, ``threat``...).
@@ -106,7 +107,7 @@ STEP_OPTIONS = ("iterations", "inversion_iterations", "lbfgs_max_iter", "iters_r
 MAX_LOOP = 10**7
 #: the largest product of an attack's loop options without ``budget.trial_seconds`` (the largest preset: 10⁸).
 MAX_ATTACK_WORK = 10**9
-#: the most samples one training run may pass over (epochs × samples; the budget does not stop training).
+#: the most samples one training run may pass over (epochs × samples), budget or not.
 MAX_TRAIN_SAMPLES = 10**9
 
 
@@ -123,8 +124,8 @@ def attack_work(name: str, preset: str | None, options: dict[str, Any], where: s
         value = getattr(chosen, option, None)
         if isinstance(value, int) and not isinstance(value, bool):
             if value > MAX_LOOP:
-                raise ConfigError(f"field {where}.options.{option}: expected at most {MAX_LOOP:,}, got {value:,}; "
-                                  f"lower it")
+                field = f"{where} {option}=" if where.startswith("--") else f"field {where}.options.{option}"
+                raise ConfigError(f"{field}: expected at most {MAX_LOOP:,}, got {value:,}; lower it")
             work *= max(1, value)
     return work
 
@@ -147,7 +148,7 @@ def check_work(spec: SweepSpec) -> None:
             k = i if i < len(spec.weights) else i - len(spec.weights)
             raise ConfigError(f"field {section}[{k}].target.options.steps: training would pass about "
                               f"{steps * samples:,} samples ({steps:,} steps × {samples:,}), more than "
-                              f"{MAX_TRAIN_SAMPLES:,} (budgets do not stop training); lower steps")
+                              f"{MAX_TRAIN_SAMPLES:,}; lower steps")
 
 
 def _check_training(spec: SweepSpec, i: int, n: int, key: str) -> None:
@@ -158,8 +159,8 @@ def _check_training(spec: SweepSpec, i: int, n: int, key: str) -> None:
     for field_name, epochs in runs:
         if epochs * n > MAX_TRAIN_SAMPLES:
             raise ConfigError(f"field {field_name}: training on datasets[{i}] ({key}) would pass about "
-                              f"{epochs * n:,} samples ({epochs:,} epochs × {n:,}), more than {MAX_TRAIN_SAMPLES:,} "
-                              "(budgets do not stop training); lower epochs or the dataset's limit")
+                              f"{epochs * n:,} samples ({epochs:,} epochs × {n:,}), more than {MAX_TRAIN_SAMPLES:,}; "
+                              "lower epochs or the dataset's limit")
 
 
 def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:

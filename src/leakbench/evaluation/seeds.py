@@ -27,6 +27,7 @@ from ..data import ImageDataset
 from ..defenses import DPSGD, Defense, parts_of
 from ..defenses.gradient import randn_like
 from ..defenses.pipeline import plan_for
+from ..budget import check_time
 from ..errors import ConfigError
 from ..losses import get_loss
 
@@ -125,6 +126,7 @@ def train_seeds(models: Sequence[nn.Module], datas: Sequence[ImageDataset], *, s
         for i in range(0, n, batch_size):
             if steps >= rounds:
                 break
+            check_time(f"training {k} seeds ({steps:,} of {rounds:,} steps)")
             idx = orders[:, i:i + batch_size]
             x, y = images[rows, idx], labels[rows, idx]
             seen += int(idx.shape[1])

@@ -14,6 +14,7 @@ of the trials in flight, so nothing is lost and nothing is repeated.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from .preflight import check_size, preflight
 from .runners import Runner, capped_workers, make_runner
 from .spec import SweepSpec, dump_spec, load_spec
 from .store import RETRYABLE, Store
-from .trial import TrialResult, TrialSpec, worker_id
+from .trial import SWEEP_BUDGET, TrialResult, TrialSpec, worker_id
 
 #: statuses that count as finished (not run again).
 FINISHED = ("done", "n/a")
@@ -92,6 +93,8 @@ class Sweep:
 
     def _feed(self, todo: list[TrialSpec], start: float) -> Iterator[TrialSpec]:
         budget = self.spec.budget.sweep_minutes
+        # the sweep's end as a wall-clock time: every loop of a trial (training too) stops there, in any process
+        end = None if budget is None else time.time() + 60 * budget - (time.perf_counter() - start)
         for i, trial in enumerate(todo):
             if self.max_trials is not None and i >= self.max_trials:
                 self.stopped = "max_trials"
@@ -101,9 +104,15 @@ class Sweep:
                 return
             if self.store.claim([trial.key], self.worker, retry_failed=self.retry_failed):
                 self._claimed.add(trial.key)
-                yield trial
+                yield trial if end is None else dataclasses.replace(trial, deadline=end)
 
     def _commit(self, result: TrialResult) -> None:
+        if result.status == "timed out" and SWEEP_BUDGET in (result.error or ""):
+            # cut by the sweep's end, not by its own budget: back to pending, so the resumed sweep runs it
+            self.store.release([result.key], self.worker)
+            self._claimed.discard(result.key)
+            self.stopped = "budget.sweep_minutes"
+            return
         files = save_trial_files(self.store.images_dir, result) if result.arrays else {}
         result.arrays = {}
         self.store.commit(result, files)

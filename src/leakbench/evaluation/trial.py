@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import LeakbenchError, UnsupportedThreatModel
+from ..budget import check_time, time_limit
+from ..errors import BudgetExceeded, LeakbenchError, UnsupportedThreatModel
 
 KINDS = ("attack", "utility", "bound", "weights", "membership")
 #: the threat models a trial can assume (the usual taxonomy; :func:`threat_model` says which one a trial has).
@@ -40,7 +41,7 @@ BOUND_ARGUMENTS = {"noise": ("sigma", "sigma"), "clip": ("clip", "C"), "prune": 
 STATUSES = ("pending", "running", "done", "failed", "timed out", "n/a")
 #: fields of a :class:`TrialSpec` that do not change its result (labels and execution settings).
 NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "stack", "trial_seconds",
-                "save_images")
+                "save_images", "deadline")
 
 
 #: fields added after the first store format; empty values leave a trial's key as it was.
@@ -70,7 +71,11 @@ def threat_model(spec: dict[str, Any]) -> str:
     return "eavesdropper"
 
 
-class TrialTimeout(LeakbenchError):
+#: what a loop cut by the sweep's end names (:func:`run_trial`); the sweep puts such a trial back to pending
+SWEEP_BUDGET = "budget.sweep_minutes"
+
+
+class TrialTimeout(BudgetExceeded):
     """A trial ran past the spec's ``budget.trial_seconds``."""
 
 
@@ -109,6 +114,8 @@ class TrialSpec:
     stack: int | None = None  # the most trials solved as one batched call (None: the device's default)
     trial_seconds: float | None = None
     save_images: bool = True
+    #: the sweep's end (``time.time()``, from ``budget.sweep_minutes``): every loop of the trial stops there
+    deadline: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -283,6 +290,7 @@ class _Clock:
     def progress(self, done: int, total: int, loss: float) -> None:
         if self.report is not None:
             self.report(done, total, loss)
+        check_time(f"the attack ran {done} of {total} steps")
         if self.limit is not None and time.perf_counter() - self._budget_start > self.limit:
             raise TrialTimeout(f"ran {done} of {total} steps: the attack exceeded budget.trial_seconds={self.limit:g}")
 
@@ -304,7 +312,10 @@ def run_trial(spec: TrialSpec, *, cache_dir: str | Path | None = None, progress=
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, int(spec.threads)))
     try:
-        with torch.random.fork_rng(devices=[]):
+        # the sweep's end bounds every loop; a utility trial's training is its work, so trial_seconds bounds it too
+        own = spec.trial_seconds if spec.kind == "utility" else None
+        with torch.random.fork_rng(devices=[]), time_limit(until=spec.deadline, what=SWEEP_BUDGET), \
+                time_limit(own, "budget.trial_seconds"):
             torch.manual_seed(spec.seed)
             run = _runner(spec.kind)
             result = run(spec, clock, cache_dir)
@@ -318,7 +329,7 @@ def run_trial(spec: TrialSpec, *, cache_dir: str | Path | None = None, progress=
         if strict:
             raise
         result = TrialResult(key=spec.key, status="n/a", error=str(err))
-    except TrialTimeout as err:  # the wall-clock guard: shown as "timed out", never silently dropped from S_D
+    except BudgetExceeded as err:  # the wall-clock guards: shown as "timed out", never silently dropped from S_D
         result = TrialResult(key=spec.key, status="timed out", error=str(err))
     except Exception as err:  # recorded with the trial, the sweep goes on
         if strict:

@@ -31,6 +31,7 @@ from torch import nn
 
 from ..data import ImageDataset, load
 from ..defenses import DPSGD, Defense, LocalSteps, SecureAggregation, parse, parts_of, share
+from ..budget import check_time
 from ..errors import ConfigError
 from ..losses import get_loss
 from ..models import build
@@ -174,6 +175,7 @@ def train_model(model: nn.Module, data: ImageDataset, *, defense: str | Defense 
         for i in range(0, n, batch_size):
             if steps >= rounds:
                 break
+            check_time(f"training ({steps:,} of {rounds:,} steps)")
             idx = order[i:i + batch_size]
             seen += cost * int(idx.numel())
             params = {name: p.detach() for name, p in named}

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..budget import check_time
 from ..errors import ConfigError, expect
 from ..losses import LOSSES, get_loss
 from .init import weighted_layers
@@ -404,6 +405,7 @@ def _record(history: list[tuple[int, float]], step: int, log_value: float, log_t
             progress: Any, *, final: bool = False) -> bool:
     """Log the loss every ``every`` steps (and at the end, or when ``final``); raise on divergence; True when
     training is done."""
+    check_time(f"training the target ({step:,} of {steps:,} steps)")
     value = math.exp(min(log_value, 700.0))
     done = final or log_value < log_tol or step >= steps
     if step % every == 0 or done:
