@@ -110,3 +110,14 @@ def test_vmap_and_block_stacking_agree():
         labels = [recover_labels(o) for o in observations]
         images[mode] = [r.images for r in StackedMatching(matchers, labels, stacking=mode).run([0, 1, 2])]
     assert all(torch.allclose(a, b, atol=1e-9, rtol=0) for a, b in zip(images["vmap"], images["block"]))
+
+
+def test_unique_label_features_stack_too():
+    model = lb.build("cnn:3-4-2-1", input_shape=DATA.shape, classes=10, act="sigmoid", seed=0).double()
+    by_label = [torch.nonzero(DATA.labels == c).flatten().tolist() for c in range(10)]
+    batches = [[by_label[0][0], by_label[0][1], by_label[1][0], by_label[2][0]],
+               [by_label[3][0], by_label[4][0], by_label[5][0], by_label[6][0]]]
+    observations = [lb.observe(model, *(lambda x, y: (x.double(), y))(*DATA.batch(indices=idx))) for idx in batches]
+    stacked = _same_as_alone("inverting-gradients", observations, preset="fast", iterations=10,
+                             features_labels="unique")
+    assert [r.trace["features"]["labels"] for r in stacked] == [2, 4]

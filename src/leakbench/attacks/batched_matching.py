@@ -135,14 +135,14 @@ class StackedMatching:
         width = max(len(f.features) for f in found)
         b = self.obs.batch_size
         feats, onehot, counts, mask = [], [], [], []
-        for f in found:
+        for m, f in zip(ms, found):
             g = len(f.features)
             feats.append(torch.cat([f.features, f.features.new_zeros(width - g, f.features.shape[1])]))
             hot = torch.zeros(b, width, dtype=f.features.dtype, device=f.features.device)
             hot[torch.arange(b, device=hot.device), f.groups] = 1.0
             onehot.append(hot)
             counts.append(hot.sum(0).clamp_min(1.0)[:, None])
-            mask.append((torch.arange(width, device=hot.device) < g).to(hot.dtype))
+            mask.append(torch.cat([m._feature_weight, hot.new_zeros(width - g)]))  # real, matched label rows
         return _Rows(targets, labels, stack(feats), stack(onehot), stack(counts), stack(mask))
 
     # -- the per-row objective ---------------------------------------------------------------

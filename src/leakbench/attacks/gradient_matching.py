@@ -86,6 +86,10 @@ class MatchingSettings:
     #: the smallest batch the feature term is used at (at B = 1 the output layer's gradient is δ zᵀ: the cosine
     #: already pins the one image's features, and the term only reweighs the objective)
     features_from: int = 2
+    #: which labels' features the term matches: ``all``, or ``unique`` — only labels that one image of the batch
+    #: carries (a shared label's feature is the mean of several images', a weak pull that measured a cost on
+    #: label-skewed batches; issue 34)
+    features_labels: str = "all"
 
     def check(self) -> None:
         expect(self.iterations >= 1, f"expected iterations ≥ 1, got {self.iterations}")
@@ -98,6 +102,8 @@ class MatchingSettings:
         expect(self.trace_every >= 1, f"expected trace_every ≥ 1, got {self.trace_every}")
         expect(math.isfinite(self.features) and self.features >= 0,
                f"expected features ≥ 0, got {self.features} (option features)")
+        expect(self.features_labels in ("all", "unique"),
+               f"expected features_labels 'all' or 'unique', got {self.features_labels!r} (option features_labels)")
         expect(self.features_from >= 1, f"expected features_from ≥ 1, got {self.features_from} (option features_from)")
         expect(0 <= self.feature_phase < 1, f"expected 0 ≤ feature_phase < 1, got {self.feature_phase} (option feature_phase)")
         expect(not (self.batched_restarts and self.features > 0),
@@ -367,6 +373,12 @@ class GradientMatcher:
         if math.isfinite(found.residual):
             entry["residual"] = found.residual
         if found.features is not None:
+            counts = torch.bincount(found.groups, minlength=len(found.features))
+            weight = (counts == 1) if self.s.features_labels == "unique" else counts > 0
+            if not bool(weight.any()):
+                return {**entry, "used": False, "reason": "no label is carried by one image only (features_labels="
+                        "unique): each recovered feature is a mean over several images"}
+            self._feature_weight = weight.to(found.features.dtype)
             layer = dict(self.model.named_modules())[found.layer]
             if not self._feature_hooked:
                 layer.register_forward_hook(self._record_feature_input)
@@ -374,7 +386,7 @@ class GradientMatcher:
             self._feature_target = found
             self._feature_counts = torch.bincount(found.groups, minlength=len(found.features)).to(
                 found.features.dtype)[:, None]
-            entry["labels"] = len(found.features)
+            entry["labels"] = int(weight.sum())
         return entry
 
     def _record_feature_input(self, _module, inputs, _output) -> None:
@@ -384,7 +396,8 @@ class GradientMatcher:
         """Mean over labels of ‖mean input of the label's slots − recovered‖² / ‖recovered‖²."""
         found, z = self._feature_target, self._feature_in
         means = torch.zeros_like(found.features).index_add(0, found.groups, z.reshape(len(z), -1)) / self._feature_counts
-        return ((means - found.features).pow(2).sum(1) / found.features.pow(2).sum(1).clamp_min(1e-30)).mean()
+        ratio = (means - found.features).pow(2).sum(1) / found.features.pow(2).sum(1).clamp_min(1e-30)
+        return (ratio * self._feature_weight).sum() / self._feature_weight.sum()
 
     # -- batched restarts (torch.func) -----------------------------------------------------
     def _batched_objective(self, xs: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
