@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 import typer
+import yaml
 from rich.table import Table
 from rich.text import Text
 
@@ -23,7 +24,8 @@ from ..errors import ConfigError, LeakbenchError, UnsupportedThreatModel
 from ..evaluation.trial import TrialSpec, dataset_for, run_trial
 from ..losses import LOSSES
 from ..metrics import score_columns
-from ..models import parse_spec
+from ..models import MODELS, parse_spec
+from ..models.custom import class_digest, is_class_spec
 from ..models.files import file_digest, read_state
 from ..progress import rich_progress
 from ..report import format_metric, save_grid
@@ -57,6 +59,8 @@ class RunSpec:
     defense: str = "none"
     device: str = "cpu"
     model_file: str | None = None
+    model_options: dict[str, Any] = field(default_factory=dict)
+    normalize: list[list[float]] | None = None
 
 
 @dataclass
@@ -89,9 +93,40 @@ def check_spec(spec: RunSpec) -> None:
         read_state(spec.model_file, field="--model-file")  # readable as tensors, before any work
 
 
+def model_options(raw: Mapping[str, str]) -> dict[str, Any]:
+    """``--model-option`` values read as YAML scalars (``32`` → 32, ``true`` → True, ``[1, 2]`` → a list)."""
+    out: dict[str, Any] = {}
+    for key, text in raw.items():
+        try:
+            out[key] = yaml.safe_load(text) if text else text
+        except yaml.YAMLError:
+            out[key] = text
+    return out
+
+
+def parse_normalize(text: str | None) -> list[list[float]] | None:
+    """``"0.5,0.5,0.5/0.25,0.25,0.25"`` → ``[[0.5, 0.5, 0.5], [0.25, 0.25, 0.25]]`` (``--normalize``)."""
+    if text is None:
+        return None
+    parts = text.split("/")
+    try:
+        mean, std = ([float(v) for v in part.split(",")] for part in parts) if len(parts) == 2 else (None, None)
+    except ValueError:
+        mean, std = None, None
+    if not mean or not std or len(mean) != len(std) or not all(v > 0 for v in std):
+        raise ConfigError(f"expected --normalize MEAN/STD with one value per channel and std > 0, e.g. "
+                          f"0.49,0.48,0.45/0.25,0.24,0.26, got {text!r}")
+    return [mean, std]
+
+
 def trial_spec(spec: RunSpec) -> TrialSpec:
     """The sweep trial that ``spec`` is: the CLI runs the same trial core as ``leakbench evaluate``."""
-    model_options: dict[str, Any] = {"act": spec.act, "init": spec.init, "seed": spec.model_seed, "options": {}}
+    model_options: dict[str, Any] = {"act": spec.act, "init": spec.init, "seed": spec.model_seed,
+                                     "options": dict(spec.model_options)}
+    if spec.normalize is not None:
+        model_options["normalize"] = [list(spec.normalize[0]), list(spec.normalize[1])]
+    if is_class_spec(spec.model, MODELS.names()):  # your own class: keyed on its source, as in a sweep
+        model_options["source_digest"] = class_digest(spec.model, field="--model")
     if spec.model_file is not None:
         model_options.update(file=str(spec.model_file), file_digest=file_digest(spec.model_file))
     size = len(spec.indices) if spec.indices else int(spec.batch_size or 1)
@@ -174,7 +209,15 @@ def attack_command(
     data: Annotated[str, typer.Option(help="Dataset name (see `leakbench list datasets`).")] = "photos",
     data_option: Annotated[list[str] | None, typer.Option(
         "--data-option", metavar="KEY=VALUE", help="Dataset option, repeatable (e.g. size=32).")] = None,
-    model: Annotated[str, typer.Option(help="Model spec, e.g. convnet-16, cnn:3-6-1-0, mlp:100.")] = "convnet",
+    model: Annotated[str, typer.Option(help="Model spec, e.g. convnet-16, cnn:3-6-1-0, mlp:100, or your own class "
+                                            "as module.path:ClassName (imported: runs that module's code).")
+                     ] = "convnet",
+    model_option: Annotated[list[str] | None, typer.Option(
+        "--model-option", metavar="KEY=VALUE",
+        help="Model option, repeatable: a family's (width=32) or your class's constructor argument.")] = None,
+    normalize: Annotated[str | None, typer.Option(
+        metavar="MEAN/STD", help="Input normalisation the model expects, per channel, e.g. "
+                                 "0.49,0.48,0.45/0.25,0.24,0.26 (attacks still work on pixels in [0, 1]).")] = None,
     act: Annotated[str | None, typer.Option(help="Activation (default: the family's).")] = None,
     init: Annotated[str, typer.Option(help="Weight initialisation scheme.")] = "default",
     model_seed: Annotated[int, typer.Option(help="Seed of the model's initialisation.")] = 0,
@@ -209,6 +252,7 @@ def attack_command(
         batch_size=batch_size if batch_size is not None or chosen else 1,
         seed=seed, indices=chosen, loss=loss, local_steps=local_steps, labels_known=labels_known,
         defense=defense, device=device, model_file=None if model_file is None else str(model_file),
+        model_options=model_options(parse_assignments(model_option, "--model-option")), normalize=parse_normalize(normalize),
     )
     check_spec(spec)
     target = out if out is not None else default_out(attack, data)

@@ -195,7 +195,8 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
             where = f"models[{j}] ({m.key}) on datasets[{i}] ({d.key}, shape {'×'.join(map(str, data.shape))})"
             try:
                 model = build(m.spec, input_shape=data.shape, classes=data.num_classes, act=m.act, init=m.init,
-                              seed=m.seed, device=device, **dict(m.options))
+                              seed=m.seed, device=device, normalize=m.build_options().get("normalize"),
+                              **dict(m.options))
                 if m.file:
                     load_weights(model, m.file, field=f"models[{j}].file")
             except Exception as err:  # noqa: BLE001

@@ -208,7 +208,12 @@ def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Path | Non
     opts = dict(spec.model_options)
     model = build(spec.model, input_shape=data.shape, classes=data.num_classes, act=opts.get("act"),
                   init=opts.get("init", "default"), seed=int(opts.get("seed", 0)), device=device,
-                  **dict(opts.get("options") or {}))
+                  normalize=opts.get("normalize"), **dict(opts.get("options") or {}))
+    if opts.get("source_digest"):
+        from ..models.custom import class_digest
+
+        if class_digest(spec.model) != opts["source_digest"]:
+            raise LeakbenchError(f"the source of {spec.model!r} changed since the trial was planned; re-plan it")
     if opts.get("file"):
         from ..models.files import file_digest, load_weights
 
@@ -499,6 +504,8 @@ def utility_arguments(spec: TrialSpec, cache_dir) -> dict[str, Any]:
     opts = dict(spec.model_options)
     model_options = {k: v for k, v in (("act", opts.get("act")), ("init", opts.get("init", "default"))) if v}
     model_options.update(dict(opts.get("options") or {}))
+    if opts.get("normalize"):
+        model_options["normalize"] = opts["normalize"]
     return dict(model_spec=spec.model, dataset=spec.dataset, defense=spec.defense, epochs=int(u["epochs"]),
                 batch_size=int(spec.batch_size or u["batch_size"]), lr=float(u["lr"]), seed=int(u.get("seed", 0)),
                 data_options=dict(spec.data_options) or None, model_options=model_options,
