@@ -119,3 +119,24 @@ def test_attack_cli_takes_own_class(tmp_path, user_module):
                                  "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "run" / "metrics.json").is_file()
+
+
+def test_unlabelled_folder_with_own_class(tmp_path, user_module):
+    from PIL import Image
+    import numpy as np
+
+    name, _ = user_module
+    (tmp_path / "imgs").mkdir()
+    for i in range(3):
+        Image.fromarray(np.full((6, 6), 60 * i, dtype=np.uint8)).save(tmp_path / "imgs" / f"img{i}.png")
+    data = _spec(name)
+    data["datasets"] = [{"name": "folder", "options": {"root": str(tmp_path / "imgs")}}]
+    data["models"][0]["options"] = {"num_classes": 4}  # the model's own outputs; the folder's labels are unknown
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = runner.invoke(app, ["evaluate", str(spec), "--db", str(tmp_path / "r.db")])
+    assert result.exit_code == 0, result.output
+    data["threat"] = {"labels_known": True}
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    refused = runner.invoke(app, ["evaluate", str(spec), "--db", str(tmp_path / "r2.db")])
+    assert refused.exit_code == 2 and "labels are unknown" in refused.output, refused.output

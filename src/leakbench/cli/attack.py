@@ -143,6 +143,9 @@ def execute(spec: RunSpec, *, progress: bool) -> RunResult:
     """Load the data, build the model, observe one batch, attack it and score the reconstruction (the trial core)."""
     check_spec(spec)
     trial = trial_spec(spec)
+    if spec.labels_known and not dataset_for(trial).labels_known:
+        raise ConfigError(f"the labels of --data {spec.data} are unknown (an unlabelled folder: placeholder label 0); "
+                          "drop --labels-known")
     with (rich_progress(spec.attack) if progress else contextlib.nullcontext(None)) as report:
         result = run_trial(trial, progress=report, strict=True)
     if result.status == "n/a":

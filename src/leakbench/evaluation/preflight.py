@@ -189,6 +189,9 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
             raise ConfigError(f"{where}: holds {len(data)} samples, the spec draws {need} (images: {spec.images}, "
                               f"batch_sizes: {list(spec.batch_sizes)}); lower them or load more samples")
         report.datasets[d.key] = (data.shape, len(data), data.num_classes)
+        if not getattr(data, "labels_known", True) and any(t.get("labels_known") for t in _threat_variants(spec)):
+            raise ConfigError(f"{where}: its labels are unknown (an unlabelled folder: placeholder label 0), but the "
+                              "threat grants them (labels_known: true); remove labels_known from threat and attacks")
         _check_training(spec, i, len(data), d.key)
         x, y = data.batch(smallest, seed=0)
         for j, m in enumerate(spec.models):

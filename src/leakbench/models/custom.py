@@ -11,7 +11,8 @@ Construction (:func:`build_class`): ``Class(**options)``, plus ``input_shape=(C,
 that name and ``options`` does not set it (``**kwargs`` receives neither).  The constructor runs
 under a fixed torch seed (``seed``) with the global RNG restored afterwards, so its random
 initialisation is reproducible; the model is then probed on one zero input and must return
-one row of ``classes`` logits.
+one row of K ≥ ``classes`` logits (more outputs than the dataset's classes are allowed: an
+unlabelled folder has one placeholder class, your model its own ``num_classes``).
 
 The module is searched on ``sys.path`` and then in the current directory (as ``python -m``
 would; the ``leakbench`` script itself does not put the current directory on the path).  The
@@ -212,7 +213,8 @@ def _probe(model: nn.Module, spec: str, input_shape, classes: int, field: str, d
     finally:
         for m, mode in modes.items():
             m.training = mode
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, classes):
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 1 or out.shape[1] < classes:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ConfigError(f"expected model {spec} to return logits of shape (1, {classes}) for one sample, got "
-                          f"{got} (field {field}); accept num_classes in the constructor or set it in options")
+        raise ConfigError(f"expected model {spec} to return logits of shape (1, K ≥ {classes}) for one sample (the "
+                          f"dataset has {classes} class{'es' if classes > 1 else ''}), got {got} (field {field}); "
+                          "accept num_classes in the constructor or set it in options")
