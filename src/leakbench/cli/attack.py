@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import __version__
-from ..attacks import Reconstruction, create as create_attack, preset_revision
+from ..attacks import ATTACKS, Reconstruction, create as create_attack, preset_revision
 from ..data import DATASETS
 from ..defenses import parse as parse_defense
 from ..errors import ConfigError, LeakbenchError, UnsupportedThreatModel
@@ -189,16 +189,46 @@ def write_grid(path: Path, result: RunResult) -> Path:
     return save_grid(path, result.x, result.reconstruction.images, titles=titles, scores=result.scores)
 
 
+#: the chance level shown beside a score (a flat image at the data mean, :func:`leakbench.metrics.flat_chance`).
+CHANCE_OF = {"rmse": "chance_rmse", "psnr": "chance_psnr"}
+
+
 def metrics_rich_table(columns: Mapping[str, tuple[Mapping[str, Any], float]], title: str) -> Table:
-    """A rich table of the mean metrics and the attack's seconds, one value column per run."""
+    """A rich table of the mean metrics and the attack's seconds, one value column per run, each with the chance
+    level beside its RMSE and PSNR (a flat image at the data mean)."""
     table = Table(title=Text(clean(title)), min_width=len(title) + 4)
     table.add_column("metric")
     for name in columns:
         table.add_column(name, justify="right")
+        table.add_column("chance" if len(columns) == 1 else f"{name} chance", justify="right", style="dim")
     for key in TABLE_METRICS:
-        row = [format_metric(key, {**scores, "seconds": seconds}.get(key)) for scores, seconds in columns.values()]
+        row = []
+        for scores, seconds in columns.values():
+            row.append(format_metric(key, {**scores, "seconds": seconds}.get(key)))
+            row.append(format_metric(key, scores.get(CHANCE_OF[key])) if key in CHANCE_OF else "")
         table.add_row(key, *row)
     return table
+
+
+def chance_advice(spec: RunSpec, scores: Mapping[str, Any]) -> str | None:
+    """Lines saying a result is at or below chance and what would make the attack stronger (None above chance)."""
+    rmse, chance = scores.get("rmse"), scores.get("chance_rmse")
+    if not (isinstance(rmse, (int, float)) and isinstance(chance, (int, float))) or rmse < chance:
+        return None
+    psnr, chance_psnr = scores.get("psnr"), scores.get("chance_psnr")
+    presets = [p for p in sorted(getattr(ATTACKS.get(spec.attack), "presets", {})) if p != (spec.preset or "default")]
+    ways = ["a bigger budget (" + (f"a longer preset: --preset {' / '.join(presets)}, or " if presets else "")
+            + f"--option iterations=N above {spec.options.get('iterations', 'the preset')})"]
+    if not spec.labels_known:
+        ways.append("known labels (--labels-known)")
+    ways += ["BatchNorm statistics for a model with BatchNorm (a sweep's threat: {bn_stats: true})",
+             "train mode for a client that trained in train mode (Observation.from_gradients(..., train=True); "
+             "a sweep's threat: {train: true})",
+             "a malicious-server threat model (a sweep model's server: {imprint: {bins: 64}} or {random_head: ...})"]
+    return (f"At or below chance: RMSE {format_metric('rmse', rmse)} ≥ {format_metric('rmse', chance)} (PSNR "
+            f"{format_metric('psnr', psnr)} vs {format_metric('psnr', chance_psnr)} dB) of a flat image at the data "
+            "mean: this attack learnt nothing about the batch that a grey image does not show. That says the attack "
+            "is too weak here, not that the data is safe. Stronger: " + "; ".join(ways) + ".")
 
 
 def default_out(attack: str, data: str) -> Path:
@@ -275,5 +305,8 @@ def attack_command(
         console.print(clean(target), highlight=False, soft_wrap=True)
         return
     console.print(metrics_rich_table({"value": (result.scores, result.seconds)}, title=f"{attack} on {data}"))
+    advice = chance_advice(spec, result.scores)
+    if advice is not None:
+        console.print(clean(advice), highlight=False, soft_wrap=True)
     _print_paths(paths)
 

@@ -368,15 +368,17 @@ def chance_scores(x: torch.Tensor, data) -> dict[str, float]:
     An attack whose RMSE is not below ``chance_rmse`` has learnt nothing about the batch
     that the dataset's average colour does not already say.
     """
-    grey = float(data.images.mean())
-    mse = float((x.double() - grey).pow(2).mean())
-    return {"chance_rmse": math.sqrt(mse), "chance_psnr": 10 * math.log10(1.0 / mse) if mse > 0 else math.inf}
+    from ..metrics.compare import flat_chance
+
+    chance = flat_chance(x, float(data.images.mean()))
+    return {"chance_rmse": chance["chance_rmse"], "chance_psnr": chance["chance_psnr"]}
 
 
 def chance_per_sample(x: torch.Tensor, data) -> list[float]:
     """Each image's own chance RMSE (the flat image at the dataset's mean pixel value), original order."""
-    grey = float(data.images.mean())
-    return (x.double() - grey).pow(2).flatten(1).mean(1).sqrt().tolist()
+    from ..metrics.compare import flat_chance
+
+    return flat_chance(x, float(data.images.mean()))["per_sample"]
 
 
 def constant_output(images: torch.Tensor) -> bool:
@@ -478,14 +480,13 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     x, y = x.cpu(), y.cpu()
     # the whole reconstruction, so attacks that flag exact samples are scored with their flags (confident-first)
     confidence = None if rec.confidence is None else rec.confidence.detach().cpu()
-    scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x, y)
+    scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x, y,
+                     chance_level=float(data.images.mean()))  # the chance level: a flat image at the data mean
     clock.lap("score")
     per_sample = scores.pop("per_sample")
     order = scores.pop("order")
     metrics = {k: v for k, v in scores.items() if v is None or isinstance(v, (int, float))}
     metrics["matching"] = str(scores.get("matching", "total-mse"))  # which pairing of Liu et al. eq. 1 scored it
-    metrics.update(chance_scores(x, data))
-    per_sample["chance_rmse"] = chance_per_sample(x, data)
     arrays = {}
     if spec.save_images:
         arrays = {"x": x.numpy(), "y": y.numpy(), "reconstruction": images.numpy(),
