@@ -145,7 +145,7 @@ CLI_CASES = [
     ("npz-nan", "attack --data npz --data-option path={w}/nan.npz --model mlp:8 --out {w}/o1", "NaN/inf"),
     ("npz-inf", "attack --data npz --data-option path={w}/inf.npz --model mlp:8 --out {w}/o1", "NaN/inf"),
     ("npz-one-class", "attack --data npz --data-option path={w}/oneclass.npz --model mlp:8 --out {w}/o1",
-     "at least 2 classes"),
+     "model with 1 output"),
     ("npz-huge-label", "attack --data npz --data-option path={w}/hugelabel.npz --model mlp:8 --out {w}/o1",
      "field y"),
     ("npz-truncated", "attack --data npz --data-option path={w}/trunc.npz --model mlp:8 --out {w}/o1",
@@ -159,7 +159,7 @@ CLI_CASES = [
     ("folder-empty-class", "attack --data folder --data-option root={w}/emptyclass --model mlp:8 --out {w}/o1",
      "dog holds no images"),
     ("folder-one-class", "attack --data folder --data-option root={w}/oneclass --model mlp:8 --out {w}/o1",
-     "at least 2 classes"),
+     "model with 1 output"),
     ("digits-size-100000", "attack --data digits --data-option size=100000 --model mlp:8 --out {w}/o1",
      "field size"),
     ("digits-size-word", "attack --data digits --data-option size=big --model mlp:8 --out {w}/o1", "size"),
@@ -381,24 +381,31 @@ def _pickle_target(w):
     return TrainedTarget.load(w / "evil.pt")
 
 
+def _observe_one_class(data):
+    """One class loads; a one-output model's cross-entropy gradient (exactly 0) is what is refused."""
+    model = lb.build("mlp:8", input_shape=data.shape, classes=data.num_classes, seed=0)
+    x, y = data.batch(2, seed=0)
+    return lb.observe(model, x, y)
+
+
 API_CASES = [
     # data
     ("npz-nan", _npz("nan"), "NaN/inf"),
     ("npz-inf", _npz("inf"), "NaN/inf"),
-    ("npz-one-class", _npz("oneclass"), "at least 2 classes"),
+    ("npz-one-class", lambda w: _observe_one_class(_npz("oneclass")(w)), "model with 1 output"),
     ("npz-huge-label", _npz("hugelabel"), "field y"),
     ("npz-truncated", _npz("trunc"), "cannot read"),
     ("npz-not-zip", _npz("notzip"), "cannot read"),
     ("npz-pickled", _npz("pickled"), "cannot read"),
     ("folder-empty-class", lambda w: lb.load("folder", root=w / "emptyclass"), "dog holds no images"),
-    ("folder-one-class", lambda w: lb.load("folder", root=w / "oneclass"), "at least 2 classes"),
+    ("folder-one-class", lambda w: _observe_one_class(lb.load("folder", root=w / "oneclass")), "model with 1 output"),
     ("folder-size-huge", lambda w: lb.load("folder", root=w / "oneclass", size=100_000), "field size"),
     ("digits-size-100000", lambda w: lb.load("digits", size=100_000), "field size"),
     ("sphere-d-1e10", lambda w: lb.load("sphere", d=10**10), "field d"),
     ("mixture-n-1e10", lambda w: lb.load("gaussian-mixture", n=10**10), "field n"),
     ("dataset-nan", lambda w: lb.data.ImageDataset(torch.full((2, 1, 2, 2), float("nan")), [0, 1], ["a", "b"]),
      "field images"),
-    ("dataset-one-class", lambda w: lb.data.ImageDataset(torch.zeros(2, 3), [0, 0], ["a"]), "field classes"),
+    ("dataset-no-class", lambda w: lb.data.ImageDataset(torch.zeros(2, 3), [0, 0], []), "field classes"),
     # observe()
     ("observe-nan-x", _observe(x=torch.full((2, 1, 8, 8), float("nan"))), "argument x"),
     ("observe-inf-x", _observe(x=torch.full((2, 1, 8, 8), float("inf"))), "argument x"),

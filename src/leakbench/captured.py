@@ -23,28 +23,9 @@ import torch
 from torch import nn
 
 from .errors import ConfigError, expect
+from .models.custom import Normalize
 
-__all__ = ["Normalize", "with_normalization", "from_gradients", "from_update"]
-
-
-class Normalize(nn.Module):
-    """x ↦ (x − mean) / std per channel (buffers only: no parameter, so no gradient is shared for it)."""
-
-    def __init__(self, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor) -> None:
-        super().__init__()
-        mean_t = torch.as_tensor(mean, dtype=torch.float32).reshape(-1)
-        std_t = torch.as_tensor(std, dtype=torch.float32).reshape(-1)
-        expect(mean_t.numel() == std_t.numel() and mean_t.numel() >= 1,
-               f"expected mean and std with one value per channel, got {mean_t.numel()} and {std_t.numel()} "
-               "(argument normalize)")
-        expect(bool(torch.isfinite(mean_t).all()) and bool((std_t > 0).all()),
-               "expected finite means and positive standard deviations (argument normalize)")
-        self.register_buffer("mean", mean_t)
-        self.register_buffer("std", std_t)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = (1, -1) + (1,) * (x.dim() - 2)
-        return (x - self.mean.to(x.dtype).reshape(shape)) / self.std.to(x.dtype).reshape(shape)
+__all__ = ["with_normalization", "from_gradients", "from_update"]
 
 
 def with_normalization(model: nn.Module, normalize: tuple | None) -> nn.Module:

@@ -217,6 +217,10 @@ def _check_labels(y: torch.Tensor, outputs: int, loss: str) -> None:
     expect(not binary or outputs == 1,
            f"loss {loss!r} takes ±1 labels and a model with 1 output, got a model with {outputs} outputs "
            "(argument loss); use loss='ce' or build the model with classes=1")
+    expect(binary or loss != "ce" or outputs > 1,
+           "loss 'ce' on a model with 1 output: its loss and gradient are exactly 0, nothing is shared to attack "
+           "(argument loss); give the model ≥ 2 outputs (a dataset with ≥ 2 classes, or your own class with "
+           "num_classes in its options) or use loss='logistic'")
     if y.is_floating_point():
         b = y.shape[0]
         if binary:

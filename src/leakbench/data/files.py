@@ -427,6 +427,12 @@ def folder(
 ) -> ImageDataset:
     """Images under ``root/<class name>/`` (png, jpg, ...); classes are the sorted sub-folder names.
 
+    One class folder is one class.  A flat folder (images directly in ``root``, no class
+    folders) is unlabelled: every image gets label 0 of the one class ``"unknown"`` and the
+    dataset says ``labels_known=False`` — the labels are unknown to everyone, so a sweep refuses to
+    grant them to the attacker.  A model needs ≥ 2 outputs to share a cross-entropy gradient:
+    use your own class with its ``num_classes`` (docs/data.md).
+
     ``size`` resizes every image to size×size (anti-aliased); without it all images
     must share one shape.  ``channels`` 1 or 3 (default: 3 if any image is colour).
     """
@@ -450,6 +456,15 @@ def folder(
         for f in sorted(d.iterdir())
         if f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith(".")
     ]
+    loose = sorted(f for f in base.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith(".")
+                   and not f.is_dir()) if base.is_dir() else []
+    if loose and files:
+        raise ConfigError(f"expected class sub-folders or a flat folder of images in {base}, got both ({len(loose)} "
+                          f"image(s) such as {loose[0].name} beside class folders {[d.name for d in class_dirs][:3]}) "
+                          "(field root); move the loose images into a class folder, or the class folders away")
+    labels_known = True
+    if loose:  # unlabelled: one placeholder class nobody knows
+        files, class_dirs, labels_known = [(0, f) for f in loose], [Path("unknown")], False
     present = {label for label, _ in files}
     empty = [d.name for label, d in enumerate(class_dirs) if files and label not in present]
     if empty:
@@ -457,8 +472,9 @@ def folder(
                           f"put images in it or remove it{f' (also empty: {empty[1:4]})' if len(empty) > 1 else ''}")
     if not files:
         raise DataNotFound(
-            f"no images found: looked for {', '.join(IMAGE_SUFFIXES)} files in the sub-folders of {base}. "
-            f"Put one folder per class there ({base}/<class name>/<image>.png)."
+            f"no images found: looked for {', '.join(IMAGE_SUFFIXES)} files in {base} and its sub-folders. "
+            f"Put one folder per class there ({base}/<class name>/<image>.png), or the images themselves "
+            "(unlabelled)."
         )
     files = files[:limit] if limit is not None else files
     if size is not None:
@@ -492,7 +508,8 @@ def folder(
     want = channels if channels is not None else (3 if any(a.shape[0] == 3 for a in arrays) else 1)
     images = torch.cat([set_channels(torch.from_numpy(a).unsqueeze(0), want) for a in arrays])
     labels = torch.tensor([label for label, _ in files], dtype=torch.int64)
-    return ImageDataset(images.contiguous(), labels, [d.name for d in class_dirs], base.name or "folder")
+    return ImageDataset(images.contiguous(), labels, [d.name for d in class_dirs], base.name or "folder",
+                        labels_known=labels_known)
 
 
 # ------------------------------------------------------------------ npz

@@ -190,13 +190,17 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
             raise ConfigError(f"{where}: holds {len(data)} samples, the spec draws {need} (images: {spec.images}, "
                               f"batch_sizes: {list(spec.batch_sizes)}); lower them or load more samples")
         report.datasets[d.key] = (data.shape, len(data), data.num_classes)
+        if not getattr(data, "labels_known", True) and any(t.get("labels_known") for t in _threat_variants(spec)):
+            raise ConfigError(f"{where}: its labels are unknown (an unlabelled folder: placeholder label 0), but the "
+                              "threat grants them (labels_known: true); remove labels_known from threat and attacks")
         _check_training(spec, i, len(data), d.key)
         x, y = data.batch(smallest, seed=0)
         for j, m in enumerate(spec.models):
             where = f"models[{j}] ({m.key}) on datasets[{i}] ({d.key}, shape {'×'.join(map(str, data.shape))})"
             try:
                 model = build(m.spec, input_shape=data.shape, classes=data.num_classes, act=m.act, init=m.init,
-                              seed=m.seed, device=device, **dict(m.options))
+                              seed=m.seed, device=device, normalize=m.build_options().get("normalize"),
+                              **dict(m.options))
                 if m.file:
                     load_weights(model, m.file, field=f"models[{j}].file")
             except Exception as err:  # noqa: BLE001

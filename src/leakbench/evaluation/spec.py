@@ -127,12 +127,32 @@ class ServerEntry(_Strict):
         return f"{name}({','.join(f'{k}={v}' for k, v in sorted(options.items()))})"
 
 
+class NormalizeEntry(_Strict):
+    """The input normalisation x̃ = (x − mean) / std the model expects, one value per channel."""
+
+    mean: list[float] = Field(min_length=1)
+    std: list[float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _per_channel(self) -> NormalizeEntry:
+        if len(self.mean) != len(self.std) or not all(s > 0 for s in self.std):
+            raise ValueError(f"expected mean and std with one value per channel and std > 0, got {len(self.mean)} "
+                             f"means and std {self.std}")
+        return self
+
+
 class ModelEntry(_Strict):
     """A model spec (``cnn:3-8-2-1``, ``convnet-16``...) with build options, training state and server move;
-    ``file``: its weights, a state dict read as tensors only (relative paths from where the sweep runs)."""
+    ``file``: its weights, a state dict read as tensors only (relative paths from where the sweep runs).
+
+    ``spec`` may name your own ``nn.Module`` class, ``my_pkg.nets:ResNet`` (imported: your choice to run
+    its code; ``options`` are its constructor's keyword arguments, see :mod:`leakbench.models.custom`);
+    its trials are keyed on the digest of the class's source file.  ``normalize: {mean: [...], std:
+    [...]}`` puts the input normalisation in front of the model, so attacks work on pixels in [0, 1]."""
 
     spec: str
     file: str | None = None
+    normalize: NormalizeEntry | None = None
     act: str | None = None
     init: str = "default"
     seed: int = Field(0, ge=0, lt=MAX_SEED)
@@ -161,6 +181,13 @@ class ModelEntry(_Strict):
         """The trial's ``model_options``: build arguments, and the weights file with its digest (a changed file is a
         new trial)."""
         options: dict[str, Any] = {"act": self.act, "init": self.init, "seed": self.seed, "options": dict(self.options)}
+        if self.normalize is not None:
+            options["normalize"] = [list(self.normalize.mean), list(self.normalize.std)]
+        from ..models import MODELS
+        from ..models.custom import class_digest, is_class_spec
+
+        if is_class_spec(self.spec, MODELS.names()):  # an edited class is a new trial
+            options["source_digest"] = class_digest(self.spec, field="spec")
         if self.file:
             from ..models.files import file_digest
 
@@ -486,7 +513,7 @@ def dump_spec(spec: SweepSpec) -> str:
     return yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=False), sort_keys=False)
 
 
-__all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "ServerEntry", "TargetEntry", "WeightsEntry",
+__all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "NormalizeEntry", "ServerEntry", "TargetEntry", "WeightsEntry",
            "MembershipEntry", "MEMBERSHIP_SETTINGS", "SERVER_MOVES", "TrainingEntry", "AttackEntry", "DefenseEntry",
            "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "ReplicateEntry", "RULE_KEYS", "load_spec",
            "check_names", "dump_spec", "MAX_SPEC_NODES", "MAX_TRIALS", "MAX_SEED", "MAX_THREADS", "MAX_STACK"]

@@ -215,7 +215,12 @@ def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Path | Non
     opts = dict(spec.model_options)
     model = build(spec.model, input_shape=data.shape, classes=data.num_classes, act=opts.get("act"),
                   init=opts.get("init", "default"), seed=int(opts.get("seed", 0)), device=device,
-                  **dict(opts.get("options") or {}))
+                  normalize=opts.get("normalize"), **dict(opts.get("options") or {}))
+    if opts.get("source_digest"):
+        from ..models.custom import class_digest
+
+        if class_digest(spec.model) != opts["source_digest"]:
+            raise LeakbenchError(f"the source of {spec.model!r} changed since the trial was planned; re-plan it")
     if opts.get("file"):
         from ..models.files import file_digest, load_weights
 
@@ -374,15 +379,17 @@ def chance_scores(x: torch.Tensor, data) -> dict[str, float]:
     An attack whose RMSE is not below ``chance_rmse`` has learnt nothing about the batch
     that the dataset's average colour does not already say.
     """
-    grey = float(data.images.mean())
-    mse = float((x.double() - grey).pow(2).mean())
-    return {"chance_rmse": math.sqrt(mse), "chance_psnr": 10 * math.log10(1.0 / mse) if mse > 0 else math.inf}
+    from ..metrics.compare import flat_chance
+
+    chance = flat_chance(x, float(data.images.mean()))
+    return {"chance_rmse": chance["chance_rmse"], "chance_psnr": chance["chance_psnr"]}
 
 
 def chance_per_sample(x: torch.Tensor, data) -> list[float]:
     """Each image's own chance RMSE (the flat image at the dataset's mean pixel value), original order."""
-    grey = float(data.images.mean())
-    return (x.double() - grey).pow(2).flatten(1).mean(1).sqrt().tolist()
+    from ..metrics.compare import flat_chance
+
+    return flat_chance(x, float(data.images.mean()))["per_sample"]
 
 
 def constant_output(images: torch.Tensor) -> bool:
@@ -484,14 +491,13 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     x, y = x.cpu(), y.cpu()
     # the whole reconstruction, so attacks that flag exact samples are scored with their flags (confident-first)
     confidence = None if rec.confidence is None else rec.confidence.detach().cpu()
-    scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x, y)
+    scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x, y,
+                     chance_level=float(data.images.mean()))  # the chance level: a flat image at the data mean
     clock.lap("score")
     per_sample = scores.pop("per_sample")
     order = scores.pop("order")
     metrics = {k: v for k, v in scores.items() if v is None or isinstance(v, (int, float))}
     metrics["matching"] = str(scores.get("matching", "total-mse"))  # which pairing of Liu et al. eq. 1 scored it
-    metrics.update(chance_scores(x, data))
-    per_sample["chance_rmse"] = chance_per_sample(x, data)
     arrays = {}
     if spec.save_images:
         arrays = {"x": x.numpy(), "y": y.numpy(), "reconstruction": images.numpy(),
@@ -510,6 +516,8 @@ def utility_arguments(spec: TrialSpec, cache_dir) -> dict[str, Any]:
     opts = dict(spec.model_options)
     model_options = {k: v for k, v in (("act", opts.get("act")), ("init", opts.get("init", "default"))) if v}
     model_options.update(dict(opts.get("options") or {}))
+    if opts.get("normalize"):
+        model_options["normalize"] = opts["normalize"]
     return dict(model_spec=spec.model, dataset=spec.dataset, defense=spec.defense, epochs=int(u["epochs"]),
                 batch_size=int(spec.batch_size or u["batch_size"]), lr=float(u["lr"]), seed=int(u.get("seed", 0)),
                 data_options=dict(spec.data_options) or None, model_options=model_options,

@@ -34,7 +34,7 @@ from ..defenses import DPSGD, Defense, LocalSteps, SecureAggregation, parse, par
 from ..budget import check_time
 from ..errors import ConfigError
 from ..losses import get_loss
-from ..models import build
+from ..models import MODELS, build
 from .seeds import seeds_refusal, train_seeds
 
 CACHE_VERSION = 3  # 3: initial_loss (the untrained model's training loss, the divergence line)
@@ -316,6 +316,10 @@ def utility_seeds(model_spec: str, dataset: str | ImageDataset | tuple[ImageData
                 from ..models.files import file_digest
 
                 config["model_file"] = file_digest(model_file)
+            from ..models.custom import class_digest, is_class_spec
+
+            if is_class_spec(model_spec, MODELS.names()):  # your own class: an edited source is a new run
+                config["source_digest"] = class_digest(model_spec)
             path = root / f"{config_key(config)}.json" if root is not None else None
             cached = _cached(path, config)
             if cached is not None:

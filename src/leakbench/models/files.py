@@ -91,7 +91,11 @@ def read_state(path: str | Path, *, field: str = "model file") -> tuple[dict[str
 
 def load_weights(model: nn.Module, path: str | Path, *, field: str = "model file") -> nn.Module:
     """Load the state dict in ``path`` into ``model`` (in place, returned), naming what does not fit."""
+    from .custom import is_normalized
+
     state, _ = read_state(path, field=field)
+    if is_normalized(model) and not any(k.startswith("normalize.") for k in state):
+        model = model.model  # the user's weights, saved without leakbench's normalisation in front
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     extra = [k for k in state if k not in own]
@@ -110,12 +114,24 @@ def load_weights(model: nn.Module, path: str | Path, *, field: str = "model file
     return model
 
 
+def _no_class(spec: Any, where: str) -> None:
+    """A model file is data: refuse one whose spec names code to import (``module:Class``)."""
+    from .custom import is_class_spec
+    from .spec import MODELS
+
+    if is_class_spec(spec, MODELS.names()):
+        raise ConfigError(f"{where} names the class {spec!r}: a model file never makes leakbench import code; save "
+                          "the state_dict() and name the class yourself (--model / the model entry's spec, with "
+                          "--model-file / file)")
+
+
 def save_model(model: nn.Module, path: str | Path) -> Path:
     """Write a leakbench model built by :func:`~leakbench.models.build` (spec, shape, classes, options, weights)."""
     for name in ("spec", "input_shape", "classes"):
         if getattr(model, name, None) is None:
             raise ConfigError(f"save_model needs a model built by leakbench.build (it has no {name!r}); for any "
                               "other module save its state_dict() and give its spec when loading")
+    _no_class(getattr(model, "spec", None), "save_model: the model")
     payload = {"format": FORMAT, "version": 1, "spec": str(model.spec), "input_shape": list(model.input_shape),
                "classes": int(model.classes), "build_options": dict(getattr(model, "build_options", {}) or {}),
                "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
@@ -163,4 +179,5 @@ def _metadata(meta: Mapping[str, Any], path: str | Path) -> tuple[str, tuple[int
                           f"(1..65536) and build_options (a mapping), got spec={str(spec)[:60]!r}, "
                           f"input_shape={str(shape)[:60]}, classes={str(classes)[:30]} in {str(path)!r}; re-save "
                           "it with save_model")
+    _no_class(spec, f"the metadata of {str(path)!r}")
     return spec, tuple(shape), classes, dict(options)
