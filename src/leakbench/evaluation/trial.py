@@ -491,8 +491,9 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     x, y = x.cpu(), y.cpu()
     # the whole reconstruction, so attacks that flag exact samples are scored with their flags (confident-first)
     confidence = None if rec.confidence is None else rec.confidence.detach().cpu()
-    scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x, y,
-                     chance_level=float(data.images.mean()))  # the chance level: a flat image at the data mean
+    # the chance level: a flat image at the data mean; labels nobody knows (an unlabelled folder) score no accuracy
+    scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x,
+                     y if getattr(data, "labels_known", True) else None, chance_level=float(data.images.mean()))
     clock.lap("score")
     per_sample = scores.pop("per_sample")
     order = scores.pop("order")
