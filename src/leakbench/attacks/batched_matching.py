@@ -298,6 +298,7 @@ class StackedMatching:
         curves: list[list[float]] = [[] for _ in range(n)]
         feature_curves: list[list[float]] = [[] for _ in range(n)]
         phase_one = int(s.feature_phase * s.iterations) if self.features_on else 0
+        last = math.nan
         for step in range(s.iterations):
             full = step >= phase_one
             gx, gl, matches, fvals, totals = self.objective(xs.detach(), None if logits is None else logits.detach(),
@@ -329,9 +330,10 @@ class StackedMatching:
                 for i, v in enumerate(values):
                     if died_at[i] < 0:
                         (curves[i] if full else feature_curves[i]).append(v)
-                if progress is not None:
-                    alive = [v for i, v in enumerate(values) if died_at[i] < 0]
-                    progress(step + 1, s.iterations, min(alive) if alive else math.nan)
+                alive = [v for i, v in enumerate(values) if died_at[i] < 0]
+                last = min(alive) if alive else math.nan
+            if progress is not None:  # every step (the loss as last traced): deadlines hold on slow steps
+                progress(step + 1, s.iterations, last)
         _, _, finals_t, _, _ = self.objective(xs.detach(), None if logits is None else logits.detach(), rows,
                                               full=True)
         finals = [math.nan if died_at[i] >= 0 else v for i, v in enumerate(finals_t.tolist())]

@@ -28,10 +28,10 @@ from ..metrics import score_columns
 from ..models import MODELS, parse_spec
 from ..models.custom import class_digest, is_class_spec
 from ..models.files import file_digest, read_state
-from ..progress import rich_progress
+from ..progress import keep_partial, rich_progress
 from ..report import format_metric, save_grid
-from .common import (_print_paths, app, check_out_dir, clean, console, data_options, parse_assignments, parse_device,
-                     parse_indices, reports_errors, write_json)
+from .common import (EXIT_INTERRUPTED, _print_paths, app, check_out_dir, clean, console, data_options, err_console,
+                     parse_assignments, parse_device, parse_indices, reports_errors, write_json)
 
 #: metrics shown by ``leakbench attack``: the stored scores of the metric registry, plus the attack's seconds.
 TABLE_METRICS = (*score_columns(), "seconds")
@@ -151,7 +151,10 @@ def execute(spec: RunSpec, *, progress: bool) -> RunResult:
     if spec.labels_known and not dataset_for(trial).labels_known:
         raise ConfigError(f"the labels of --data {spec.data} are unknown (an unlabelled folder: placeholder label 0); "
                           "drop --labels-known")
-    with (rich_progress(spec.attack) if progress else contextlib.nullcontext(None)) as report:
+    advice = (f"for a quick look use --preset {' or '.join(p for p in ('quick', 'fast') if p in presets)}"
+              if (presets := getattr(ATTACKS.get(spec.attack), "presets", {})) else "")
+    advice += ("; " if advice else "") + ("a GPU is far faster (--device cuda)" if spec.device == "cpu" else "")
+    with (rich_progress(spec.attack, advice=advice) if progress else contextlib.nullcontext(None)) as report:
         result = run_trial(trial, progress=report, strict=True)
     if result.status == "n/a":
         raise UnsupportedThreatModel(f"attack {spec.attack!r} cannot run on this observation: {result.error}")
@@ -297,15 +300,21 @@ def attack_command(
     created = not target.exists()
     check_out_dir(target, "--out")  # before the work, so a bad --out never costs an attack
     try:
-        result = execute(spec, progress=not quiet)
+        with keep_partial() as stopped:  # Ctrl-C during the optimisation keeps its best so far
+            result = execute(spec, progress=not quiet)
     except BaseException:
         if created and target.is_dir() and not any(target.iterdir()):
             target.rmdir()
         raise
     paths = [target / "grid.png", target / "metrics.json", target / "reconstruction.npz"]
     write_grid(paths[0], result)
-    write_json(paths[1], run_record(spec, result))
+    partial = stopped.get("stopped")
+    write_json(paths[1], {**run_record(spec, result), **({"partial": partial} if partial else {})})
     write_arrays(paths[2], result)
+    if partial:
+        err_console.print(clean(f"interrupted ({partial}): the best reconstruction so far is saved in {target}, "
+                                "labelled partial (metrics.json \"partial\")"), highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INTERRUPTED)
     if quiet:
         console.print(clean(target), highlight=False, soft_wrap=True)
         return

@@ -51,6 +51,8 @@ err_console = Console(stderr=True, markup=False)
 
 #: exit code of every user-input error (as for usage errors).
 EXIT_USAGE = 2
+#: a run stopped by Ctrl-C (128 + SIGINT)
+EXIT_INTERRUPTED = 130
 
 
 # --------------------------------------------------------------------------- errors
@@ -93,7 +95,7 @@ def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
                  "command again")
         except KeyboardInterrupt:
             err_console.print(Text("interrupted", style="yellow"))
-            raise typer.Exit(130) from None
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         except RuntimeError as err:  # torch's allocation failures are RuntimeErrors; anything else is a bug
             if not _allocation_failure(err):
                 raise

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from ..errors import ConfigError
 from ..progress import sweep_progress
 from .chunks import batched_order
+from .eta import CostEstimate, probes_first
 from .images import save_trial_files
 from .plan import plan
 from .preflight import check_size, preflight
@@ -130,7 +131,9 @@ class Sweep:
         todo = self.todo()
         skipped = len(self.trials) - len(todo)
         runner = self.runner or make_runner(workers=self.workers, ray=self.ray, cache_dir=self.store.cache_dir)
-        bar = sweep_progress(len(self.trials), skipped, self.spec.name) if progress else contextlib.nullcontext(None)
+        self.estimate = CostEstimate(todo, self._parallel(runner))
+        bar = (sweep_progress(len(self.trials), skipped, self.spec.name, eta=self.estimate.seconds_left) if progress
+               else contextlib.nullcontext(None))
         try:
             with bar as advance:
                 self._execute(runner, todo, start, advance)
@@ -149,10 +152,16 @@ class Sweep:
                             counts=self.store.counts(self.by_key), seconds=time.perf_counter() - start,
                             stopped=self.stopped)
 
+    def _parallel(self, runner: Runner) -> int:
+        """Trials the runner runs at once (its workers; 1 in this process)."""
+        return int(getattr(runner, "workers", None) or self.workers or 1)
+
     def _execute(self, runner: Runner, todo: list[TrialSpec], start: float, advance) -> None:
         # the trials of one batch group next to each other, so that a chunk holds a stack of them
-        for result in runner.run(self._feed(batched_order(todo), start)):
+        for result in runner.run(self._feed(probes_first(batched_order(todo)), start)):
             self._commit(result)
+            if result.key in self.by_key:
+                self.estimate.done(self.by_key[result.key], (result.timings or {}).get("total"))
             if advance is not None:
                 advance(result.status)
             if self.on_result is not None:
@@ -205,7 +214,9 @@ class Sweep:
                 return
             self.store.set_meta("replicate", json.dumps({"added": added, "rounds": rounds, "stopped": None,
                                                          "open": {}}))
-            bar = (sweep_progress(len(pending), 0, f"{self.spec.name} (replication round {rounds})") if progress
+            self.estimate = CostEstimate(pending, self._parallel(runner))
+            bar = (sweep_progress(len(pending), 0, f"{self.spec.name} (replication round {rounds})",
+                                  eta=self.estimate.seconds_left) if progress
                    else contextlib.nullcontext(None))
             with bar as advance:
                 self._execute(runner, pending, start, advance)
