@@ -44,6 +44,9 @@ def _tiny_demo() -> dict:
     for rule in spec["include"]:  # a rule value matching no defense left is refused: keep the ones still here
         if isinstance(rule.get("defense"), list):
             rule["defense"] = [d for d in rule["defense"] if d in ("none", "noise", "noise:0.01")]
+    # exclude rules on defenses dropped above would select nothing (refused): drop them
+    spec["exclude"] = [r for r in spec.get("exclude") or []
+                       if r.get("defense") is None or r["defense"] in ("none", "noise", "noise:0.01")]
     for entry in spec["weights"]:
         entry["target"]["per_class"] = 4
         entry["target"]["options"]["steps"] = 300

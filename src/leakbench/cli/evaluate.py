@@ -29,6 +29,7 @@ from ..evaluation.preflight import check_size, preflight
 from ..evaluation.spec import MAX_STACK, MAX_TRIALS
 from ..evaluation.strongest import Strongest
 from ..report import write_report
+from ..report.pdf import BROWSERS, NO_BROWSER, find_chromium, write_pdf
 from .common import app, check_out_dir, clean, console, err_console, reports_errors
 
 
@@ -209,17 +210,23 @@ def evaluate_command(
 def report_command(
     db: Annotated[Path, typer.Argument(help="Results store written by `leakbench evaluate`.")],
     out: Annotated[Path, typer.Option(help="Output directory of the report.")] = Path("report"),
+    pdf: Annotated[bool, typer.Option("--pdf", help="Also print the report to OUT/report.pdf with headless "
+                                                    "Chromium (found on PATH or $LEAKBENCH_CHROMIUM).")] = False,
 ) -> None:
     """Write a static HTML report (tables, plots, image grids) and CSV/Parquet exports of a results store.
 
     The store is opened read-only (it may sit on read-only media or belong to another user).
     """
+    if pdf and find_chromium() is None:  # before any work: the fix is one install away
+        raise ConfigError(NO_BROWSER.format(names=", ".join(BROWSERS)))
     store = Store(db, readonly=True)
     try:
         check_out_dir(out, "--out")
         files = write_report(store, out)
     finally:
         store.close()
+    if pdf:
+        console.print(clean(f"wrote {write_pdf(files.index)}"), highlight=False, soft_wrap=True)
     extra = f", {files.parquet.name}" if files.parquet else " (Parquet: install pandas and pyarrow)"
     console.print(clean(f"wrote {files.index}, {files.csv.name}, {files.strongest_csv.name}{extra}, "
                         f"{len(files.plots)} plot(s), {len(files.grids)} grid(s)"), highlight=False, soft_wrap=True)

@@ -16,11 +16,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from ..evaluation.plan import defense_family
 from ..evaluation.strongest import (BUDGETS, AttackScore, PrivacyUtilityPoint, Strongest, batch_size, finite,
                                     npz_path, threat_model, usable, utility_for, utility_loss, verdicts)
 from .grid import save_grid
 from .markup import MISSING, esc, figure, hover, muted, num, slug, table
+from .navigation import METRIC_NAMES, PICKABLE, collapsible, metric_labels, per_metric
+from .score_table import defense_header, metric_means, metric_table, ordered_defenses
 from .plots import CRAMER_RAO, pareto_plot, sd_heatmap
 from .verdict_text import SUMMARY_BUDGET, ci, ci_n, summary_sentence, verdict_table
 
@@ -34,14 +35,6 @@ class Drawn:
 
     plots: list[Path] = field(default_factory=list)
     grids: list[Path] = field(default_factory=list)
-
-
-def _ordered_defenses(defenses: Sequence[str]) -> list[tuple[str, list[str]]]:
-    """Defense settings grouped by family, families and settings in first-seen order (``none`` first)."""
-    groups: dict[str, list[str]] = {}
-    for d in sorted(dict.fromkeys(defenses), key=lambda d: d != "none"):
-        groups.setdefault(defense_family(d)[0], []).append(d)
-    return list(groups.items())
 
 
 def _score_cell(a: AttackScore | None, best: bool) -> Any:
@@ -69,12 +62,10 @@ def table4(best: Sequence[Strongest], size: int, bounds: Mapping[tuple, float] |
     ``bounds``: (threat model, dataset, model, defense, B) → Cramér–Rao value, shown as a last row.
     """
     here = {s.defense: s for s in best if s.batch_size == size}
-    groups = _ordered_defenses(list(here))
+    groups = ordered_defenses(list(here))
     columns = [d for _, ds in groups for d in ds]
     attacks = sorted({a.attack for s in here.values() for a in s.scores})
-    head = ('<tr><th class="l" rowspan="2">attack</th>'
-            + "".join(f'<th colspan="{len(ds)}">{esc(fam)}</th>' for fam, ds in groups) + "</tr><tr>"
-            + "".join(f"<th>{esc(defense_family(d)[1] or MISSING)}</th>" for d in columns) + "</tr>")
+    head = defense_header(groups)
     rows = []
     for name in attacks:
         row: list[Any] = [esc(name)]
@@ -122,7 +113,7 @@ def table5(util: Mapping[tuple, Mapping[str, Any]], dataset: str, model: str, de
     if all(k[3] == 0 for k in keys):
         sizes = [0]  # an old store: one utility per defense, for every batch size
     all_defs = list(dict.fromkeys([*defenses, *(k[2] for k in keys)]))
-    columns = [d for _, ds in _ordered_defenses(all_defs) for d in ds]
+    columns = [d for _, ds in ordered_defenses(all_defs) for d in ds]
     head = ('<tr><th class="l" rowspan="2">defense</th>'
             + "".join(f'<th colspan="3">{"every B" if b == 0 else f"B = {b}"}</th>' for b in sizes)
             + "</tr><tr>" + "<th>train loss</th><th>test acc.</th><th>utility loss</th>" * len(sizes) + "</tr>")
@@ -186,6 +177,17 @@ def _grid(rows: Sequence[Mapping[str, Any]], s: Strongest, out: Path) -> tuple[P
     return path, caption
 
 
+def grid_rows(grids: Sequence[tuple[int, tuple[Path, str]]], out: Path) -> str:
+    """Image grids laid out by batch size: one row per B, headed by it, each caption directly under its grid."""
+    parts = [muted("One row per batch size; in each grid the originals are on top and the best attack's "
+                   "reconstructions under them, with each image's PSNR.")]
+    for b in sorted(dict.fromkeys(b for b, _ in grids)):
+        figures = "".join(figure(p, out, c) for size, (p, c) in grids if size == b)
+        parts.append(f'<div class="grid-row" data-batch-size="{b}"><h5>B = {b}</h5><div class="grids">{figures}'
+                     "</div></div>")
+    return "".join(parts)
+
+
 def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequence[Strongest],
                    points: Sequence[PrivacyUtilityPoint], util: Mapping[tuple, Mapping[str, Any]],
                    out: Path, drawn: Drawn, bounds: Mapping[tuple, float] | None = None) -> str:
@@ -218,11 +220,18 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
                            f"budget (nats); budgets {', '.join(f'{u:g}' for u in BUDGETS if finite(u))} and any "
                            "cost. RMSE: higher = leaks less."))
         parts.append("<h4>Every attack against every defense setting (Table 4)</h4>")
-        parts.append(muted("Mean RMSE ± 95 % bootstrap interval over batches (n = batches); the strongest "
-                           "attack of each column is highlighted; grey = not significantly below chance; hover n/a "
-                           "and failed cells for the reason; † = some trials were not usable."))
+        parts.append(f"<p>{metric_labels('show:')}</p>")
+        parts.append(per_metric({
+            "rmse": muted("Mean RMSE ± 95 % bootstrap interval over batches (n = batches); the strongest attack of "
+                          "each column is highlighted; grey = not significantly below chance; hover n/a and failed "
+                          "cells for the reason; † = some trials were not usable."),
+            **{m: muted(f"Mean {esc(METRIC_NAMES[m])} over the usable trials (n = trials); the best value of each "
+                        "column in bold. S<sub>D</sub> still ranks attacks by RMSE (the <i>strongest</i> row).")
+               for m in PICKABLE if m != "rmse"}}))
+        means = metric_means([r for r in rows if threat_model(r) == threat])
         for b in sizes:
-            parts.append(f"<h5>B = {b}</h5>" + table4(here, b, bounds))
+            parts.append(f"<h5>B = {b}</h5>" + per_metric(
+                {m: table4(here, b, bounds) if m == "rmse" else metric_table(here, b, means, m) for m in PICKABLE}))
         tag = slug(threat, dataset, model)
         heat = sd_heatmap(here, out / "plots" / f"sd-{tag}.png", title=f"S_D — {name}")
         if heat is not None:
@@ -242,11 +251,10 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
                                  "utility loss), and only its points are labelled (the rest: marker = family). "
                                  "Diverged settings are listed under the panel, not placed on the axis."
                                  + bound_note))
-        grids = [g for g in (_grid(rows, s, out) for s in here if s.attack) if g is not None]
-        drawn.grids += [p for p, _ in grids]
-        parts.append("<h4>Best reconstruction per setting</h4>")
-        parts.append('<div class="grids">' + "".join(figure(p, out, c) for p, c in grids) + "</div>" if grids else
-                     muted("No reconstructions saved."))
+        grids = [(s.batch_size, g) for s in here if s.attack and (g := _grid(rows, s, out)) is not None]
+        drawn.grids += [p for _, (p, _c) in grids]
+        parts.append(collapsible("", "Best reconstruction per setting", grid_rows(grids, out), open=False, level=4)
+                     if grids else "<h4>Best reconstruction per setting</h4>" + muted("No reconstructions saved."))
         refused = [r for r in rows if r.get("images_refused") and (r.get("dataset"), r.get("model")) == (dataset, model)]
         if refused:
             parts.append(muted(f"Images of {len(refused)} trial(s) not shown: {esc(refused[0]['images_refused'])}"
@@ -254,4 +262,4 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
     return "".join(parts)
 
 
-__all__ = ["attack_section", "table4", "table5", "Drawn"]
+__all__ = ["attack_section", "table4", "table5", "grid_rows", "Drawn"]

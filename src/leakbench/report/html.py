@@ -35,6 +35,8 @@ from .verdict_text import summaries
 from .federated_section import federated_section, federated_summary
 from .export import RESULT_COLUMNS, result_records, strongest_records, write_csv, write_parquet
 from .markup import esc, muted, table
+from .navigation import NAV_CSS, collapsible, contents_bar, metric_radios
+from .spec_text import readable_yaml
 from .plots import CRAMER_RAO
 from .weights_section import (membership_section, membership_summary_line, weights_section,
                               weights_summary_line)
@@ -63,8 +65,10 @@ th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:right} th{background
 td.l,th.l{text-align:left} td.best{font-weight:700;background:#dff0df} td.na{color:#999}
 td.gain{background:#fff6e0} td.evidence{background:#dff0df} td.chance{color:#888} .eps{color:#555;font-size:.8rem}
 span[title]{text-decoration:underline dotted;cursor:help}
-img{max-width:100%;border:1px solid #eee} .grids figure{display:inline-block;margin:.4rem;vertical-align:top}
-.grids img{height:230px;width:auto}
+img{max-width:100%;border:1px solid #eee} .grids{display:flex;flex-wrap:wrap;align-items:flex-start;gap:.6rem}
+.grids figure{display:table;margin:.2rem 0} .grids figcaption{display:table-caption;caption-side:bottom}
+.grids img{height:230px;width:auto;max-width:none} .grid-row{margin:.4rem 0 1rem;border-top:1px dashed #ddd}
+pre.spec{white-space:pre-wrap;background:#f7f7f7;padding:.6rem;font-size:.8rem}
 figure{margin:.4rem 0} figcaption{font-size:.8rem;color:#555} .muted{color:#777;font-size:.85rem}
 code{background:#f5f5f5} ul.verdict li{margin:.25rem 0} section.threat{margin-bottom:2rem}
 """
@@ -284,7 +288,8 @@ def _write(store: Store, out: Path) -> ReportFiles:
         if t == "membership" and members:
             body.append(membership_section(members, out, drawn))
         sections.append(f'<section class="threat" id="threat-{esc(t)}" data-threat="{esc(t)}">'
-                        f"<h2>{esc(title)}</h2><p><i>The attacker {esc(text)}</i></p>{''.join(body)}</section>")
+                        + collapsible("", title, f"<p><i>The attacker {esc(text)}</i></p>{''.join(body)}")
+                        + "</section>")
     federated = federated_section(rows, out, drawn)
     summary = (_summary(threats, rows, points, weights, members, bool(bounds)) if sections or not federated
                else federated_summary(rows))
@@ -293,30 +298,30 @@ def _write(store: Store, out: Path) -> ReportFiles:
     status = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no trials"
     downloads = [f'<a href="{esc(p.relative_to(out).as_posix())}">{esc(p.name)}</a>'
                  for p in (files.csv, files.strongest_csv, files.parquet) if p is not None]
+    entries = [("summary", "Summary"), *((f"threat-{t}", THREATS.get(t, (t,))[0]) for t in threats),
+               *([("federated", "Federated runs")] if federated else []), ("problems", "Not applicable, failed"),
+               ("spec", "Sweep spec")]
+    intro = """<p>Following Liu et al. (2024, eq. (3)), a defense is judged by the strongest attack against it
+(S<sub>D</sub>: the attack with the lowest mean RMSE on that setting) at the utility it costs. Each threat model
+below is a separate question: an attack that needs a malicious server is never the strongest attack against an
+eavesdropper.</p>"""
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>leakbench report — {esc(name)}</title>
-<style>{CSS}</style></head>
-<body data-threats="{esc(' '.join(threats))}">
+<style>{CSS}{NAV_CSS}</style></head>
+<body data-threats="{esc(' '.join(threats))}">{metric_radios()}
+{contents_bar(entries, picker=any(s.threat_model in threats for s in best))}
+<main>
 <h1>leakbench report — {esc(name)}</h1>
 <p class=muted>{esc(store.path.name)} · {esc(status)} · generated {_dt.datetime.now():%Y-%m-%d %H:%M} by leakbench
 {esc(__version__)} · <span id="image-check">images not checked (JavaScript off)</span> · {' · '.join(downloads)}</p>
-
-<h2>Summary</h2>
-<p>Following Liu et al. (2024, eq. (3)), a defense is judged by the strongest attack against it (S<sub>D</sub>:
-the attack with the lowest mean RMSE on that setting) at the utility it costs. Each threat model below is a
-separate question: an attack that needs a malicious server is never the strongest attack against an
-eavesdropper.</p>
-{summary}
-{_replication(store)}
+{collapsible("summary", "Summary", intro + summary + _replication(store))}
 {''.join(sections) or ("" if federated else muted("No finished trials yet."))}
 {federated}
-
-<h2>Attacks that did not apply, failed trials</h2>
-{_problems_section(rows)}
-{_refused_files(rows)}
-
-<h2>Sweep spec</h2>
-<details><summary>the spec this store was run with</summary><pre>{esc(spec_text)}</pre></details>
+{collapsible("problems", "Attacks that did not apply, failed trials", _problems_section(rows) + _refused_files(rows),
+             open=any(r.get("status") in ("failed", "timed out") for r in rows))}
+{collapsible("spec", "Sweep spec", muted("The spec this store was run with (YAML).")
+             + f'<pre class="spec">{esc(readable_yaml(spec_text))}</pre>', open=False)}
+</main>
 <script>{PAGE_CHECK}</script>
 </body></html>
 """
@@ -331,7 +336,7 @@ def _refused_files(rows: list[dict[str, Any]], limit: int = 20) -> str:
         return ""
     items = "".join(f"<li>{esc(r.get('key'))}: {esc(r['images_refused'])}</li>" for r in refused[:limit])
     more = f"<li>… and {len(refused) - limit} more</li>" if len(refused) > limit else ""
-    return (f"<h2>Files refused</h2><p class=muted>{len(refused)} trial(s) name files outside the store's folder; "
+    return (f"<h3>Files refused</h3><p class=muted>{len(refused)} trial(s) name files outside the store's folder; "
             f"they were not read.</p><ul>{items}{more}</ul>")
 
 

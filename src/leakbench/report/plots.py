@@ -166,34 +166,65 @@ def pareto_plot(points: Sequence[PrivacyUtilityPoint], path: str | Path, *, titl
     return _save(fig, path)
 
 
+#: line styles of the ROC curves, in turn (the chance diagonal is thin, grey and dashed).
+ROC_STYLES = ("-", (0, (6, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (3, 1, 1, 1, 1, 1)))
+
+
 def roc_plot(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], path: str | Path, *,
              title: str = "") -> Path | None:
     """ROC curves of membership attacks on a log-scale FPR axis, with the chance diagonal.
 
     ``curves``: (label, FPR, TPR).  FPR = 0 cannot be drawn on a log axis: the axis starts at the smallest
-    positive FPR of any curve (1 / non-members).  ``None`` when ``curves`` is empty.
+    positive FPR of any curve (1 / non-members).  Curves that lie on top of each other stay distinguishable: each
+    has its own colour, line style (:data:`ROC_STYLES`) and marker, and with more than one curve a row of small
+    multiples (one panel per curve, the others in light grey) follows the overlay.  ``None`` when ``curves`` is
+    empty.
     """
     if not curves:
         return None
     low = min((float(f[f > 0].min()) for _, f, _ in curves if (f > 0).any()), default=1e-3)
-    fig = Figure(figsize=(6.2, 4.8))
-    ax = fig.add_subplot(1, 1, 1)
-    for i, (label, fpr, tpr) in enumerate(curves):
-        keep = fpr > 0
-        ax.plot(fpr[keep], tpr[keep], color=f"C{i % 10}", label=plain(label))  # ties: the diagonal segment
+    many = len(curves) > 1
+    cols = min(len(curves), 4)
+    small_rows = math.ceil(len(curves) / cols) if many else 0
+    fig = Figure(figsize=(max(6.2, 2.6 * cols), 4.8 + 2.5 * small_rows))
+    grid = fig.add_gridspec(1 + small_rows, cols, height_ratios=[4.8] + [2.5] * small_rows)
     chance = np.logspace(math.log10(low), 0, 50)
-    ax.plot(chance, chance, color="0.5", linestyle="--", linewidth=1, label="chance (TPR = FPR)")
-    ax.set_xscale("log")
-    ax.set_xlim(low, 1.0)
-    ax.set_ylim(0.0, 1.02)
+
+    def draw(ax, i: int, label: str | None, fpr: np.ndarray, tpr: np.ndarray, **style: Any) -> None:
+        keep = fpr > 0
+        n = int(keep.sum())
+        ax.plot(fpr[keep], tpr[keep], color=style.pop("color", f"C{i % 10}"), label=label,
+                linestyle=style.pop("linestyle", ROC_STYLES[i % len(ROC_STYLES)]),
+                marker=style.pop("marker", MARKERS[i % len(MARKERS)]), markersize=style.pop("markersize", 5),
+                markevery=(i % 5, max(1, n // 8)) if n else None, linewidth=style.pop("linewidth", 1.6), **style)
+
+    def frame(ax, size: int) -> None:
+        ax.plot(chance, chance, color="0.55", linestyle="--", linewidth=0.9, label="chance (TPR = FPR)")
+        ax.set_xscale("log")
+        ax.set_xlim(low, 1.0)
+        ax.set_ylim(0.0, 1.02)
+        ax.grid(True, alpha=0.3, which="both")
+        ax.tick_params(labelsize=size)
+
+    ax = fig.add_subplot(grid[0, :])
+    for i, (label, fpr, tpr) in enumerate(curves):
+        draw(ax, i, plain(label), fpr, tpr)
+    frame(ax, 9)
     ax.set_xlabel("false-positive rate (log scale)")
     ax.set_ylabel("true-positive rate")
-    ax.grid(True, alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper left")
     if title:
         ax.set_title(plain(title), fontsize=9)
+    for i, (label, fpr, tpr) in enumerate(curves if many else []):
+        small = fig.add_subplot(grid[1 + i // cols, i % cols])
+        for j, (_, f_other, t_other) in enumerate(curves):
+            if j != i:
+                draw(small, j, None, f_other, t_other, color="0.82", linestyle="-", marker="", linewidth=1.0)
+        draw(small, i, None, fpr, tpr)
+        frame(small, 6)
+        small.set_title(plain(label), fontsize=7)
     fig.tight_layout()
     return _save(fig, path)
 
 
-__all__ = ["plain", "sd_heatmap", "pareto_plot", "roc_plot", "CRAMER_RAO"]
+__all__ = ["plain", "sd_heatmap", "pareto_plot", "roc_plot", "CRAMER_RAO", "ROC_STYLES"]

@@ -210,7 +210,8 @@ def membership_section(found: Sequence[MembershipScore], out: Path, drawn: Drawn
         path = roc_plot(curves, out / "plots" / f"roc-{slug(dataset, model)}.png", title=f"{dataset} · {model}")
         if path is not None:
             drawn.plots.append(path)
-            parts.append(figure(path, out, f"ROC, {dataset} · {model} (log-scale FPR; dashed: chance)"))
+            parts.append(figure(path, out, f"ROC, {dataset} · {model} (log-scale FPR; grey dashed: chance"
+                                             + ("; below, one panel per setting)" if len(curves) > 1 else ")")))
     return "".join(parts)
 
 
