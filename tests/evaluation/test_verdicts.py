@@ -175,6 +175,7 @@ def test_a_setting_whose_cost_straddles_the_budget_is_reported_beside_the_pick_a
     from leakbench.report.verdict_text import decision
 
     assert "straddles the budget" in decision(v) and "prune:0.9" in decision(v)
+    assert "tied with" not in decision(v), "no empty tie list"
     # a budget the whole interval fits, or the interval lies above: no edge, decided
     assert found[0.5].defense == "prune:0.9" and found[0.5].edge == [] and found[0.5].status == "decided"
     rows_far = [r for r in rows if not (r["kind"] == "utility" and r["defense"] == "prune:0.9")]

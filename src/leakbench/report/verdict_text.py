@@ -65,9 +65,9 @@ def _decision(v: Verdict) -> str:
         head = "no defense within it leaks significantly less than none"
     else:
         head = f"<b>{esc(v.defense)}</b>{eps} leaks least (S<sub>D</sub> {ci(v.sd)}, n = {v.n})"
-    if v.status == "tied":
+    if v.status == "tied" and v.tied:  # (tied only at the budget's edge: :func:`decision` adds it)
         return f"{head}, tied with {_names(v.tied)}"
-    if v.margin.n:
+    if v.margin.n and not (v.status == "tied" and v.tied):
         head += f", ahead by {ci(v.margin)}"
     return head
 
