@@ -20,7 +20,8 @@ try:
     import flwr  # noqa: F401
 except ImportError as err:  # one clear line instead of a deep traceback
     raise ImportError("leakbench.integrations.flower needs Flower, which is not installed: "
-                      "pip install 'leakbench[flower]'") from err
+                      "pip install '.[flower]' in a leakbench checkout (or 'leakbench[flower]' from an index that "
+                      "has it)") from err
 
 from .audit import AttackChoice, Audited, Auditor, attack_choices, best, chance
 from .keys import FitKeys, LocalTraining, local_training
