@@ -51,7 +51,7 @@ RECORDED = {
 
 #: options added after the presets were recorded, with the value at which they change nothing: left out of
 #: the digest at that value, so adding an inert option does not revise every preset.
-INERT = {"features": 0.0, "feature_phase": 0.0, "features_from": 2}
+INERT = {"features": 0.0, "feature_phase": 0.0, "features_from": 2, "features_labels": "all"}
 
 
 def _digest(name: str, preset: str) -> str:
