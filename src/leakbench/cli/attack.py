@@ -20,7 +20,8 @@ from ..attacks import Reconstruction, create as create_attack, preset_revision
 from ..data import DATASETS
 from ..defenses import parse as parse_defense
 from ..errors import ConfigError, LeakbenchError, UnsupportedThreatModel
-from ..evaluation.trial import TrialSpec, dataset_for, run_trial
+from ..evaluation.run import run_trial
+from ..evaluation.trial import TrialSpec, dataset_for
 from ..losses import LOSSES
 from ..metrics import score_columns
 from ..models import parse_spec

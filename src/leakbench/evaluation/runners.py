@@ -14,7 +14,7 @@ gradient-matching attacks, utility seeds) in chunks of at least a stack (:func:`
 the worker solves as one batched call (:func:`~.chunks.run_chunk`; a pool shares a stack out evenly among
 its workers with room);
 a pool worker still sends each result back the moment it finishes, a Ray actor returns a chunk at once —
-either way the sweep commits one trial per transaction.  Every trial runs :func:`~.trial.run_trial`, which
+either way the sweep commits one trial per transaction.  Every trial runs :func:`~.run.run_trial`, which
 fixes its seeds and thread count, so all executors give the same results.
 """
 from __future__ import annotations
