@@ -13,7 +13,7 @@ import leakbench as lb
 from leakbench.attacks import attack_batch
 from leakbench.evaluation import Store, Sweep, chunks, load_spec, plan
 from leakbench.evaluation.chunks import CUDA_CHUNK, batch_group, cuda_stack, run_chunk, stack_size
-from leakbench.evaluation.trial import run_trial
+from leakbench.evaluation.run import run_trial
 from leakbench.evaluation.utility import utility_seeds
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from .captured import check_model, gradient_fields, non_finite_tensor, out_dim, update_fields
 from .defenses import parse as parse_defense
 from .defenses import share
-from .errors import ConfigError, expect
+from .errors import expect
 from .losses import get_loss
 
 KINDS = ("gradient", "update", "weights")
@@ -123,42 +124,36 @@ class Observation:
         )
 
     @classmethod
-    def from_gradients(cls, model: nn.Module, grads, **options) -> Observation:
-        """A captured client gradient as an observation (see :func:`leakbench.captured.from_gradients`)."""
-        from .captured import from_gradients
+    def from_gradients(cls, model: nn.Module, grads, *, batch_size: int, labels=None, loss: str = "ce",
+                       input_shape=None, normalize=None, train: bool = False, defense: str = "none") -> Observation:
+        """An observation of the gradient ``grads`` a client computed on ``batch_size`` samples at ``model``'s weights.
 
-        return from_gradients(model, grads, **options)
+        ``grads``: one tensor per trainable parameter — a list in ``model.parameters()`` order, or a
+        mapping from ``model.named_parameters()`` names (as ``{n: p.grad for n, p in ...}``) — of the
+        *mean* loss over the batch, as ``loss.backward()`` gives it.  ``labels`` grants the batch's
+        labels; ``normalize=(mean, std)`` (see :mod:`leakbench.captured`); ``defense`` records what the
+        client applied (it is not applied again).  Equals :func:`observe` on the same batch (tested).
+        """
+        return cls(**gradient_fields(model, grads, batch_size=batch_size, labels=labels, loss=loss,
+                                     input_shape=input_shape, normalize=normalize, train=train, defense=defense))
 
     @classmethod
-    def from_update(cls, model_before: nn.Module, model_after: nn.Module, **options) -> Observation:
-        """A captured model update as an observation (see :func:`leakbench.captured.from_update`)."""
-        from .captured import from_update
+    def from_update(cls, model_before: nn.Module, model_after: nn.Module, *, batch_size: int, lr: float,
+                    steps: int = 1, epochs: int | None = None, minibatch: int | None = None, order=None,
+                    labels=None, loss: str = "ce", input_shape=None, normalize=None, train: bool = False,
+                    defense: str = "none") -> Observation:
+        """An observation of the update θ_after − θ_before a client sent after local SGD on ``batch_size`` samples.
 
-        return from_update(model_before, model_after, **options)
-
-
-def non_finite_tensor(named) -> tuple[str, int] | None:
-    """(name, count) of the first floating tensor of ``(name, tensor)`` pairs holding NaN/inf; None if all finite."""
-    for name, t in named:
-        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()) and t.device.type != "meta":
-            finite = torch.isfinite(t)
-            if not bool(finite.all()):
-                return name, int((~finite).sum())
-    return None
-
-
-def check_model(model: nn.Module, field: str = "model") -> None:
-    """Refuse a model with meta (data-less), sparse or non-finite parameters or buffers, naming the tensor."""
-    expect(isinstance(model, nn.Module), f"expected a torch.nn.Module, got {type(model).__name__} (argument {field})")
-    tensors = [*model.named_parameters(), *model.named_buffers()]
-    for name, t in tensors:
-        expect(t.device.type != "meta", f"expected a model with materialised weights, got meta tensor {name!r} "
-               f"(argument {field}); load its weights first (model.to_empty(device=...) + load_state_dict)")
-        expect(t.layout == torch.strided, f"expected dense tensors, got a {t.layout} tensor {name!r} "
-               f"(argument {field}); convert it with .to_dense()")
-    bad = non_finite_tensor(tensors)
-    expect(bad is None, lambda: f"expected finite weights, got {bad[1]} NaN/inf value(s) in {bad[0]!r} "
-           f"(argument {field}); load or train a model whose weights are finite")
+        The client ran ``steps`` SGD steps of size ``lr`` on its whole batch (FedAvg's local
+        aggregation as :func:`observe` simulates it with ``local_steps``), or ``epochs`` epochs in
+        minibatches of ``minibatch`` (FedAvg's client, Dimitrov et al. 2022):
+        steps = epochs·⌈batch_size/minibatch⌉, the minibatches taken in ``order`` (one permutation of
+        the samples per epoch, as a data loader drew them, when the client knows it) or unshuffled.
+        The update-matching attacks simulate exactly those minibatch steps (``Observation.local_batches``).
+        """
+        return cls(**update_fields(model_before, model_after, batch_size=batch_size, lr=lr, steps=steps,
+                                   epochs=epochs, minibatch=minibatch, order=order, labels=labels, loss=loss,
+                                   input_shape=input_shape, normalize=normalize, train=train, defense=defense))
 
 
 def _check_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -301,7 +296,7 @@ def observe(
     defense_obj = parse_defense(defense)
 
     client = copy.deepcopy(model).to(x.device)
-    _check_labels(y, _out_dim(client, x), loss)
+    _check_labels(y, out_dim(client, x), loss)
     client.train(train)
     named = [(n, p) for n, p in client.named_parameters() if p.requires_grad]
     expect(len(named) > 0, "the model has no trainable parameters")
@@ -335,7 +330,7 @@ def observe(
         loss=loss,
         batch_size=int(result.x.shape[0]),
         input_shape=tuple(x.shape[1:]),
-        num_classes=_out_dim(attacker, x),
+        num_classes=out_dim(attacker, x),
         labels=result.y.detach().clone() if labels_known else None,
         bn_stats=stats or None,
         local_steps=result.local_steps,
@@ -379,24 +374,7 @@ def _batch_norm_stats(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Ten
     return stats
 
 
-def _out_dim(model: nn.Module, x: torch.Tensor) -> int:
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = model(x[:1])
-    except RuntimeError as err:
-        raise ConfigError(f"the model cannot run on inputs of shape {tuple(x.shape[1:])}: "
-                          f"{' '.join(str(err).split())[:200]} (argument model / x)") from None
-    finally:
-        model.train(was)
-    expect(isinstance(out, torch.Tensor) and out.dim() >= 1,
-           f"expected the model to return one tensor of logits B×K, got {type(out).__name__} (argument model); "
-           "wrap it so forward returns the logits only")
-    return int(out.shape[-1])
-
-
-__all__ = ["KINDS", "Observation", "observe", "ConfigError", "check_model", "non_finite_tensor"]
+__all__ = ["KINDS", "Observation", "observe"]
 
 
 def observe_weights(

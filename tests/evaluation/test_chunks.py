@@ -7,7 +7,7 @@ import pytest
 
 from leakbench.evaluation import chunks, load_spec, plan
 from leakbench.evaluation.chunks import batch_group, batched_order, run_chunk
-from leakbench.evaluation.trial import run_trial
+from leakbench.evaluation.run import run_trial
 
 SPEC = {
     "name": "chunks",

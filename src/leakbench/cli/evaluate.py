@@ -26,7 +26,8 @@ from rich.text import Text
 from ..errors import ConfigError
 from ..evaluation import Store, Sweep, SweepSummary, load_spec, strongest
 from ..evaluation.preflight import check_size, preflight
-from ..evaluation.spec import MAX_STACK, MAX_TRIALS
+from ..evaluation.spec import MAX_STACK
+from ..evaluation.speccheck import MAX_TRIALS
 from ..evaluation.strongest import Strongest
 from ..report import write_report
 from ..report.pdf import BROWSERS, NO_BROWSER, find_chromium, write_pdf

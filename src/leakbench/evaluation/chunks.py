@@ -5,7 +5,7 @@ options: :func:`batch_group`) go to :func:`leakbench.attacks.attack_batch` toget
 gradient-matching ones into one optimisation.  Utility trials that differ only in their training seed train
 together on CUDA (:func:`~.utility.utility_seeds`; on a CPU the stacked step measured slower than the seeds one
 after the other).  Every other trial runs alone.  Each trial is then finished by
-:func:`~.trial.run_trial` with its batched result (``prepared``): the same scoring, the same per-trial
+:func:`~.run.run_trial` with its batched result (``prepared``): the same scoring, the same per-trial
 failure, n/a and non-finite checks as a trial run alone, one :class:`~.trial.TrialResult` each — a NaN trial
 fails alone, its chunk-mates are untouched.
 
@@ -30,7 +30,8 @@ import torch
 
 from ..budget import check_time, time_limit
 from ..errors import BudgetExceeded
-from .trial import SWEEP_BUDGET, TrialResult, TrialSpec, TrialTimeout, run_trial
+from .run import run_trial
+from .trial import SWEEP_BUDGET, TrialResult, TrialSpec, TrialTimeout
 
 #: trials stacked per batched call on a CPU: measured fastest per trial on 2 cores (IG quick B = 1 / fast B = 4 on
 #: the demo CNN, s a trial at k = 8/16/32/64: 0.093/0.067/0.056/0.050 and 0.161/0.160/0.107/0.110); 64 adds
@@ -111,7 +112,7 @@ def cuda_stack(obs, device: torch.device) -> int:
 
 
 def observation_for(spec: TrialSpec, cache_dir) -> Any:
-    """The observation attack trial ``spec`` attacks (as :func:`~.trial.run_trial` computes it: same seeds)."""
+    """The observation attack trial ``spec`` attacks (as :func:`~.run.run_trial` computes it: same seeds)."""
     from ..threat import observe
     from .trial import apply_server, batch_for, dataset_for, model_for
 

@@ -33,7 +33,8 @@ import torch
 
 from ..errors import ConfigError, LeakbenchError
 from ..models.files import load_weights
-from .spec import MAX_TRIALS, SweepSpec
+from .spec import SweepSpec
+from .speccheck import MAX_TRIALS
 
 
 @dataclass

@@ -178,8 +178,10 @@ def weights_trial(spec, clock, cache_dir) -> Any:
 
 
 def _residual(target) -> float | None:
+    from ..analysis.stationarity import kkt_residual
+
     try:
-        return float(target.kkt_residual().residual)
+        return float(kkt_residual(target.model, target.inputs, target.y).residual)
     except (ConfigError, ValueError, RuntimeError):  # the residual is defined for linear + ReLU stacks only
         return None
 

@@ -14,15 +14,28 @@ gradient-matching attacks, utility seeds) in chunks of at least a stack (:func:`
 the worker solves as one batched call (:func:`~.chunks.run_chunk`; a pool shares a stack out evenly among
 its workers with room);
 a pool worker still sends each result back the moment it finishes, a Ray actor returns a chunk at once —
-either way the sweep commits one trial per transaction.  Every trial runs :func:`~.trial.run_trial`, which
+either way the sweep commits one trial per transaction.  Every trial runs :func:`~.run.run_trial`, which
 fixes its seeds and thread count, so all executors give the same results.
+
+The pool is hand-made rather than ``concurrent.futures.ProcessPoolExecutor`` or loky because it streams each
+trial's result back the moment it finishes (not per submitted chunk), keeps long-lived spawned workers whose
+imports, datasets and trained models stay warm, and when a worker dies fails only the trial it was running,
+re-queues the rest of its chunk to the others and spawns a replacement (a broken ``ProcessPoolExecutor``
+fails every pending future).
+
+Spawned workers re-run the main script's top-level code (``multiprocessing``'s spawn start method), so a
+script that calls :func:`~.sweep.evaluate` with ``workers > 1`` outside ``if __name__ == "__main__":`` is
+refused before any worker starts (:func:`unguarded_main_call`); should one slip through, its workers exit
+with :data:`UNGUARDED_EXIT` and the pool raises the same :class:`~leakbench.errors.ConfigError`.
 """
 from __future__ import annotations
 
 import abc
+import ast
 import collections
 import multiprocessing
 import os
+import sys
 import threading
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
@@ -33,6 +46,76 @@ from ..errors import ConfigError
 from .chunks import batch_group, run_chunk, stack_size
 from .trial import TrialResult, TrialSpec
 from .workers import TrialActor, parent_marked, serve
+
+#: the exit code of a spawned worker that found itself re-running an unguarded ``evaluate`` call of the script
+UNGUARDED_EXIT = 79
+
+
+def _guard_message(where: str) -> str:
+    return (f"evaluate(..., workers > 1) is called from top-level code of the script ({where}), which every "
+            "spawned worker re-runs; wrap the call in `if __name__ == \"__main__\":` (or use workers=1)")
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (either operand order)."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
+            and isinstance(node.test.ops[0], ast.Eq)):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return (any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
+            and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
+
+
+def unguarded_main_call() -> str | None:
+    """``"script.py line 12"`` when this call comes from top-level code of the ``__main__`` script outside
+    ``if __name__ == "__main__":`` (code a spawned worker re-runs), else None (a guarded call, a function
+    called later, an interactive session or notebook, whose main module spawned workers do not re-run)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path:
+        return None
+    outer = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):
+            outer = frame
+        frame = frame.f_back
+    if outer is None:
+        return None
+    line = outer.f_lineno
+    try:
+        tree = ast.parse(Path(outer.f_code.co_filename).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    for node in tree.body:
+        if node.lineno <= line <= (node.end_lineno or node.lineno):
+            if _is_main_guard(node) and any(b.lineno <= line <= (b.end_lineno or b.lineno) for b in node.body):
+                return None
+            return f"{os.path.basename(path)} line {line}"
+    return None
+
+
+def in_spawned_main() -> bool:
+    """True inside a spawned child while it re-runs the parent's main script as ``__mp_main__`` (its start-up,
+    before ``multiprocessing.parent_process()`` is even set)."""
+    if "__mp_main__" not in sys.modules:
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def refuse_unguarded_main() -> None:
+    """Refuse to start worker processes from unguarded top-level code of the main script: a
+    :class:`ConfigError` here, or (in a worker re-running that code) exit at once with :data:`UNGUARDED_EXIT`."""
+    if in_spawned_main():
+        raise SystemExit(UNGUARDED_EXIT)
+    where = unguarded_main_call()
+    if where is not None:
+        raise ConfigError(_guard_message(where))
 
 
 class Runner(abc.ABC):
@@ -192,6 +275,13 @@ class _Worker:
         self.conn.close()
 
 
+def _check_exit(worker: _Worker) -> None:
+    """A worker that exited re-running the script's unguarded ``evaluate`` call: refuse the sweep."""
+    if worker.process.exitcode == UNGUARDED_EXIT:
+        main = getattr(sys.modules.get("__main__"), "__file__", None)
+        raise ConfigError(_guard_message(os.path.basename(main) if main else "the main script"))
+
+
 class PoolRunner(Runner):
     """Trials in ``workers`` long-lived spawned processes; each holds about two chunks (one running)."""
 
@@ -214,6 +304,8 @@ class PoolRunner(Runner):
 
     def start(self, *, wait: bool = False) -> PoolRunner:
         """Start the workers (they warm up in parallel); with ``wait``, until each has said it is ready."""
+        if len(self._pool) < self.workers:
+            refuse_unguarded_main()
         while len(self._pool) < self.workers:
             self._pool.append(self._spawn())
         while wait and not all(w.ready for w in self._pool):
@@ -221,6 +313,7 @@ class PoolRunner(Runner):
             for w in self._pool:
                 w.receive()
                 if not w.ready and not w.process.is_alive():
+                    _check_exit(w)
                     raise ConfigError(f"a pool worker failed to start (exit code {w.process.exitcode})")
         return self
 
@@ -296,6 +389,7 @@ class PoolRunner(Runner):
     def _collect(self, index: int, worker: _Worker) -> list[TrialResult]:
         results = worker.receive()
         if worker.pending and not worker.process.is_alive():  # died mid-trial: that trial failed, not lost
+            _check_exit(worker)
             code = worker.process.exitcode
             results.append(_failed(worker.pending[0], f"worker process died (exit code {code}) in this trial"))
             self._requeued.extend(worker.pending[1:])  # queued behind it, never started: run elsewhere
@@ -567,4 +661,4 @@ def make_runner(*, workers: int = 1, ray: str | None = None, cache_dir: str | Pa
 
 
 __all__ = ["Runner", "InProcessRunner", "PoolRunner", "RayRunner", "ChunkSizer", "make_runner", "capped_workers",
-           "cores"]
+           "cores", "refuse_unguarded_main", "unguarded_main_call", "UNGUARDED_EXIT"]

@@ -37,7 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
-from .speccheck import MAX_SPEC_NODES, MAX_TRIALS
+from .specnames import check_names
 from .specsource import Source as _Source
 from .specsource import pydantic_message, read_spec
 
@@ -48,7 +48,6 @@ MAX_SEED = 2**63
 MAX_THREADS = 1024
 #: the most trials a spec's ``stack`` may solve as one batched call
 MAX_STACK = 4096
-RULE_KEYS = ("dataset", "model", "batch_size", "attack", "defense", "seed")
 
 
 class _Strict(BaseModel):
@@ -89,7 +88,6 @@ class TrainingEntry(_Strict):
 SERVER_MOVES = {"imprint": "leakbench.models.malicious.imprint",
                 "random_head": "leakbench.models.malicious.random_head"}
 #: arguments of those functions the trial sets itself (the model, its shape, the public sample).
-SERVER_SET_BY_TRIAL = ("model", "calibration", "input_shape")
 
 
 class ServerEntry(_Strict):
@@ -501,13 +499,6 @@ def load_spec(source: str | Path | Mapping | SweepSpec, *, check: bool = True) -
     return spec
 
 
-def check_names(spec: SweepSpec, where: _Source | None = None) -> None:
-    """Resolve every name of ``spec`` through the registries (see :mod:`.specnames`)."""
-    from .specnames import check_names as check
-
-    check(spec, where)
-
-
 def dump_spec(spec: SweepSpec) -> str:
     """The spec as YAML text (stored with the results so a sweep is reproducible from its store)."""
     return yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=False), sort_keys=False)
@@ -515,5 +506,5 @@ def dump_spec(spec: SweepSpec) -> str:
 
 __all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "NormalizeEntry", "ServerEntry", "TargetEntry", "WeightsEntry",
            "MembershipEntry", "MEMBERSHIP_SETTINGS", "SERVER_MOVES", "TrainingEntry", "AttackEntry", "DefenseEntry",
-           "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "ReplicateEntry", "RULE_KEYS", "load_spec",
-           "check_names", "dump_spec", "MAX_SPEC_NODES", "MAX_TRIALS", "MAX_SEED", "MAX_THREADS", "MAX_STACK"]
+           "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "ReplicateEntry", "load_spec", "dump_spec",
+           "MAX_SEED", "MAX_THREADS", "MAX_STACK"]

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from .eta import CostEstimate, probes_first
 from .images import save_trial_files
 from .plan import plan
 from .preflight import check_size, preflight
-from .runners import Runner, capped_workers, make_runner
+from .runners import Runner, capped_workers, in_spawned_main, make_runner, refuse_unguarded_main
 from .spec import SweepSpec, dump_spec, load_spec
 from .store import RETRYABLE, Store
 from .trial import SWEEP_BUDGET, TrialResult, TrialSpec, worker_id
@@ -38,9 +39,14 @@ from .trial import SWEEP_BUDGET, TrialResult, TrialSpec, worker_id
 FINISHED = ("done", "n/a")
 
 
-@dataclass
+@dataclass(repr=False)
 class SweepSummary:
-    """What one :meth:`Sweep.run` did and where the sweep stands."""
+    """What one :meth:`Sweep.run` did and where the sweep stands.
+
+    False when trials failed or timed out (``if not lb.evaluate(...)``), as the CLI then exits 1; its
+    ``repr`` says how many: ``SweepSummary(all 108 trials failed, ...)``, ``SweepSummary(12 of 108 trials
+    failed, ...)``.
+    """
 
     db: Path
     planned: int
@@ -55,6 +61,30 @@ class SweepSummary:
         """Every planned trial is finished (done or n/a)."""
         return sum(self.counts.get(s, 0) for s in FINISHED) == self.planned
 
+    @property
+    def failed(self) -> int:
+        """Trials that failed or timed out."""
+        return sum(self.counts.get(s, 0) for s in RETRYABLE)
+
+    def __bool__(self) -> bool:
+        return self.failed == 0
+
+    @property
+    def headline(self) -> str:
+        """"all 108 trials failed", "12 of 108 trials failed", or "108 of 108 trials finished"."""
+        total = sum(self.counts.values()) or self.planned
+        if self.failed:
+            return f"all {total} trials failed" if self.failed == total else f"{self.failed} of {total} trials failed"
+        finished = sum(self.counts.get(s, 0) for s in FINISHED)
+        return f"{finished} of {total} trials finished"
+
+    def __repr__(self) -> str:
+        stopped = f", stopped={self.stopped!r}" if self.stopped else ""
+        return (f"SweepSummary({self.headline}, counts={dict(sorted(self.counts.items()))}, db={str(self.db)!r}, "
+                f"ran={self.ran}, skipped={self.skipped}, seconds={self.seconds:.1f}{stopped})")
+
+    __str__ = __repr__
+
 
 class Sweep:
     """A sweep spec bound to a store and an executor; :meth:`run` it, :meth:`state_dict` to inspect it."""
@@ -64,6 +94,8 @@ class Sweep:
                  max_trials: int | None = None, runner: Runner | None = None,
                  on_result: Callable[[TrialSpec, TrialResult], None] | None = None, force: bool = False,
                  check: bool = True) -> None:
+        if in_spawned_main() or (ray is None and runner is None and isinstance(workers, int) and workers > 1):
+            refuse_unguarded_main()  # before the store is touched: a script a spawned worker would re-run
         self.spec = load_spec(spec)
         self.preflight = preflight(self.spec) if check else None  # every dataset, model and the size, up front
         if not check:
@@ -234,12 +266,22 @@ class Sweep:
 def evaluate(spec: SweepSpec | str | Path | dict, db: str | Path = "results.db", *, workers: int = 1,
              ray: str | None = None, retry_failed: bool = False, max_trials: int | None = None,
              progress: bool = False, force: bool = False) -> SweepSummary:
-    """Run (or resume) the sweep ``spec`` into the SQLite store ``db``; see :class:`Sweep`."""
+    """Run (or resume) the sweep ``spec`` into the SQLite store ``db``; see :class:`Sweep`.
+
+    Returns a :class:`SweepSummary`, which is False (and warns) when trials failed: their errors are in the
+    store (``leakbench evaluate`` prints them and exits 1).  With ``workers > 1`` call it under
+    ``if __name__ == "__main__":`` in a script; an unguarded call is refused (worker processes re-run the
+    script's top-level code).
+    """
     sweep = Sweep(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials, force=force)
     try:
-        return sweep.run(progress=progress)
+        summary = sweep.run(progress=progress)
     finally:
         sweep.store.close()
+    if summary.failed:
+        warnings.warn(f"{summary.headline} (store {summary.db}: their errors are in the store; "
+                      "leakbench evaluate prints them)", RuntimeWarning, stacklevel=2)
+    return summary
 
 
 __all__ = ["Sweep", "SweepSummary", "evaluate", "FINISHED"]

@@ -11,6 +11,10 @@ result in-process, in a process pool or on a Ray worker.
 A trial never raises for a problem of its own: an attack whose requirements
 the observation does not meet is ``"n/a"`` with the reason, anything else that
 goes wrong is ``"failed"`` with the error and its traceback.
+
+This module holds the spec, the result and the kinds ``attack``, ``utility`` and ``bound``;
+:func:`leakbench.evaluation.run.run_trial` runs a trial of any kind (``weights`` and
+``membership`` are in :mod:`.published`, which imports this module, never the reverse).
 """
 from __future__ import annotations
 
@@ -22,7 +26,6 @@ import math
 import os
 import socket
 import time
-import traceback as tb
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..budget import check_time, time_limit
+from ..budget import check_time
 from ..errors import BudgetExceeded, LeakbenchError, UnsupportedThreatModel
 
 KINDS = ("attack", "utility", "bound", "weights", "membership")
@@ -266,7 +269,7 @@ def batch_for(spec: TrialSpec, data) -> tuple[torch.Tensor, torch.Tensor]:
 # ----------------------------------------------------------------------------- running
 
 
-class _Clock:
+class Clock:
     """Named timings and the attack's deadline (checked at every progress report of the attack).
 
     The budget counts the attack alone: it starts at :meth:`start_budget`, after the data,
@@ -301,62 +304,6 @@ class _Clock:
 
     def total(self) -> dict[str, float]:
         return {**self.timings, "total": time.perf_counter() - self.start}
-
-
-def run_trial(spec: TrialSpec, *, cache_dir: str | Path | None = None, progress=None,
-              strict: bool = False, prepared: Any = None) -> TrialResult:
-    """Run one trial; never raises for a problem of the trial itself (see the module docstring).
-
-    ``progress(done, total, loss)`` receives the attack's progress.  ``strict=True`` (the CLI's
-    ``attack`` command) lets errors propagate instead of recording them as ``failed``/``n/a``.
-    ``prepared``: the trial's reconstruction (attack) or utility result (utility) from a batched call of
-    :mod:`.chunks`, or the exception that stopped it there; the trial is otherwise run and scored as alone.
-    """
-    clock = _Clock(spec.trial_seconds, progress)
-    clock.prepared = prepared
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(spec.threads)))
-    try:
-        # the sweep's end bounds every loop; a utility trial's training is its work, so trial_seconds bounds it too
-        own = spec.trial_seconds if spec.kind == "utility" else None
-        with torch.random.fork_rng(devices=[]), time_limit(until=spec.deadline, what=SWEEP_BUDGET), \
-                time_limit(own, "budget.trial_seconds"):
-            torch.manual_seed(spec.seed)
-            run = _runner(spec.kind)
-            result = run(spec, clock, cache_dir)
-            if result.status == "done":
-                bad = non_finite(result.metrics)
-                if bad:
-                    result = TrialResult(key=spec.key, status="failed",
-                                         error=f"non-finite result: {', '.join(bad)} (a diverged run is a failure, "
-                                               "not a score)", timings=result.timings)
-    except UnsupportedThreatModel as err:
-        if strict:
-            raise
-        result = TrialResult(key=spec.key, status="n/a", error=str(err))
-    except BudgetExceeded as err:  # the wall-clock guards: shown as "timed out", never silently dropped from S_D
-        result = TrialResult(key=spec.key, status="timed out", error=str(err))
-    except Exception as err:  # recorded with the trial, the sweep goes on
-        if strict:
-            raise
-        result = TrialResult(key=spec.key, status="failed", error=f"{type(err).__name__}: {err}",
-                             traceback=tb.format_exc())
-    finally:
-        torch.set_num_threads(threads)
-    result.timings = {**result.timings, **clock.total()}
-    result.worker = worker_id()
-    return result
-
-
-def _runner(kind: str):
-    """The function running trials of ``kind`` (the table of :data:`KINDS`)."""
-    from . import published
-
-    table = {"attack": _attack_trial, "utility": _utility_trial, "bound": _bound_trial,
-             "weights": published.weights_trial, "membership": published.membership_trial}
-    if kind not in table:
-        raise LeakbenchError(f"expected a trial kind in {KINDS}, got {kind!r}")
-    return table[kind]
 
 
 #: metrics whose non-finite value makes a trial ``failed`` (a NaN reconstruction or loss is no result).
@@ -440,7 +387,7 @@ def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Modu
     return getattr(malicious, name)(model, input_shape=data.shape, **options)
 
 
-def run_attack(spec: TrialSpec, obs, clock: _Clock) -> Any:
+def run_attack(spec: TrialSpec, obs, clock: Clock) -> Any:
     """The spec's attack run on ``obs`` under the trial's budget, or the ``n/a`` result saying why it cannot run."""
     from ..attacks import create
 
@@ -459,7 +406,7 @@ def run_attack(spec: TrialSpec, obs, clock: _Clock) -> Any:
     return rec
 
 
-def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
+def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     from ..metrics import compare
     from ..threat import observe
 
@@ -527,7 +474,7 @@ def utility_arguments(spec: TrialSpec, cache_dir) -> dict[str, Any]:
                 model_file=opts.get("file") or None)
 
 
-def _utility_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
+def utility_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     from .utility import utility
 
     if isinstance(clock.prepared, BaseException):  # trained in a batched call (:mod:`.chunks`), and it failed
@@ -548,7 +495,7 @@ def _utility_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
                        timings={"train_reported": float(getattr(result, "seconds", 0.0) or 0.0)})
 
 
-def _bound_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
+def bound_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     """Cramér–Rao bound on the RMSE of unbiased estimators for the trial's batch (Liu et al. 2024, Sec. 3)."""
     from ..analysis.bounds import cramer_rao
 
@@ -585,7 +532,7 @@ def _number(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-__all__ = ["TrialSpec", "TrialResult", "TrialTimeout", "run_trial", "batch_for", "model_for", "dataset_for",
+__all__ = ["TrialSpec", "TrialResult", "TrialTimeout", "batch_for", "model_for", "dataset_for",
            "worker_id", "apply_server", "public_sample", "draw_excluding", "chance_scores", "chance_per_sample",
            "constant_output", "non_finite", "threat_model", "KINDS", "STATUSES",
            "THREAT_MODELS"]

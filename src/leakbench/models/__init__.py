@@ -53,12 +53,3 @@ __all__ = [
     "random_head",
     "TargetConfig", "TrainedTarget", "train_target",
 ]
-
-
-def __getattr__(name: str):
-    """``KKTResidual`` and ``kkt_residual`` live in :mod:`leakbench.analysis.stationarity`; still importable here."""
-    if name in ("KKTResidual", "kkt_residual"):
-        from ..analysis import stationarity as module
-
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -43,6 +43,7 @@ from ...models.matrices import layer_chain
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import label_counts
+from ..linalg import lstsq
 from ..analytic import analytic_reasons, chain_or_reason
 from ..observed import layer_gradients, param_index
 
@@ -257,7 +258,7 @@ class Exclusivity(Attack):
             else:
                 for s in pending:  # cannot separate its contribution: invert the forward map only
                     rows = s["pattern"]
-                    s["next"] = torch.linalg.lstsq(W[k - 1][rows], (s["h"] - bias[k - 1])[rows, None]).solution[:, 0] \
+                    s["next"] = lstsq(W[k - 1][rows], (s["h"] - bias[k - 1])[rows, None])[:, 0] \
                         if rows.any() else torch.zeros(W[k - 1].shape[1], dtype=W[k - 1].dtype)
                     s["known"] = False
             for s in known:

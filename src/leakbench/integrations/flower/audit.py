@@ -1,7 +1,7 @@
 """The audit core (flwr-free): a client's update → a leakbench observation → the named attacks → scores.
 
 One update θ_after − θ_before of a client that ran local SGD (:class:`~.keys.LocalTraining`) becomes
-an ``update`` observation through :func:`leakbench.captured.from_update`; each attack named as in the
+an ``update`` observation through :meth:`leakbench.threat.Observation.from_update`; each attack named as in the
 CLI and sweep specs (registry name, ``preset``, ``options``, ``threat: {labels_known: true}``, ``label``)
 runs on it as :func:`leakbench.evaluation.trial.run_attack` runs it in a sweep trial.  With the client's
 real batch (simulation, or the client auditing itself) the reconstruction is scored after Hungarian
@@ -155,7 +155,7 @@ class Auditor:
     """Runs the named attacks on captured updates: ``Auditor(["fc-inversion"]).audit(obs, x, y)``.
 
     ``loss``, ``normalize``, ``input_shape`` and ``train`` are the threat-model arguments of
-    :func:`leakbench.captured.from_update`; ``seed`` seeds every attack.
+    :meth:`leakbench.threat.Observation.from_update`; ``seed`` seeds every attack.
     """
 
     def __init__(self, attacks: str | Mapping | Iterable[str | Mapping], *, seed: int = 0, device: str = "cpu",
@@ -168,12 +168,14 @@ class Auditor:
 
     def observe(self, model_before: nn.Module, model_after: nn.Module, training: LocalTraining, *,
                 labels: torch.Tensor | None = None, defense: str = "none"):
-        """The ``update`` observation of ``model_after − model_before`` (:func:`leakbench.captured.from_update`)."""
-        from ...captured import from_update
+        """The ``update`` observation of ``model_after − model_before``
+        (:meth:`leakbench.threat.Observation.from_update`)."""
+        from ...threat import Observation
 
-        return from_update(model_before.to(self.device), model_after.to(self.device), **training.options(),
-                           labels=labels, loss=self.loss, input_shape=self.input_shape, normalize=self.normalize,
-                           train=self.train, defense=defense)
+        return Observation.from_update(model_before.to(self.device), model_after.to(self.device),
+                                       **training.options(), labels=labels, loss=self.loss,
+                                       input_shape=self.input_shape, normalize=self.normalize, train=self.train,
+                                       defense=defense)
 
     def verify(self, model_before: nn.Module, model_after: nn.Module, training: LocalTraining, x: torch.Tensor,
                y: torch.Tensor, *, defense: str = "none") -> str | None:

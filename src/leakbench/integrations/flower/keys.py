@@ -4,7 +4,7 @@ Flower leaves the names of the training settings to the app: its quickstart send
 train ``ConfigRecord`` and replies ``num-examples`` (the key FedAvg weights by).  :class:`FitKeys`
 names the keys the auditor reads; a client's reply metrics win over the server's config (the
 client knows what it ran).  :func:`local_training` turns them into :class:`LocalTraining`, the
-arguments of :func:`leakbench.captured.from_update`.
+arguments of :meth:`leakbench.threat.Observation.from_update`.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class LocalTraining:
     minibatch: int | None = None
 
     def options(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`leakbench.captured.from_update`."""
+        """Keyword arguments of :meth:`leakbench.threat.Observation.from_update`."""
         out: dict[str, Any] = {"batch_size": self.batch_size, "lr": self.lr}
         if self.epochs is not None:
             out.update(epochs=self.epochs, minibatch=self.minibatch)
