@@ -58,7 +58,11 @@ def check_names(spec, where: Source | None = None) -> None:
                 if section == "membership":
                     from ..attacks.trained.membership import MEMBERSHIP_ATTACKS
 
-                    guard(path + ("name",), MEMBERSHIP_ATTACKS.get, a.name)
+                    cls = guard(path + ("name",), MEMBERSHIP_ATTACKS.get, a.name)
+                    if not getattr(cls, "in_sweeps", True):
+                        raise ConfigError(f"{where.where(path + ('name',))}: {a.name!r} runs from the Python API "
+                                          "(leakbench.evaluation.reference, docs/membership.md), not yet in sweep "
+                                          "specs, whose membership entries run membership-margin")
                     guard(path + ("options",), MEMBERSHIP_ATTACKS.create, a.name, **a.options)
                 else:
                     guard(path + ("name",), ATTACKS.get, a.name)
