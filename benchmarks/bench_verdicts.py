@@ -43,6 +43,15 @@ def eavesdropper_spec(seeds: list[int], utility_seeds: list[int], *, quick: bool
     spec["utility"] = {**spec["utility"], "seeds": list(utility_seeds)}
     if quick:
         spec["batch_sizes"] = [1, 4]
+        rules = []
+        for rule in spec.get("exclude") or []:  # a rule on a dropped batch size would select nothing (refused)
+            sizes = rule.get("batch_size")
+            if isinstance(sizes, list):
+                rule = {**rule, "batch_size": [b for b in sizes if b in spec["batch_sizes"]]}
+            if rule.get("batch_size", 1) in ([], 8):
+                continue
+            rules.append(rule)
+        spec["exclude"] = rules
         spec["images"] = 4
         spec["utility"]["epochs"] = 1
         spec["replicate"] = {**spec.get("replicate", {}), "max_minutes": 1}

@@ -116,7 +116,7 @@ def test_the_random_head_trials_give_the_same_bits_in_two_fresh_processes(tmp_pa
 
 @pytest.mark.slow
 def test_every_attack_gives_the_same_bits_in_two_fresh_processes(tmp_path):
-    from leakbench.attacks.trained.membership import MEMBERSHIP_ATTACKS
+    from leakbench.attacks.trained import MEMBERSHIP_ATTACKS
 
     results = _same_bits(EVERY, tmp_path)
     assert {key.split()[0] for key in results} == set(lb.ATTACKS.names()) | set(MEMBERSHIP_ATTACKS.names())

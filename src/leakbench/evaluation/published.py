@@ -188,7 +188,7 @@ def _residual(target) -> float | None:
 
 def membership_trial(spec, clock, cache_dir) -> Any:
     """Membership inference against a binary target in one margin-knowledge setting."""
-    from ..attacks.trained.membership import MEMBERSHIP_ATTACKS
+    from ..attacks.trained import MEMBERSHIP_ATTACKS
     from ..metrics.membership import membership_scores
     from ..threat import observe_weights
     from .trial import TrialResult

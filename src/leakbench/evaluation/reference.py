@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..attacks.trained.membership import MEMBERSHIP_ATTACKS
+from ..attacks.trained import MEMBERSHIP_ATTACKS
 from ..attacks.trained.reference import ReferenceOutputs, target_confidence
 from ..data import ImageDataset
 from ..defenses import parse

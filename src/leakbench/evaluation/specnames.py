@@ -56,7 +56,7 @@ def check_names(spec, where: Source | None = None) -> None:
             for j, a in enumerate(entry.attacks):
                 path = (section, i, "attacks", j)
                 if section == "membership":
-                    from ..attacks.trained.membership import MEMBERSHIP_ATTACKS
+                    from ..attacks.trained import MEMBERSHIP_ATTACKS
 
                     cls = guard(path + ("name",), MEMBERSHIP_ATTACKS.get, a.name)
                     if not getattr(cls, "in_sweeps", True):

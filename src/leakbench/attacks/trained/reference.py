@@ -50,7 +50,7 @@ from scipy import stats as _sp
 
 from ...errors import ConfigError, UnsupportedThreatModel, expect
 from ...threat import Observation
-from .membership import MEMBERSHIP_ATTACKS, MembershipResult
+from ..membership_base import MEMBERSHIP_ATTACKS, MembershipResult
 
 __all__ = ["ReferenceOutputs", "logit_confidence", "loss_scores", "lira_scores", "rmia_scores", "rmia_marginal",
            "LossMembership", "LiRAMembership", "RMIAMembership", "target_confidence", "MIN_STD"]
