@@ -36,7 +36,9 @@ def test_ctrl_c_keeps_the_partial_reconstruction_and_exits_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "leakbench.cli", "attack", "--data", "digits", "--model",
                              "slowmod:Slow", "--attack", "inverting-gradients", "--preset", "quick", "--option",
                              "iterations=100000", "--out", str(out)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            # a shell's background job inherits SIGINT ignored; the user's terminal does not
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         seen = ""

@@ -643,8 +643,10 @@ def _edge(ok: Sequence[PrivacyUtilityPoint], edge: Sequence[PrivacyUtilityPoint]
     """The settings of ``edge`` (cost undetermined at the budget) that would be named or tied beside ``ok``."""
     if not edge:
         return []
-    _, pick, tied, _ = _decide([*ok, *edge])
+    status, pick, tied, _ = _decide([*ok, *edge])
     names = {p.defense for p in edge}
+    if status == "stops":  # the cheapest that stops: an edge setting matters only where it would be that one
+        return [pick.defense] if pick.defense in names else []
     return sorted(d for d in {pick.defense, *tied} if d in names)
 
 
