@@ -211,6 +211,13 @@ def rmia_scores(target_phi: object, reference_phi: object, in_mask: object, popu
 # --------------------------------------------------------------------------- registered attacks
 
 
+def _refuse(obs: Observation, name: str) -> None:
+    """Raise :class:`UnsupportedThreatModel` with every reason attack ``name`` cannot run on ``obs``."""
+    reasons = _check_obs(obs, name)
+    if reasons:
+        raise UnsupportedThreatModel(f"attack {name!r} cannot run on this observation: " + "; ".join(reasons))
+
+
 def _check_obs(obs: object, name: str) -> list[str]:
     if not isinstance(obs, Observation):
         return [f"expected an Observation from observe_weights, got {type(obs).__name__}"]
@@ -264,9 +271,7 @@ class LossMembership:
 
     def __call__(self, obs: Observation, x: torch.Tensor, *, labels: torch.Tensor | None = None,
                  reference: ReferenceOutputs | None = None, **_: object) -> MembershipResult:
-        reasons = self.requirements(obs)
-        if reasons:
-            raise UnsupportedThreatModel(f"attack {self.name!r} cannot run on this observation: " + "; ".join(reasons))
+        _refuse(obs, self.name)
         thr = None if self.threshold is None else -float(self.threshold)
         return _result(loss_scores(_phi(obs, x, labels, "x")), "loss", thr)
 
@@ -292,9 +297,7 @@ class LiRAMembership:
 
     def __call__(self, obs: Observation, x: torch.Tensor, *, labels: torch.Tensor | None = None,
                  reference: ReferenceOutputs | None = None, **_: object) -> MembershipResult:
-        reasons = self.requirements(obs)
-        if reasons:
-            raise UnsupportedThreatModel(f"attack {self.name!r} cannot run on this observation: " + "; ".join(reasons))
+        _refuse(obs, self.name)
         phi = _phi(obs, x, labels, "x")
         ref = _check_reference(reference, int(phi.numel()), self.name)
         pooled = self.global_variance if self.global_variance is not None else ref.models < 64
@@ -326,9 +329,7 @@ class RMIAMembership:
                  reference: ReferenceOutputs | None = None, population: torch.Tensor | None = None,
                  population_labels: torch.Tensor | None = None,
                  population_reference: ReferenceOutputs | None = None, **_: object) -> MembershipResult:
-        reasons = self.requirements(obs)
-        if reasons:
-            raise UnsupportedThreatModel(f"attack {self.name!r} cannot run on this observation: " + "; ".join(reasons))
+        _refuse(obs, self.name)
         phi = _phi(obs, x, labels, "x")
         ref = _check_reference(reference, int(phi.numel()), self.name)
         expect(population is not None, f"{self.name} needs population=… (points z, with population_labels and "
