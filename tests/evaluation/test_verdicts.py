@@ -189,11 +189,14 @@ def test_a_setting_whose_cost_straddles_the_budget_is_reported_beside_the_pick_a
     assert v.defense == "clip:1" and v.edge == [] and v.status == "decided"
 
 
-def test_an_edge_setting_is_listed_beside_a_stopping_pick_only_where_it_would_be_the_cheapest():
+def test_beside_a_stopping_pick_edge_settings_that_stop_too_are_listed_unless_nothing_is_needed():
     rows = [*attack_rows("none", noisy(0.05)), *attack_rows("noise:0.1", noisy(0.50, seed=1)),
-            *attack_rows("prune:0.9", noisy(0.40, seed=2)), *attack_rows("clip:1", noisy(0.45, seed=3)),
+            *attack_rows("prune:0.9", noisy(0.40, seed=2)),
             *utility_rows("none", [1.00, 1.00, 1.00]), *utility_rows("noise:0.1", [1.05, 1.051, 1.052]),
-            *utility_rows("prune:0.9", [1.00, 1.16, 1.08]),   # mean 0.08 > 0.05: straddles 0.1, dearer
-            *utility_rows("clip:1", [0.98, 1.10, 1.00])]      # mean 0.027 < 0.05: straddles 0.1, cheaper
+            *utility_rows("prune:0.9", [1.00, 1.16, 1.08])]  # straddles 0.1
     v = decide(rows, (0.1,))[0.1]
-    assert v.status == "stops" and v.defense == "noise:0.1" and v.edge == ["clip:1"]
+    assert v.status == "stops" and v.defense == "noise:0.1" and v.edge == ["prune:0.9"]
+    safe = [r for r in rows if not (r["kind"] == "attack" and r["defense"] == "none")]
+    safe += attack_rows("none", noisy(0.45, seed=4))  # no attack beats chance even without a defense
+    v = decide(safe, (0.1,))[0.1]
+    assert v.status == "stops" and v.defense == "none" and v.edge == []

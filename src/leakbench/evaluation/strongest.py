@@ -643,10 +643,8 @@ def _edge(ok: Sequence[PrivacyUtilityPoint], edge: Sequence[PrivacyUtilityPoint]
     """The settings of ``edge`` (cost undetermined at the budget) that would be named or tied beside ``ok``."""
     if not edge:
         return []
-    status, pick, tied, _ = _decide([*ok, *edge])
+    _, pick, tied, _ = _decide([*ok, *edge])
     names = {p.defense for p in edge}
-    if status == "stops":  # the cheapest that stops: an edge setting matters only where it would be that one
-        return [pick.defense] if pick.defense in names else []
     return sorted(d for d in {pick.defense, *tied} if d in names)
 
 
@@ -683,7 +681,9 @@ def verdicts(points: Iterable[PrivacyUtilityPoint], budgets: Sequence[float] = B
                 v.defense, v.attack, v.rmse, v.utility_loss = pick.defense, pick.attack, pick.rmse, pick.utility_loss
                 v.gain, v.epsilon, v.chance_rmse = pick.gain, pick.epsilon, pick.chance_rmse
                 v.n, v.sd, v.utility, v.seeds = pick.sd.n, pick.sd, pick.utility, pick.utility.interval.n
-            v.edge = _edge(ok, [p for p in scored if not p.diverged and p.defense != "none" and p.utility.at_edge(u)])
+            if not (v.status == "stops" and v.defense == "none"):  # nothing needed: no other setting matters
+                v.edge = _edge(ok, [p for p in scored
+                                    if not p.diverged and p.defense != "none" and p.utility.at_edge(u)])
             if v.edge and v.status == "decided":
                 v.status = "tied"
             out.append(v)
