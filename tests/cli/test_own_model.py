@@ -139,7 +139,7 @@ def test_unlabelled_folder_with_own_class(tmp_path, user_module):
     from leakbench.evaluation import Store
 
     done = [r for r in Store(tmp_path / "r.db").rows(kind="attack") if r["status"] == "done"]
-    assert done and all(r["label_acc"] is None for r in done), "placeholder labels score no label accuracy"
+    assert done and all(r["label_acc"] is None for r in done), "unknown labels score no label accuracy"
     data["threat"] = {"labels_known": True}
     spec.write_text(yaml.safe_dump(data, sort_keys=False))
     refused = runner.invoke(app, ["evaluate", str(spec), "--db", str(tmp_path / "r2.db")])

@@ -150,7 +150,7 @@ def execute(spec: RunSpec, *, progress: bool) -> RunResult:
                           f"with your options), more than {MAX_ATTACK_WORK:,}; lower them")
     trial = trial_spec(spec)
     if spec.labels_known and not dataset_for(trial).labels_known:
-        raise ConfigError(f"the labels of --data {spec.data} are unknown (an unlabelled folder: placeholder label 0); "
+        raise ConfigError(f"the labels of --data {spec.data} are unknown (an unlabelled folder: every image carries label 0, which means nothing); "
                           "drop --labels-known")
     advice = (f"for a quick look use --preset {' or '.join(p for p in ('quick', 'fast') if p in presets)}"
               if (presets := getattr(ATTACKS.get(spec.attack), "presets", {})) else "")

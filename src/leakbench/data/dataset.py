@@ -58,7 +58,7 @@ class ImageDataset:
 
     ``images``: float32, N×C×H×W in [0, 1] (or N×d for vector data);
     ``labels``: int64, N, class indices into ``classes``; ``name``: a short id.
-    ``labels_known``: False when the labels are placeholders nobody knows (an unlabelled folder:
+    ``labels_known``: False when the labels are stand-ins nobody knows (an unlabelled folder:
     every sample label 0 of the one class "unknown"); a sweep then refuses to grant them to the
     attacker (``labels_known: true``).  One class is allowed; a model with one output trained
     with cross-entropy has a zero gradient, which :func:`leakbench.observe` refuses with the fix.

@@ -463,7 +463,7 @@ def folder(
                           f"image(s) such as {loose[0].name} beside class folders {[d.name for d in class_dirs][:3]}) "
                           "(field root); move the loose images into a class folder, or the class folders away")
     labels_known = True
-    if loose:  # unlabelled: one placeholder class nobody knows
+    if loose:  # unlabelled: one class, "unknown", label 0 for every image
         files, class_dirs, labels_known = [(0, f) for f in loose], [Path("unknown")], False
     present = {label for label, _ in files}
     empty = [d.name for label, d in enumerate(class_dirs) if files and label not in present]

@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from ..budget import check_time, time_limit
+from ..budget import check_time
 from ..errors import BudgetExceeded
 from .run import run_trial
-from .trial import SWEEP_BUDGET, TrialResult, TrialSpec, TrialTimeout
+from .trial import TrialResult, TrialSpec, TrialTimeout, trial_budget
 
 #: trials stacked per batched call on a CPU: measured fastest per trial on 2 cores (IG quick B = 1 / fast B = 4 on
 #: the demo CNN, s a trial at k = 8/16/32/64: 0.093/0.067/0.056/0.050 and 0.161/0.160/0.107/0.110); 64 adds
@@ -222,8 +222,7 @@ def run_chunk(trials: Iterable[TrialSpec], *, cache_dir: str | Path | None = Non
             own = _budget(members) if head.kind == "utility" else None  # training is a utility trial's work
             try:
                 run = _attack_group if head.kind == "attack" else _utility_group
-                with time_limit(until=head.deadline, what=SWEEP_BUDGET), \
-                        time_limit(own, "budget.trial_seconds (summed over the stack)"):
+                with trial_budget(head.deadline, own, "budget.trial_seconds (summed over the stack)"):
                     prepared = run(members, cache_dir)
             except BudgetExceeded as err:  # out of time: each trial is timed out, none runs again alone
                 prepared = {t.key: err for t in members}

@@ -192,7 +192,7 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
                               f"batch_sizes: {list(spec.batch_sizes)}); lower them or load more samples")
         report.datasets[d.key] = (data.shape, len(data), data.num_classes)
         if not getattr(data, "labels_known", True) and any(t.get("labels_known") for t in _threat_variants(spec)):
-            raise ConfigError(f"{where}: its labels are unknown (an unlabelled folder: placeholder label 0), but the "
+            raise ConfigError(f"{where}: its labels are unknown (an unlabelled folder: every image carries label 0, which means nothing), but the "
                               "threat grants them (labels_known: true); remove labels_known from threat and attacks")
         _check_training(spec, i, len(data), d.key)
         x, y = data.batch(smallest, seed=0)

@@ -11,10 +11,9 @@ from typing import Any
 
 import torch
 
-from ..budget import time_limit
 from ..errors import BudgetExceeded, LeakbenchError, UnsupportedThreatModel
 from . import published
-from .trial import (KINDS, SWEEP_BUDGET, Clock, TrialResult, TrialSpec, attack_trial, bound_trial, non_finite,
+from .trial import (KINDS, Clock, TrialResult, TrialSpec, attack_trial, bound_trial, non_finite, trial_budget,
                     utility_trial, worker_id)
 
 #: the function running trials of each kind of :data:`~.trial.KINDS`
@@ -38,8 +37,7 @@ def run_trial(spec: TrialSpec, *, cache_dir: str | Path | None = None, progress=
     try:
         # the sweep's end bounds every loop; a utility trial's training is its work, so trial_seconds bounds it too
         own = spec.trial_seconds if spec.kind == "utility" else None
-        with torch.random.fork_rng(devices=[]), time_limit(until=spec.deadline, what=SWEEP_BUDGET), \
-                time_limit(own, "budget.trial_seconds"):
+        with torch.random.fork_rng(devices=[]), trial_budget(spec.deadline, own):
             torch.manual_seed(spec.seed)
             run = _runner(spec.kind)
             result = run(spec, clock, cache_dir)

@@ -18,6 +18,7 @@ This module holds the spec, the result and the kinds ``attack``, ``utility`` and
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -28,12 +29,13 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..budget import check_time
+from ..budget import check_time, time_limit
 from ..errors import BudgetExceeded, LeakbenchError, UnsupportedThreatModel
 
 KINDS = ("attack", "utility", "bound", "weights", "membership")
@@ -76,6 +78,13 @@ def threat_model(spec: dict[str, Any]) -> str:
 
 #: what a loop cut by the sweep's end names (:func:`run_trial`); the sweep puts such a trial back to pending
 SWEEP_BUDGET = "budget.sweep_minutes"
+
+
+@contextlib.contextmanager
+def trial_budget(deadline: float | None, seconds: float | None, what: str = "budget.trial_seconds") -> Iterator[None]:
+    """Every loop inside stops at the sweep's end (``deadline``, wall-clock) and after ``seconds`` (``what``)."""
+    with time_limit(until=deadline, what=SWEEP_BUDGET), time_limit(seconds, what):
+        yield
 
 
 class TrialTimeout(BudgetExceeded):

@@ -12,7 +12,7 @@ that name and ``options`` does not set it (``**kwargs`` receives neither).  The 
 under a fixed torch seed (``seed``) with the global RNG restored afterwards, so its random
 initialisation is reproducible; the model is then probed on one zero input and must return
 one row of K ≥ ``classes`` logits (more outputs than the dataset's classes are allowed: an
-unlabelled folder has one placeholder class, your model its own ``num_classes``).
+unlabelled folder has one class, "unknown"; your model its own ``num_classes``).
 
 The module is searched on ``sys.path`` and then in the current directory (as ``python -m``
 would; the ``leakbench`` script itself does not put the current directory on the path).  The
