@@ -55,16 +55,19 @@ def _batches(labels: torch.Tensor, layout: list[int], count: int) -> list[list[i
     return out
 
 
-def run(*, quick: bool = False, model_name: str = MODEL) -> None:
+def run(*, quick: bool = False, model_name: str = MODEL, device: str = "cpu") -> None:
+    where = torch.device(device)
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {device}: CUDA is not available here")
     data, source = benchmark_images(LIMIT)
-    model = lb.build(model_name, input_shape=data.shape, classes=data.num_classes, seed=0).eval()
+    model = lb.build(model_name, input_shape=data.shape, classes=data.num_classes, seed=0).eval().to(where)
     iterations = 100 if quick else 500
     rows = []
     start = time.perf_counter()
     for layout, pattern in LAYOUTS.items():
         batches = _batches(data.labels, pattern, 3)
         pairs = [data.batch(indices=idx) for idx in batches]
-        observations = [lb.observe(model, x, y, labels_known=True) for x, y in pairs]
+        observations = [lb.observe(model, x.to(where), y.to(where), labels_known=True) for x, y in pairs]
         grey = [lb.compare(torch.full_like(x, 0.0) + x.mean(), x, y)["psnr"] for x, y in pairs]
         psnr: dict[str, list[float]] = {}
         used: dict[str, str] = {}
@@ -73,15 +76,15 @@ def run(*, quick: bool = False, model_name: str = MODEL) -> None:
                                 iterations=iterations, **options)
             bad = [r for r in recs if isinstance(r, Exception)]
             assert not bad, bad[0]
-            psnr[variant] = [lb.compare(r, x, y)["psnr"] for r, (x, y) in zip(recs, pairs)]
+            psnr[variant] = [lb.compare(r.images.cpu(), x, y)["psnr"] for r, (x, y) in zip(recs, pairs)]
             feats = [r.trace.get("features", {}) for r in recs]
             used[variant] = "/".join(str(f.get("labels", 0)) if f.get("used") else "–" for f in feats)
         for variant in VARIANTS:
             diff = [a - b for a, b in zip(psnr[variant], psnr["off"])]
             rows.append([layout, variant, sum(psnr[variant]) / 3,
-                         "–" if variant == "off" else f"{sum(diff) / 3:+.2f} [{min(diff):+.2f}, {max(diff):+.2f}]",
+                         "–" if variant == "off" else f"{sum(diff) / 3:+.2f} ({min(diff):+.2f} … {max(diff):+.2f})",
                          used[variant], sum(grey) / 3])
     table(f"IG fast at B = 5 (distinct) and 8 by label layout: PSNR (dB), mean of 3 batches; {model_name}, {iterations} steps",
-          ["layout", "feature term", "PSNR", "Δ vs off (mean [min, max])", "labels matched per batch", "grey"],
+          ["layout", "feature term", "PSNR", "Δ vs off: mean (min … max)", "labels matched per batch", "grey"],
           rows, f"{source}; indices < {LIMIT}; labels known; untrained {model_name} in eval mode; "
-                f"{time.perf_counter() - start:.0f} s.")
+                f"{time.perf_counter() - start:.0f} s on {where.type}.")
