@@ -27,7 +27,7 @@ import torch
 import leakbench as lb
 from leakbench.attacks import attack_batch
 
-from .common import benchmark_images, table
+from .common import benchmark_images, console, table
 
 MODEL = "convnet-16"
 #: label patterns (the i-th class present below LIMIT); the CIFAR-10 subset's first 500 images hold 5 classes,
@@ -84,6 +84,8 @@ def run(*, quick: bool = False, model_name: str = MODEL, device: str = "cpu") ->
             rows.append([layout, variant, sum(psnr[variant]) / 3,
                          "–" if variant == "off" else f"{sum(diff) / 3:+.2f} ({min(diff):+.2f} … {max(diff):+.2f})",
                          used[variant], sum(grey) / 3])
+            console.print(f"[dim]{' | '.join(map(str, rows[-1]))} ({time.perf_counter() - start:.0f} s)[/dim]",
+                          highlight=False)
     table(f"IG fast at B = 5 (distinct) and 8 by label layout: PSNR (dB), mean of 3 batches; {model_name}, {iterations} steps",
           ["layout", "feature term", "PSNR", "Δ vs off: mean (min … max)", "labels matched per batch", "grey"],
           rows, f"{source}; indices < {LIMIT}; labels known; untrained {model_name} in eval mode; "
