@@ -32,6 +32,7 @@ from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.run import Run  # noqa: E402
 
 import leakbench as lb  # noqa: E402
+from leakbench.errors import ConfigError  # noqa: E402
 from leakbench.integrations.flower import VERDICT_KEY, audit_mod, defense_mod  # noqa: E402
 
 LR = 0.1
@@ -261,15 +262,19 @@ class InProcessGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
-def secagg_round(mods, partitions=(0, 1, 2)):
-    """One FedAvg round under SecAgg+ (3 clients, 3 shares, threshold 2): the server's aggregate, the fit metrics
-    each client sent in the clear, and the grid (every reply as the server received it).
+def legacy_round(mods, *, dp_clip: float | None = None, secagg: bool = False, partitions=(0, 1, 2),
+                 client_app: ClientApp | None = None):
+    """One FedAvg round of a legacy ServerApp as Flower runs it (``DefaultWorkflow``) through :class:`InProcessGrid`:
+    the server's aggregate, the fit metrics each client sent in the clear, and the grid (every reply as the server
+    received it).
 
-    ``max_weight=1``: each client weighs its one example by 1, so the aggregate is quantised in steps of
-    2 · 8 / 2^22 ≈ 3.8e-6 (the default 1 000 would scale each model by 1/1000 before quantising: 3.8e-3).
+    ``dp_clip``: FedAvg wrapped in ``DifferentialPrivacyClientSideFixedClipping`` (noise multiplier 0), which sends
+    the clipping norm that ``fixedclipping_mod`` reads.  ``secagg``: the fit rounds run SecAgg+ (3 shares, threshold
+    2, ``max_weight=1``: each client weighs its one example by 1, so the aggregate is quantised in steps of
+    2 · 8 / 2^22 ≈ 3.8e-6; the default 1 000 would scale each model by 1/1000 before quantising: 3.8e-3).
     """
     from flwr.server import LegacyContext, ServerConfig
-    from flwr.server.strategy import FedAvg
+    from flwr.server.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
     from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 
     reported: list[dict] = []
@@ -280,13 +285,26 @@ def secagg_round(mods, partitions=(0, 1, 2)):
 
     strategy = FedAvg(fraction_evaluate=0.0, initial_parameters=ndarrays_to_parameters(ndarrays(model_fn())),
                       on_fit_config_fn=lambda rnd: {"lr": LR}, fit_metrics_aggregation_fn=collect)
-    grid = InProcessGrid(ClientApp(client_fn=client_fn, mods=mods), list(partitions))
+    if dp_clip is not None:
+        strategy = DifferentialPrivacyClientSideFixedClipping(strategy, noise_multiplier=0.0, clipping_norm=dp_clip,
+                                                              num_sampled_clients=len(partitions))
+    grid = InProcessGrid(client_app or ClientApp(client_fn=client_fn, mods=mods), list(partitions))
     server = LegacyContext(Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}),
                            config=ServerConfig(num_rounds=1), strategy=strategy)
-    DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(num_shares=3, reconstruction_threshold=2, max_weight=1.0))(grid, server)
+    fit = SecAggPlusWorkflow(num_shares=3, reconstruction_threshold=2, max_weight=1.0) if secagg else None
+    DefaultWorkflow(fit_workflow=fit)(grid, server)
     aggregate = parameters_to_ndarrays(compat.arrayrecord_to_parameters(server.state.array_records["parameters"],
                                                                         keep_input=True))
     return aggregate, reported, grid
+
+
+def test_fixedclipping_under_flowers_dp_wrapper_reports_the_clipped_update():
+    aggregate, reported, _ = legacy_round([audit(), fixedclipping_mod], dp_clip=CLIP)
+    assert len(reported) == 3
+    for metrics in reported:  # the clipping norm came from the server's wrapper; each audit saw a clipped update
+        assert metrics["leakbench-norm"] == pytest.approx(CLIP, rel=1e-5) and metrics["leakbench-rmse"] < 1e-5
+    step = [a - b for a, b in zip(aggregate, ndarrays(model_fn()))]
+    assert norm(step) <= CLIP * (1 + 1e-5)  # the mean of three clipped updates (noise multiplier 0)
 
 
 def plain_fedavg(partitions=(0, 1, 2)) -> list[np.ndarray]:
@@ -296,7 +314,7 @@ def plain_fedavg(partitions=(0, 1, 2)) -> list[np.ndarray]:
 
 
 def test_secaggplus_outside_the_audit_leaves_it_nothing_to_attack():
-    aggregate, reported, grid = secagg_round([audit(max_psnr=30.0), secaggplus_mod])
+    aggregate, reported, grid = legacy_round([audit(max_psnr=30.0), secaggplus_mod], secagg=True)
     # the protocol ran: the server unmasked the sum, FedAvg of the plaintext models up to quantisation (steps of
     # 3.8e-6), although each client's update leaks its digit exactly (fc-inversion at batch 1) and max_psnr is 30
     for got, want in zip(aggregate, plain_fedavg()):
@@ -327,7 +345,7 @@ def test_secaggplus_outside_the_audit_leaves_it_nothing_to_attack():
 
 
 def test_secaggplus_around_the_audit_audits_the_plaintext_update():
-    aggregate, reported, _ = secagg_round([secaggplus_mod, audit()])
+    aggregate, reported, _ = legacy_round([secaggplus_mod, audit()], secagg=True)
     for got, want in zip(aggregate, plain_fedavg()):
         assert np.abs(got - want).max() < 1e-5
     assert len(reported) == 3
@@ -337,7 +355,39 @@ def test_secaggplus_around_the_audit_audits_the_plaintext_update():
 
 def test_defense_mod_outside_secaggplus_refuses():
     # a defense cannot act on masked vectors: every client refuses, and the round aggregates nothing
-    _, reported, grid = secagg_round([defense_mod("clip:1"), secaggplus_mod])
+    _, reported, grid = legacy_round([defense_mod("clip:1"), secaggplus_mod], secagg=True)
     refused = [r for r in grid.sent if r.has_error()]
     assert len(refused) == 3 and all("inside secaggplus_mod" in r.error.reason for r in refused)
     assert reported == []
+
+
+def test_a_client_sending_arrays_that_do_not_fit_model_fn_gets_one_line():
+    class Partial(DigitClient):
+        def fit(self, parameters, config):
+            arrays, n, metrics = super().fit(parameters, config)
+            return arrays[:2], n, metrics
+
+    app = ClientApp(client_fn=lambda ctx: Partial(0).to_client(), mods=[audit()])
+    with pytest.raises(ConfigError, match="holds 2 arrays by position.*model_fn"):
+        app(fit_message({"lr": LR}), context())
+
+
+def test_the_legacy_secagg_app_of_the_docs_runs(capsys):
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[3] / "docs" / "flower.md"
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S) if "SecAggPlusWorkflow(" in b]
+    assert len(blocks) == 1, "docs/flower.md has no legacy SecAgg+ app"
+    app: dict = {"__name__": "docs_flower_secagg"}  # not __main__: the apps, without Flower's Ray simulation
+    exec(compile(blocks[0], str(doc), "exec"), app)
+    grid = InProcessGrid(app["client_app"], [0, 1, 2])
+    app["server_app"](grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("client update:")]
+    assert len(lines) == 3
+    for line in lines:  # each client's digit rebuilt exactly from its plaintext update
+        rmse = float(re.search(r"RMSE (\S+),", line).group(1))
+        assert rmse < 1e-5, line
+    masked = [r for r in grid.sent if not r.has_error()
+              and "masked_params" in r.content.config_records.get("secaggplus_configs", {})]
+    assert len(masked) == 3  # and the server received only masked vectors
