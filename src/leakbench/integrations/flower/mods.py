@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from flwr.app import Context, Error, Message, MessageType, MetricRecord
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.common.constant import ErrorCode
 from torch import nn
@@ -110,6 +110,8 @@ def _secagg_verdict(reply: Message, context: Context, server_round: int) -> Mess
                f"{state.get('mod_range', '2^32')}); only the sum over the round's {clients} clients (threshold "
                f"{threshold}) can be unmasked, so no single update is attacked — place audit_mod inside "
                "secaggplus_mod to audit the plaintext update")
+    if FITRES_METRICS not in reply.content.config_records:
+        reply.content.config_records[FITRES_METRICS] = ConfigRecord({})
     reply.content.config_records[FITRES_METRICS][VERDICT_KEY] = verdict
     log.info("leakbench audit_mod: round %d node %d: %s", server_round, context.node_id, verdict)
     return reply
@@ -120,8 +122,11 @@ def audit_mod(*, model_fn: Callable[[], nn.Module], data_fn: DataFn, attacks: An
               normalize: tuple | None = None, input_shape: Any = None) -> Mod:
     """A mod that attacks each outgoing update with the client's own batch ``data_fn(context, round)``.
 
-    ``model_fn`` builds the model the ServerApp trains; ``attacks`` as in the CLI and sweep specs.
-    ``max_psnr`` (dB): an update whose best reconstruction PSNR exceeds it is refused.
+    ``model_fn`` builds the model the ServerApp trains (in a legacy app its ``state_dict()`` order names the
+    arrays); ``attacks`` as in the CLI and sweep specs.  ``max_psnr`` (dB): an update whose best
+    reconstruction PSNR exceeds it is refused.  Where it sits among the mods decides which update it attacks
+    (module docstring); an update that leaves as SecAgg+ masked vectors is not attacked, its fit metrics get
+    the verdict under :data:`VERDICT_KEY`.
     """
     if max_psnr is not None and not (isinstance(max_psnr, (int, float)) and math.isfinite(max_psnr)):
         raise ConfigError(f"expected max_psnr as a finite number of dB or None, got {max_psnr!r} (argument max_psnr)")

@@ -109,13 +109,6 @@ def layout(msg: Message) -> str | None:
     return "message"
 
 
-def secagg_stage(msg: Message) -> str | None:
-    """The SecAgg+ stage a message asks for (read it before ``secaggplus_mod`` pops it), None outside SecAgg+."""
-    record = msg.content.config_records.get(SECAGG_CONFIGS) if SECAGG_CONFIGS in msg.content.config_records \
-        else None
-    return None if record is None else str(record.get(Key.STAGE, ""))
-
-
 def masked(reply: Message) -> bool:
     """Whether the reply carries the update only as SecAgg+ masked vectors (``secaggplus_mod`` ran inside)."""
     record = reply.content.config_records.get(SECAGG_CONFIGS) if SECAGG_CONFIGS in reply.content.config_records \
@@ -219,5 +212,5 @@ def set_reply_state(reply: Message, out: TrainReply, state: dict[str, torch.Tens
 
 
 __all__ = ["state_of", "model_from", "arrays_of", "metrics_of", "config_of", "leakbench_record",
-           "set_leakbench_record", "layout", "secagg_stage", "masked", "positional_names", "TrainReply",
+           "set_leakbench_record", "layout", "masked", "positional_names", "TrainReply",
            "train_inputs", "train_reply", "train_config_record", "set_reply_state"]
