@@ -90,3 +90,19 @@ def test_verdicts_stop_decide_and_tie_like_the_reconstruction_verdicts():
              for a, s, k in (("loss", 0.6, 1), ("lira", 1.0, 2))]
     same = [v for v in membership_verdicts(membership_defenses(rows)) if v.budget == 0.05][0]
     assert same.status == "tied" and {same.defense, *same.tied} == {"none", "prune:0.5"}
+
+
+def test_the_resampled_auc_counts_agree_with_rank_sums_on_tied_scores():
+    from scipy.stats import rankdata
+
+    from leakbench.evaluation.membership_verdict import _auc_weighted
+
+    g = np.random.default_rng(3)
+    s = np.round(g.normal(size=300), 1)  # many ties
+    m = g.random(300) < 0.4
+    rows = g.integers(0, 300, size=(7, 300))
+    for r, got in zip(rows, _auc_weighted(s, m, rows)):
+        ss, mm = s[r], m[r]
+        ranks = rankdata(ss)
+        want = (ranks[mm].sum() - mm.sum() * (mm.sum() + 1) / 2) / (mm.sum() * (~mm).sum())
+        assert math.isclose(got, want, rel_tol=1e-12)

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats as _sp
 
 from .plan import defense_family
 from .stats import CONFIDENCE, EMPTY, MIN_N, SEED, Interval, binomial, measurable_fpr, paired_t
@@ -65,14 +64,28 @@ def _points(row: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
     return s, m
 
 
-def _auc_rows(scores: np.ndarray, members: np.ndarray) -> np.ndarray:
-    """AUC of each row of ``scores`` (R×n) against ``members`` (R×n or n), ties one half (Mann–Whitney)."""
-    m = np.broadcast_to(members, scores.shape)
-    ranks = _sp.rankdata(scores, axis=-1)
-    pos = m.sum(-1)
-    neg = m.shape[-1] - pos
-    u = (ranks * m).sum(-1) - pos * (pos + 1) / 2
-    return u / (pos * neg)
+def _auc_weighted(scores: np.ndarray, members: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """AUC (Mann–Whitney, ties one half) of ``scores`` against ``members`` for each bootstrap resample in ``rows``
+    (R×k indices into the points; None: the points themselves, one row), in O(R·n) per block: each resample is a
+    vector of multiplicities over the points sorted once, and a member's U-count is the non-member weight below
+    its score (plus half the weight tied with it)."""
+    n = scores.size
+    order = np.argsort(scores, kind="stable")
+    starts = np.r_[0, np.flatnonzero(np.diff(scores[order])) + 1]  # groups of equal scores, sorted
+    pos = members[order]
+    if rows is None:
+        rows = np.arange(n)[None, :]
+    out = []
+    block = max(1, 4_000_000 // max(n, 1))  # bounded memory: ≤ 4 M multiplicities at a time
+    for lo in range(0, rows.shape[0], block):
+        r = rows[lo:lo + block]
+        w = np.bincount((r + n * np.arange(r.shape[0])[:, None]).ravel(), minlength=r.shape[0] * n)
+        w = w.reshape(r.shape[0], n)[:, order]
+        wp = np.add.reduceat(w * pos, starts, axis=1)
+        wn = np.add.reduceat(w * ~pos, starts, axis=1)
+        below = np.cumsum(wn, axis=1) - wn
+        out.append((wp * (below + 0.5 * wn)).sum(1) / (wp.sum(1) * wn.sum(1)))
+    return np.concatenate(out)
 
 
 def auc_bootstrap(a: Mapping[int, tuple[np.ndarray, np.ndarray]],
@@ -94,12 +107,11 @@ def auc_bootstrap(a: Mapping[int, tuple[np.ndarray, np.ndarray]],
         pos, neg = np.flatnonzero(m), np.flatnonzero(~m)
         idx = np.concatenate([pos[rng.integers(0, pos.size, (resamples, pos.size))],
                               neg[rng.integers(0, neg.size, (resamples, neg.size))]], axis=1)
-        mm = np.r_[np.ones(pos.size, bool), np.zeros(neg.size, bool)]
-        est = _auc_rows(sa[None, :], m)[0]
-        res = _auc_rows(sa[idx], mm)
+        est = _auc_weighted(sa, m)[0]
+        res = _auc_weighted(sa, m, idx)
         if sb is not None:
-            est -= _auc_rows(sb[None, :], m)[0]
-            res = res - _auc_rows(sb[idx], mm)
+            est -= _auc_weighted(sb, m)[0]
+            res = res - _auc_weighted(sb, m, idx)
         point += est / len(seeds)
         boot += res / len(seeds)
         n += int(m.size)
