@@ -112,3 +112,49 @@ def test_a_sweep_commits_each_trial_and_resumes_without_training_again(tmp_path)
     assert result.status == "done" and result.metrics["auc"] == next(
         r["metrics"]["auc"] for r in done if r["attack"] == "membership-loss" and r["defense"] == "none")
     assert {p: p.stat().st_mtime_ns for p in cached} == stamps
+
+
+def test_the_cli_and_lb_evaluate_run_a_membership_spec_and_print_its_verdict(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from leakbench.cli import app
+
+    entry = {**ENTRY, "pool": 120, "reference_models": 1, "defenses": ["none"],
+             "attacks": ["membership-loss", {"name": "membership-rmia", "label": "rmia"}]}
+    path = tmp_path / "membership.yaml"
+    path.write_text(yaml.safe_dump({**SPEC, "membership": [entry]}))
+    result = CliRunner().invoke(app, ["evaluate", str(path), "--db", str(tmp_path / "r.db"),
+                                      "--report", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    assert "membership · digits · mlp:16" in result.output and "n = 120 points" in result.output
+    assert "Reference-model attacks" in (tmp_path / "report" / "index.html").read_text()
+    summary = lb.evaluate(path, tmp_path / "r.db")  # resumed: nothing left to run
+    assert summary.ran == 0 and summary.complete
+
+
+def test_a_users_model_file_is_the_start_of_the_target_and_of_every_reference_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = lb.load("digits")
+    start = lb.build("mlp:16", input_shape=data.shape, classes=data.num_classes, act="relu", seed=9)
+    torch.save(start.state_dict(), tmp_path / "mine.pt")
+    entry = {**ENTRY, "model": {"spec": "mlp:16", "act": "relu", "file": "mine.pt"}, "pool": 120,
+             "reference_models": 1, "defenses": ["none"], "attacks": ["membership-loss"]}
+    trial = plan(load_spec({**SPEC, "membership": [entry]}))[0]
+    assert trial.model_options["file_digest"] and trial.key != plan(load_spec(_spec(**{
+        k: v for k, v in entry.items() if k != "model"})))[0].key
+    seen = []
+    from leakbench.evaluation import reference
+
+    original = reference.Recipe.build
+
+    def build(self, data, seed, device="cpu"):
+        model = original(self, data, seed, device)
+        seen.append(all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                          start.state_dict().values())))
+        return model
+
+    monkeypatch.setattr(reference.Recipe, "build", build)
+    result = run_trial(trial)
+    assert result.status == "done", result.error
+    assert len(seen) >= 2 and all(seen)  # the target and the reference model both start from the file
