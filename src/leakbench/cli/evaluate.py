@@ -85,7 +85,7 @@ def print_verdicts(store: Store) -> None:
     lines = verdict_texts(store.rows())
     if lines:
         console.print(Text.assemble(("Verdicts", "bold"),
-                                    " (mean ± 95 % interval, n = batches; details in the report):"))
+                                    " (mean ± 95 % interval, n = batches, or points for membership; details in the report):"))
     for line in lines:
         console.print(Text("• " + clean(line)), soft_wrap=True)
 
