@@ -184,6 +184,7 @@ def roc_plot(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], path: str | P
     if not curves:
         return None
     low = min((float(f[f > 0].min()) for _, f, _ in curves if (f > 0).any()), default=1e-3)
+    low = min(low, 0.1)  # curves whose only positive FPR is 1 (every score tied) still get an axis
     low_tpr = min((float(t[t > 0].min()) for _, _, t in curves if (t > 0).any()), default=low)
     low_y = min(low, low_tpr)
     many = len(curves) > 1
