@@ -158,3 +158,8 @@ def test_a_users_model_file_is_the_start_of_the_target_and_of_every_reference_mo
     result = run_trial(trial)
     assert result.status == "done", result.error
     assert len(seen) >= 2 and all(seen)  # the target and the reference model both start from the file
+
+
+def test_a_pool_larger_than_the_dataset_is_refused_before_any_trial(tmp_path):
+    with pytest.raises(ConfigError, match=r"field membership\[0\]\.pool: expected a pool of at most 1797"):
+        Sweep(load_spec(_spec(pool=5000)), tmp_path / "r.db", workers=1)

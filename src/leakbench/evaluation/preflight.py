@@ -230,8 +230,24 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
         for i, entry in enumerate(getattr(spec, section)):
             if entry.target is not None:
                 _check_target_data(entry.target, f"{section}[{i}].target")
+            else:
+                _check_pool(entry, f"membership[{i}]")
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _check_pool(entry, where: str) -> None:
+    """A reference-model membership entry's dataset loads and holds its pool."""
+    from ..data import load
+
+    try:
+        n = len(load(entry.dataset.name, **dict(entry.dataset.options)))
+    except Exception as err:  # noqa: BLE001
+        raise ConfigError(f"field {where}.dataset: cannot load {entry.dataset.key!r}: {_first_line(err)}") from None
+    if entry.pool > n:
+        raise ConfigError(f"field {where}.pool: expected a pool of at most {n} points (dataset {entry.dataset.key!r} "
+                          f"holds {n}), got {entry.pool}; lower pool or use a larger dataset (e.g. photos with "
+                          "scale: 1 holds 3 617)")
 
 
 def _threat_variants(spec: SweepSpec) -> list[dict[str, Any]]:
