@@ -35,6 +35,8 @@ def test_an_entry_is_either_a_margin_target_or_a_model_with_reference_models():
         load_spec(_spec(defenses=["dpsgd:1"]))
     with pytest.raises(ConfigError, match=r"membership\[0\]\.reference_models"):
         load_spec(_spec(reference_models=100_000))
+    with pytest.raises(ConfigError, match=r"membership\[0\]\.model\.training.*entry's training"):
+        load_spec(_spec(model={"spec": "mlp:16", "training": {"epochs": 3}}))
     with pytest.raises(ConfigError, match="listed twice"):
         load_spec(_spec(attacks=["membership-lira", "membership-lira"]))
 

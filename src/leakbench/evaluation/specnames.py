@@ -128,6 +128,9 @@ def _check_reference(spec, entry, path: tuple, where: Source, guard) -> None:
     if entry.model.server is not None:
         raise ConfigError(f"{where.where(path + ('model', 'server'))}: a membership target is trained and queried, "
                           "no server move applies; remove server")
+    if entry.model.training.epochs:
+        raise ConfigError(f"{where.where(path + ('model', 'training'))}: a membership target is trained with the "
+                          "entry's training: recipe (epochs, batch_size, lr), not model.training; move it there")
     if entry.training is not None:
         guard(path + ("training", "loss"), LOSSES.get, entry.training.loss)
     for j, d in enumerate(entry.defenses or []):
