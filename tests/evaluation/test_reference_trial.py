@@ -162,6 +162,9 @@ def test_a_users_model_file_is_the_start_of_the_target_and_of_every_reference_mo
     assert len(seen) >= 2 and all(seen)  # the target and the reference model both start from the file
 
 
-def test_a_pool_larger_than_the_dataset_is_refused_before_any_trial(tmp_path):
+def test_a_pool_larger_than_the_dataset_or_unbounded_training_is_refused_before_any_trial(tmp_path):
     with pytest.raises(ConfigError, match=r"field membership\[0\]\.pool: expected a pool of at most 1797"):
         Sweep(load_spec(_spec(pool=5000)), tmp_path / "r.db", workers=1)
+    huge = _spec(pool=1000, reference_models=256, training={"epochs": 10_000, "batch_size": 32, "lr": 0.1})
+    with pytest.raises(ConfigError, match=r"field membership\[0\]\.reference_models: .*1,285,000,000 samples"):
+        Sweep(load_spec(huge), tmp_path / "r.db", workers=1)
