@@ -28,6 +28,8 @@ def _row(defense: str, attack: str, shift: float, *, n: int = 2000, audit: dict 
             "metrics": metrics, "per_sample": {"score": score.tolist(), "member": member.astype(int).tolist()}}
 
 
+ONE_RUN = {"one_run_epsilon": 0.0, "one_run_canaries": 200, "one_run_guesses": 80, "one_run_correct": 41,
+           "one_run_delta": 1e-5, "one_run_confidence": 0.99, "one_run_claimed": 0.66, "one_run_violated": False}
 AUDIT = {"audit_tp": 600, "audit_members": 600, "audit_fp": 5, "audit_nonmembers": 600, "audit_delta": 1e-5,
          "audit_epsilon": 4.0}
 
@@ -56,8 +58,14 @@ def test_the_section_holds_the_verdict_the_table_the_log_log_roc_and_the_red_fla
     # the noiseless run's bound (TP 600/600, FP 5/600) exceeds ε = 0.8: flagged in red
     assert 'class="broken"' in page and BROKEN in page
     rows_ok = [_row("none", "rmia", 1.0),
-               _row("dpsgd:1,10", "rmia", 0.0, audit={**AUDIT, "audit_tp": 300, "audit_fp": 300})]
-    assert BROKEN not in reference_section(membership_defenses(rows_ok), tmp_path, Drawn())
+               _row("dpsgd:1,10", "rmia", 0.0, audit={**AUDIT, "audit_tp": 300, "audit_fp": 300, **ONE_RUN})]
+    page = reference_section(membership_defenses(rows_ok), tmp_path, Drawn())
+    assert BROKEN not in page and "one run (Steinke" in page and "41 of 80 guesses right about 200 canaries" in page
+    # the one-run audit alone flags a broken run
+    broken = {**ONE_RUN, "one_run_epsilon": 2.8, "one_run_correct": 80, "one_run_violated": True}
+    rows_bad = [rows_ok[0], _row("dpsgd:1,10", "rmia", 0.0, audit={**AUDIT, "audit_tp": 300, "audit_fp": 300,
+                                                                     **broken})]
+    assert BROKEN in reference_section(membership_defenses(rows_bad), tmp_path, Drawn())
 
 
 def _audit_sweep(tmp_path, broken: bool, monkeypatch):
@@ -71,7 +79,7 @@ def _audit_sweep(tmp_path, broken: bool, monkeypatch):
         "membership": [{"dataset": {"name": "sphere", "options": {"n": 400, "d": 64, "rule": "random"}},
                         "model": {"spec": "mlp:128", "act": "relu"}, "attacks": ["membership-loss"],
                         "training": {"epochs": 15, "batch_size": 20, "lr": 2.0}, "pool": 400,
-                        "reference_models": 1, "defenses": ["dpsgd:1,10"]}]})
+                        "reference_models": 1, "defenses": ["dpsgd:1,10"], "canaries": 200}]})
     sweep = Sweep(spec, tmp_path / "r.db", workers=1)
     sweep.run(progress=False)
     page = write_report(sweep.store, tmp_path / "report").index.read_text()
@@ -84,7 +92,9 @@ def _audit_sweep(tmp_path, broken: bool, monkeypatch):
 def test_a_noiseless_dpsgd_is_flagged_in_the_report_and_a_correct_one_is_not(tmp_path, monkeypatch):
     page, d = _audit_sweep(tmp_path / "ok", False, monkeypatch)
     assert d.epsilon < 1 and all(r["bound"] <= d.epsilon for r in audit_rows(d)) and BROKEN not in page
+    assert d.one_run[0]["epsilon"] <= d.one_run[0]["claimed"] and not d.one_run[0]["violated"]
     assert 'id="threat-membership"' in page and "Reference-model attacks" in page
     page, d = _audit_sweep(tmp_path / "broken", True, monkeypatch)
     assert d.epsilon < 1 and any(r["bound"] > d.epsilon for r in audit_rows(d)), audit_rows(d)
+    assert d.one_run[0]["violated"], d.one_run  # caught from one run with canaries too
     assert BROKEN in page and page.count('class="broken"') >= 2  # in the section and in the summary

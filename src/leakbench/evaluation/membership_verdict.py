@@ -182,6 +182,8 @@ class MembershipDefense:
     epsilon: float | None = None
     #: DP-SGD: (attack, audited ε lower bound, its counts) per attack with an audit
     audits: list[dict[str, Any]] = field(default_factory=list)
+    #: DP-SGD with canaries: the one-run audit per seed (Steinke et al. 2023)
+    one_run: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def stops(self) -> bool:
@@ -262,6 +264,8 @@ def membership_defenses(rows: Iterable[Mapping[str, Any]]) -> list[MembershipDef
                     accuracies.append(float(m["test_accuracy"]))
                 if finite(m.get("epsilon")):
                     eps.append(float(m["epsilon"]))
+                if finite(m.get("one_run_epsilon")):
+                    d.one_run[seed] = {k[len("one_run_"):]: v for k, v in m.items() if k.startswith("one_run_")}
                 if finite(m.get("audit_epsilon")):
                     d.audits.append({"attack": a.attack, "seed": seed, **{k: m.get(k) for k in (
                         "audit_epsilon", "audit_tp", "audit_members", "audit_fp", "audit_nonmembers",

@@ -158,7 +158,7 @@ def _reference(entry, spec: SweepSpec, common: dict) -> list[TrialSpec]:
     d, m = entry.dataset, entry.model
     recipe = entry.recipe(spec.utility).model_dump()
     setup = {"form": "reference", "pool": entry.pool, "reference_models": entry.reference_models,
-             "recipe": recipe}
+             "recipe": recipe, **({"canaries": entry.canaries} if entry.canaries else {})}
     base = dict(kind="membership", dataset=d.name, data_options=dict(d.options), dataset_key=d.key, model=m.spec,
                 model_key=m.key, model_options=m.build_options(), membership=setup, **common)
     out = []

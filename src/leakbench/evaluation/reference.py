@@ -48,7 +48,7 @@ from .stats import Interval, auc_interval, measurable_fpr
 from .utility import TrainResult, _fingerprint, train_model
 
 __all__ = ["Recipe", "ReferenceModels", "train_reference_models", "target_on_half", "half_masks", "target_mask",
-           "TrainedTarget", "cached_target", "cache_lock",
+           "TrainedTarget", "cached_target", "cache_lock", "canary_audit",
            "MembershipRow", "membership_rows", "run_membership_attacks", "CACHE_VERSION"]
 
 CACHE_VERSION = 1
@@ -283,6 +283,50 @@ def cached_target(recipe: Recipe, pool: ImageDataset, *, seed: int, device: str 
                          "mask": mask, "train_loss": target.train_loss, "train_accuracy": target.train_accuracy,
                          "epsilon": target.epsilon, "steps": target.steps})
         return target
+
+
+def canary_audit(recipe: Recipe, pool: ImageDataset, *, canaries: int, seed: int,
+                 device: str | torch.device = "cpu", cache_dir: str | os.PathLike | bool | None = None) -> dict:
+    """The one-run audit (Steinke, Nasr & Jagielski 2023) of ``recipe``: the target's training half of ``pool``
+    plus each of ``canaries`` random-label noise images by a fair coin, trained once; the canaries are scored by
+    −loss and :func:`~.audit.one_run_audit` bounds ε.  Returns (and caches, like the targets) the audit's numbers
+    with the accountant's ε and δ of the run."""
+    from ..attacks.trained.reference import loss_scores
+    from ..defenses import DPSGD, parts_of
+    from .audit import include_canaries, one_run_audit
+
+    if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 1:
+        raise ConfigError(f"expected canaries ≥ 1, got {canaries!r} (field canaries)")
+    config = {"version": CACHE_VERSION, "canaries": int(canaries), "recipe": recipe.key(),
+              "pool": _fingerprint(pool), "seed": int(seed)}
+    path = _cache_path(cache_dir, config)
+    path = None if path is None else path.with_name(f"canaries-{path.name}")
+    canonical = json.loads(json.dumps(config, default=str))
+    with cache_lock(path):
+        saved = _load(path) if path is not None and path.is_file() else None
+        if saved is not None and saved.get("config") == canonical:
+            return dict(saved["audit"])
+        gen = torch.Generator().manual_seed(int(seed) + 31)
+        images = torch.rand((canaries, *pool.shape), generator=gen, dtype=pool.images.dtype)
+        labels = torch.randint(0, max(pool.num_classes, 2), (canaries,), generator=gen)
+        included = torch.from_numpy(include_canaries(canaries, seed=seed))
+        members = pool.subset(torch.nonzero(target_mask(len(pool), seed)).reshape(-1))
+        train = ImageDataset(images=torch.cat([members.images.cpu(), images[included]]),
+                             labels=torch.cat([members.labels.cpu(), labels[included].to(members.labels.dtype)]),
+                             classes=members.classes, name=members.name)
+        model = recipe.build(train, seed, device)
+        run = train_model(model, train, defense=recipe.defense, epochs=recipe.epochs, batch_size=recipe.batch_size,
+                          lr=recipe.lr, seed=seed, device=device, loss=recipe.loss)
+        dp = next((p for p in parts_of(parse(recipe.defense)) if isinstance(p, DPSGD)), None)
+        delta = float(dp.delta) if dp is not None else 0.0
+        audit = one_run_audit(loss_scores(target_confidence(model, images, labels)), included, delta=delta,
+                              claimed=run.epsilon)
+        out = {"epsilon": float(audit.epsilon), "canaries": int(audit.canaries), "guesses": int(
+            audit.guesses_in + audit.guesses_out), "correct": int(audit.correct), "delta": delta,
+            "confidence": float(audit.confidence), "claimed": None if run.epsilon is None else float(run.epsilon)}
+        if path is not None:
+            _save(path, {"config": canonical, "audit": out})
+        return out
 
 
 def target_on_half(recipe: Recipe, pool: ImageDataset, *, seed: int, device: str | torch.device = "cpu",

@@ -13,7 +13,8 @@ plan one trial per seed × attack × defense.  A trial
    :func:`~.stats.measurable_fpr`; else None), TPR with no false positive among the n non-members, the per-point
    scores (``per_sample``: the membership verdict pairs defenses point by point), the training numbers of the
    target and every reference model (the utility cost, paired by model across defenses), and for DP-SGD the
-   accountant's ε beside the empirical lower bound of Jagielski et al. 2020 (:func:`~.audit.audit_scores`).
+   accountant's ε beside the empirical lower bound of Jagielski et al. 2020 (:func:`~.audit.audit_scores`) and,
+   with ``canaries``, the one-run bound of Steinke et al. 2023 (:func:`~.reference.canary_audit`).
 """
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def reference_trial(spec: TrialSpec, clock, cache_dir) -> TrialResult:
     from ..defenses import DPSGD, parse, parts_of
     from ..metrics.membership import tpr_at_fpr
     from .audit import audit_scores
-    from .reference import cached_target, train_reference_models
+    from .reference import cached_target, canary_audit, train_reference_models
     from .utility import loss_and_accuracy
 
     m = dict(spec.membership)
@@ -138,6 +139,11 @@ def reference_trial(spec: TrialSpec, clock, cache_dir) -> TrialResult:
         metrics.update(audit_epsilon=audit.epsilon, audit_tp=audit.true_positives, audit_members=audit.members,
                        audit_fp=audit.false_positives, audit_nonmembers=audit.nonmembers, audit_delta=audit.delta,
                        audit_violated=audit.violated)
+        if int(m.get("canaries") or 0) > 0:  # the one-run audit: one more run with canaries (cached per setting)
+            one = canary_audit(recipe, pool, canaries=int(m["canaries"]), seed=spec.seed, device=spec.device,
+                               cache_dir=cache)
+            metrics.update({f"one_run_{k}": v for k, v in one.items()})
+            metrics["one_run_violated"] = one["claimed"] is not None and one["epsilon"] > one["claimed"]
     clock.lap("score")
     per_sample = {"score": [float(v) for v in ranked], "member": [int(v) for v in member]}
     arrays = {"scores": ranked, "is_member": member.astype(np.int64)} if spec.save_images else {}

@@ -335,7 +335,8 @@ class MembershipEntry(_Strict):
     other half are its non-members.  ``reference_models`` models trained the same way on halves of the pool
     (:mod:`leakbench.evaluation.reference`) give LiRA and RMIA their IN/OUT statistics.  ``attacks`` (default:
     loss, LiRA online and offline, RMIA) are the membership attacks; ``membership-margin`` applies to
-    one-output binary models only (``n/a`` otherwise).
+    one-output binary models only (``n/a`` otherwise).  ``canaries``: for DP-SGD settings, the one-run audit
+    (:func:`~leakbench.evaluation.audit.one_run_audit`) on one more training run holding that many canaries.
     """
 
     target: TargetEntry | None = None
@@ -344,6 +345,9 @@ class MembershipEntry(_Strict):
     training: RecipeEntry | None = None
     pool: int = Field(2000, ge=4, le=MAX_POOL)
     reference_models: int = Field(4, ge=1, le=MAX_REFERENCE_MODELS)
+    #: DP-SGD settings only: one more training run with this many random-label canaries, each included by a fair
+    #: coin, audited in one run (Steinke, Nasr & Jagielski 2023); 0: none
+    canaries: int = Field(0, ge=0, le=10_000)
     defenses: list[DefenseEntry] | None = Field(None, min_length=1)
     attacks: list[AttackEntry] | None = Field(None, min_length=1)
     settings: list[str] = Field(default_factory=lambda: list(MEMBERSHIP_SETTINGS), min_length=1)

@@ -110,7 +110,7 @@ def audit_rows(d: MembershipDefense) -> list[dict[str, Any]]:
 
 
 def _violated(d: MembershipDefense) -> bool:
-    return any(r["violated"] for r in audit_rows(d))
+    return any(r["violated"] for r in audit_rows(d)) or any(o.get("violated") for o in d.one_run.values())
 
 
 def _tpr_cell(interval: Interval | None, fpr: float, nonmembers: int) -> Any:
@@ -147,6 +147,14 @@ def _audit(defenses: Sequence[MembershipDefense]) -> str:
     parts = []
     for d in defenses:
         found = audit_rows(d)
+        for seed, o in sorted(d.one_run.items()):
+            line = (f"<b>{esc(d.defense)}</b>, one run (Steinke, Nasr &amp; Jagielski 2023): ε ≥ {num(o.get('epsilon'), 3)} "
+                    f"from {o.get('correct')} of {o.get('guesses')} guesses right about {o.get('canaries')} canaries "
+                    f"each trained on by a fair coin (chance: half right; {100 * float(o.get('confidence') or 0):.1f} %, "
+                    f"seed {seed}), beside the accountant's ε = {num(o.get('claimed'), 3)}")
+            if o.get("violated"):
+                line += f' — <span class="broken">{BROKEN} (or its accounting is).</span>'
+            parts.append(f"<li>{line}</li>")
         if not found:
             continue
         best = max(found, key=lambda r: r["bound"])
