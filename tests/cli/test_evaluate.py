@@ -90,3 +90,25 @@ def test_the_resume_line_keeps_the_stack():
 
     line = resume_command("s.yaml", "r.db", workers=1, ray=None, retry_failed=False, yes=False, report=None, stack=1)
     assert line.endswith("--stack 1")
+
+
+def test_membership_audits_a_model_file_and_writes_the_report(tmp_path, monkeypatch):
+    import torch
+
+    import leakbench as lb
+
+    monkeypatch.chdir(tmp_path)
+    data = lb.load("digits")
+    torch.save(lb.build("mlp:16", input_shape=data.shape, classes=10, act="relu", seed=3).state_dict(), "w.pt")
+    args = ["membership", "--data", "digits", "--model", "mlp:16", "--act", "relu", "--model-file", "w.pt",
+            "--epochs", "2", "--pool", "200", "--reference-models", "1", "--attack", "membership-loss",
+            "--attack", "membership-rmia", "--defense", "none", "--defense", "dpsgd:1,1", "--out", "audit"]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "membership · digits · mlp:16" in result.output and "n = 200 points" in result.output
+    page = (tmp_path / "audit" / "report" / "index.html").read_text()
+    assert "Reference-model attacks" in page and "DP-SGD audited" in page
+    again = invoke(*args)  # resumed: the four trials are kept
+    assert again.exit_code == 0 and "0 trial(s) run" in again.output
+    bad = invoke("membership", "--data", "digits", "--pool", "50000", "--out", "x")
+    assert bad.exit_code != 0 and "pool" in bad.output

@@ -86,3 +86,46 @@ def test_correct_dpsgd_stays_below_its_accountant(canaries):
 def test_noiseless_dpsgd_is_caught(canaries):
     audit = _audit(canaries, SilentlyNoiseless(1.0, 10.0, delta=1e-5))
     assert audit.claimed < 1 and audit.violated, audit.text()
+
+
+# ----------------------------------------------------------------------------- one training run (Steinke et al.)
+
+
+def test_one_run_bound_without_delta_is_the_logit_of_the_one_sided_clopper_pearson_bound():
+    from leakbench.evaluation.audit import one_run_epsilon, one_run_p_value
+
+    for r, v in ((40, 40), (80, 70), (100, 60), (30, 14)):
+        assert math.isclose(one_run_p_value(200, r, v, 1.0), stats.binom.sf(v - 1, r, 1 / (1 + math.exp(-1.0))))
+        low = stats.beta.ppf(0.05, v, r - v + 1)  # one-sided 95 % lower bound on the accuracy
+        want = max(0.0, math.log(low / (1 - low)))
+        assert math.isclose(one_run_epsilon(200, r, v, confidence=0.95), want, abs_tol=1e-6), (r, v)
+    # δ only weakens the test: a larger p-value and a smaller bound
+    assert one_run_p_value(200, 80, 70, 1.0, 1e-3) > one_run_p_value(200, 80, 70, 1.0, 0.0)
+    assert one_run_epsilon(200, 80, 70, delta=1e-3) < one_run_epsilon(200, 80, 70)
+    assert one_run_epsilon(200, 80, 40) == 0.0  # chance accuracy proves nothing
+    with pytest.raises(ConfigError, match="correct ≤ guesses ≤ canaries"):
+        one_run_p_value(10, 20, 5, 1.0)
+
+
+def _one_run(defense, m: int = 200, seed: int = 0):
+    """One run: 200 digits plus each of ``m`` random-label noise canaries with probability ½."""
+    from leakbench.evaluation.audit import include_canaries, one_run_audit
+
+    data = lb.load("digits")
+    base = data.subset(torch.randperm(len(data), generator=torch.Generator().manual_seed(0))[:200])
+    images = torch.rand((m, *data.shape), generator=torch.Generator().manual_seed(5))
+    labels = torch.randint(0, 10, (m,), generator=torch.Generator().manual_seed(6))
+    included = torch.from_numpy(include_canaries(m, seed=seed))
+    train = replace(base, images=torch.cat([base.images, images[included]]),
+                    labels=torch.cat([base.labels, labels[included]]))
+    model = lb.build("mlp:128", input_shape=train.shape, classes=10, seed=0)
+    run = train_model(model, train, defense=defense, epochs=40, batch_size=20, lr=2.0, seed=0)
+    scores = loss_scores(target_confidence(model, images, labels))
+    return one_run_audit(scores, included, delta=1e-5, claimed=run.epsilon)
+
+
+def test_one_run_audit_never_exceeds_a_correct_dpsgd_and_catches_a_noiseless_one():
+    honest = _one_run(DPSGD(1.0, 10.0, delta=1e-5))
+    assert honest.claimed < 1 and honest.epsilon <= honest.claimed and not honest.violated, honest.text()
+    broken = _one_run(SilentlyNoiseless(1.0, 10.0, delta=1e-5))
+    assert broken.claimed < 1 and broken.violated, broken.text()

@@ -52,9 +52,15 @@ def _tiny_demo() -> dict:
         entry["target"]["options"]["steps"] = 300
         entry["attacks"][0]["options"].update(runs=1, iterations=40, candidates=8)
     for entry in spec["membership"]:
+        if entry["target"] is None:  # reference models against the CNN: a small pool, one model, one epoch
+            entry.update(dataset={"name": "photos", "options": {"size": 16, "limit": 160}}, pool=80,
+                         reference_models=1, training={"epochs": 1, "batch_size": 16, "lr": 0.05, "loss": "ce"},
+                         defenses=["none", "noise:0.01"])
+            entry["model"].update(spec="cnn:3-4-2-1", options={})
+            continue
         entry["target"]["per_class"] = 4
         entry["target"]["options"]["steps"] = 200
-    spec["membership"][0]["target"]["dataset"]["options"] = {"n": 60, "d": 100}
+    next(e for e in spec["membership"] if e["target"])["target"]["dataset"]["options"] = {"n": 60, "d": 100}
     spec["utility"] = {"epochs": 1, "lr": 0.05}
     return spec
 
@@ -77,6 +83,7 @@ def test_every_threat_model_of_the_demo_runs_and_fills_its_section(tmp_path):
         body = re.search(rf'<section class="threat" id="threat-{threat}"[^>]*>(.*?)</section>', page, re.S)
         assert body is not None, threat
         assert "<table" in body.group(1) or "<img" in body.group(1), threat
+    assert "Reference-model attacks" in page and "<b>Verdict</b>" in page  # membership on the CNN
     sweep.store.close()
     browser = check_report.find_browser()
     if browser is not None:  # as a person sees it: every image decodes, every threat section has content

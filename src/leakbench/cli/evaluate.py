@@ -72,6 +72,11 @@ def verdict_texts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for (threat, dataset, model), (text, _) in summaries(privacy_utility(strongest(rows), utility_table(rows))).items():
         plain = html.unescape(re.sub(r"<[^>]+>", "", text.replace("<sub>D</sub>", "_D")))
         out.append(f"{threat} · {dataset} · {model}: {plain}")
+    from ..evaluation.membership_verdict import membership_defenses
+    from ..report.membership_section import reference_summary
+
+    for text in reference_summary(membership_defenses(rows)):  # reference-model membership, AUC with n points
+        out.append("membership · " + html.unescape(re.sub(r"<[^>]+>", "", text)))
     return out
 
 
@@ -80,7 +85,7 @@ def print_verdicts(store: Store) -> None:
     lines = verdict_texts(store.rows())
     if lines:
         console.print(Text.assemble(("Verdicts", "bold"),
-                                    " (mean ± 95 % interval, n = batches; details in the report):"))
+                                    " (mean ± 95 % interval, n = batches, or points for membership; details in the report):"))
     for line in lines:
         console.print(Text("• " + clean(line)), soft_wrap=True)
 

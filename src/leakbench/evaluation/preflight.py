@@ -61,7 +61,8 @@ def _upper_bound(spec: SweepSpec) -> int:
     batches = sum(max(1, spec.images // b) for b in spec.batch_sizes) * len(spec.seeds)
     per_batch = len(spec.attacks) + (1 if spec.bounds is not None and spec.bounds.cramer_rao else 0)
     published = sum(len(e.attacks) * len(e.seeds) for e in spec.weights)
-    published += sum(len(e.attacks) * len(e.seeds) * len(e.settings) for e in spec.membership)
+    published += sum(len(e.attack_list) * len(e.seeds) * (len(e.defense_specs(spec.defense_specs())) if e.reference
+                                                           else len(e.settings)) for e in spec.membership)
     return settings * (batches * per_batch + (len(spec.batch_sizes) if spec.utility is not None else 0)) + published
 
 
@@ -141,7 +142,18 @@ def check_work(spec: SweepSpec) -> None:
             raise ConfigError(f"field {where}.options: about {work:,} optimisation steps per trial (the product of "
                               f"{', '.join(o for o in (*REPEAT_OPTIONS, *STEP_OPTIONS))} that apply), more than "
                               f"{MAX_ATTACK_WORK:,} with no budget; lower them or set budget.trial_seconds")
+    for i, entry in enumerate(spec.membership):
+        if entry.reference:  # the target and its reference models, each on half the pool, per defense and seed
+            recipe = entry.recipe(spec.utility)
+            samples = (entry.reference_models + 1) * recipe.epochs * (entry.pool // 2)
+            if samples > MAX_TRAIN_SAMPLES:
+                raise ConfigError(f"field membership[{i}].reference_models: training the target and its reference "
+                                  f"models would pass about {samples:,} samples per defense ((reference_models + 1) "
+                                  f"× {recipe.epochs:,} epochs × {entry.pool // 2:,}), more than "
+                                  f"{MAX_TRAIN_SAMPLES:,}; lower reference_models, epochs or pool")
     for i, entry in enumerate([*spec.weights, *spec.membership]):
+        if entry.target is None:  # a reference-model membership entry (checked above)
+            continue
         steps = entry.target.options.get("steps")
         samples = entry.target.per_class * max(2, len(entry.target.classes or ()))
         if isinstance(steps, int) and not isinstance(steps, bool) and steps * samples > MAX_TRAIN_SAMPLES:
@@ -216,9 +228,26 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
                     raise ConfigError(f"threat with {where}: one client round fails: {_first_line(err)}") from None
     for section in ("weights", "membership"):
         for i, entry in enumerate(getattr(spec, section)):
-            _check_target_data(entry.target, f"{section}[{i}].target")
+            if entry.target is not None:
+                _check_target_data(entry.target, f"{section}[{i}].target")
+            else:
+                _check_pool(entry, f"membership[{i}]")
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _check_pool(entry, where: str) -> None:
+    """A reference-model membership entry's dataset loads and holds its pool."""
+    from ..data import load
+
+    try:
+        n = len(load(entry.dataset.name, **dict(entry.dataset.options)))
+    except Exception as err:  # noqa: BLE001
+        raise ConfigError(f"field {where}.dataset: cannot load {entry.dataset.key!r}: {_first_line(err)}") from None
+    if entry.pool > n:
+        raise ConfigError(f"field {where}.pool: expected a pool of at most {n} points (dataset {entry.dataset.key!r} "
+                          f"holds {n}), got {entry.pool}; lower pool or use a larger dataset (e.g. photos with "
+                          "scale: 1 holds 3 617)")
 
 
 def _threat_variants(spec: SweepSpec) -> list[dict[str, Any]]:

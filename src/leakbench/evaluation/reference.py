@@ -22,10 +22,12 @@ scores into AUC with its interval and TPR at low FPR where the non-members can m
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +47,8 @@ from .seeds import seeds_refusal, train_seeds
 from .stats import Interval, auc_interval, measurable_fpr
 from .utility import TrainResult, _fingerprint, train_model
 
-__all__ = ["Recipe", "ReferenceModels", "train_reference_models", "target_on_half", "half_masks",
+__all__ = ["Recipe", "ReferenceModels", "train_reference_models", "target_on_half", "half_masks", "target_mask",
+           "TrainedTarget", "cached_target", "cache_lock", "canary_audit",
            "MembershipRow", "membership_rows", "run_membership_attacks", "CACHE_VERSION"]
 
 CACHE_VERSION = 1
@@ -161,6 +164,44 @@ def _cache_path(cache_dir, config: dict) -> Path | None:
     return root / f"{key}.pt"
 
 
+def _load(path: Path) -> dict | None:
+    """A cache file read as tensors and plain values only (no pickle); None when unreadable (then retrained)."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 (a broken or foreign cache file is retrained and overwritten)
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def _save(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    os.close(fd)
+    torch.save(payload, tmp)
+    os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+
+
+@contextlib.contextmanager
+def cache_lock(path: Path | None) -> Iterator[None]:
+    """Hold an exclusive lock on ``path``'s ``.lock`` file (POSIX), so two workers needing the same models train
+    them once: the second waits, then finds them cached.  No lock without ``fcntl`` or a path."""
+    if path is None:
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: both may train, os.replace keeps the files whole
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def train_reference_models(recipe: Recipe, pool: ImageDataset, *, count: int, seed: int = 0,
                            device: str | torch.device = "cpu", stacked: bool | None = None,
                            cache_dir: str | os.PathLike | bool | None = None) -> ReferenceModels:
@@ -174,9 +215,14 @@ def train_reference_models(recipe: Recipe, pool: ImageDataset, *, count: int, se
     config = {"version": CACHE_VERSION, "recipe": recipe.key(), "pool": _fingerprint(pool), "count": count,
               "seed": int(seed)}
     path = _cache_path(cache_dir, config)
+    with cache_lock(path):
+        return _reference_models(recipe, pool, masks, seeds, config, path, device, stacked)
+
+
+def _reference_models(recipe, pool, masks, seeds, config, path, device, stacked) -> ReferenceModels:
     if path is not None and path.is_file():
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-        if saved.get("config") == json.loads(json.dumps(config, default=str)):
+        saved = _load(path)
+        if saved is not None and saved.get("config") == json.loads(json.dumps(config, default=str)):
             models = []
             for s, state in zip(saved["seeds"], saved["states"]):
                 m = recipe.build(pool, s, device)
@@ -191,20 +237,102 @@ def train_reference_models(recipe: Recipe, pool: ImageDataset, *, count: int, se
     refs = ReferenceModels(recipe, [m for m, _ in runs], seeds, masks, phi, runs[0][1].epsilon,
                            [r.train_loss for _, r in runs])
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        os.close(fd)
-        torch.save({"config": json.loads(json.dumps(config, default=str)), "seeds": seeds,
-                    "states": [{k: v.detach().cpu() for k, v in m.state_dict().items()} for m in refs.models],
-                    "in_mask": masks, "phi": phi, "epsilon": refs.epsilon, "train_loss": refs.train_loss}, tmp)
-        os.replace(tmp, path)
+        _save(path, {"config": json.loads(json.dumps(config, default=str)), "seeds": seeds,
+                     "states": [{k: v.detach().cpu() for k, v in m.state_dict().items()} for m in refs.models],
+                     "in_mask": masks, "phi": phi, "epsilon": refs.epsilon, "train_loss": refs.train_loss})
     return refs
+
+
+def target_mask(pool_size: int, seed: int) -> torch.Tensor:
+    """The IN mask over a pool of the target trained with ``seed`` (:func:`target_on_half`): a seeded half."""
+    return half_masks(pool_size, 1, seed=10_000 + int(seed))[0]
+
+
+@dataclass
+class TrainedTarget:
+    """A membership target: the model, its IN mask over the pool, and its training run's numbers."""
+
+    model: nn.Module
+    in_mask: torch.Tensor
+    train_loss: float
+    train_accuracy: float
+    epsilon: float | None
+    steps: int
+    cached: bool = False
+
+
+def cached_target(recipe: Recipe, pool: ImageDataset, *, seed: int, device: str | torch.device = "cpu",
+                  cache_dir: str | os.PathLike | bool | None = None) -> TrainedTarget:
+    """:func:`target_on_half`, cached on disk like the reference models (``target-<key>.pt``, tensors only)."""
+    config = {"version": CACHE_VERSION, "target": recipe.key(), "pool": _fingerprint(pool), "seed": int(seed)}
+    path = _cache_path(cache_dir, config)
+    path = None if path is None else path.with_name(f"target-{path.name}")
+    canonical = json.loads(json.dumps(config, default=str))
+    with cache_lock(path):
+        saved = _load(path) if path is not None and path.is_file() else None
+        if saved is not None and saved.get("config") == canonical:
+            model = recipe.build(pool, seed, device)
+            model.load_state_dict(saved["state"])
+            return TrainedTarget(model, saved["mask"].bool(), float(saved["train_loss"]),
+                                 float(saved["train_accuracy"]), saved["epsilon"], int(saved["steps"]), cached=True)
+        model, mask, run = target_on_half(recipe, pool, seed=seed, device=device)
+        target = TrainedTarget(model, mask, float(run.train_loss), float(run.train_accuracy),
+                               None if run.epsilon is None else float(run.epsilon), int(run.steps))
+        if path is not None:
+            _save(path, {"config": canonical, "state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                         "mask": mask, "train_loss": target.train_loss, "train_accuracy": target.train_accuracy,
+                         "epsilon": target.epsilon, "steps": target.steps})
+        return target
+
+
+def canary_audit(recipe: Recipe, pool: ImageDataset, *, canaries: int, seed: int,
+                 device: str | torch.device = "cpu", cache_dir: str | os.PathLike | bool | None = None) -> dict:
+    """The one-run audit (Steinke, Nasr & Jagielski 2023) of ``recipe``: the target's training half of ``pool``
+    plus each of ``canaries`` random-label noise images by a fair coin, trained once; the canaries are scored by
+    −loss and :func:`~.audit.one_run_audit` bounds ε.  Returns (and caches, like the targets) the audit's numbers
+    with the accountant's ε and δ of the run."""
+    from ..attacks.trained.reference import loss_scores
+    from ..defenses import DPSGD, parts_of
+    from .audit import include_canaries, one_run_audit
+
+    if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 1:
+        raise ConfigError(f"expected canaries ≥ 1, got {canaries!r} (field canaries)")
+    config = {"version": CACHE_VERSION, "canaries": int(canaries), "recipe": recipe.key(),
+              "pool": _fingerprint(pool), "seed": int(seed)}
+    path = _cache_path(cache_dir, config)
+    path = None if path is None else path.with_name(f"canaries-{path.name}")
+    canonical = json.loads(json.dumps(config, default=str))
+    with cache_lock(path):
+        saved = _load(path) if path is not None and path.is_file() else None
+        if saved is not None and saved.get("config") == canonical:
+            return dict(saved["audit"])
+        gen = torch.Generator().manual_seed(int(seed) + 31)
+        images = torch.rand((canaries, *pool.shape), generator=gen, dtype=pool.images.dtype)
+        labels = torch.randint(0, max(pool.num_classes, 2), (canaries,), generator=gen)
+        included = torch.from_numpy(include_canaries(canaries, seed=seed))
+        members = pool.subset(torch.nonzero(target_mask(len(pool), seed)).reshape(-1))
+        train = ImageDataset(images=torch.cat([members.images.cpu(), images[included]]),
+                             labels=torch.cat([members.labels.cpu(), labels[included].to(members.labels.dtype)]),
+                             classes=members.classes, name=members.name)
+        model = recipe.build(train, seed, device)
+        run = train_model(model, train, defense=recipe.defense, epochs=recipe.epochs, batch_size=recipe.batch_size,
+                          lr=recipe.lr, seed=seed, device=device, loss=recipe.loss)
+        dp = next((p for p in parts_of(parse(recipe.defense)) if isinstance(p, DPSGD)), None)
+        delta = float(dp.delta) if dp is not None else 0.0
+        audit = one_run_audit(loss_scores(target_confidence(model, images, labels)), included, delta=delta,
+                              claimed=run.epsilon)
+        out = {"epsilon": float(audit.epsilon), "canaries": int(audit.canaries), "guesses": int(
+            audit.guesses_in + audit.guesses_out), "correct": int(audit.correct), "delta": delta,
+            "confidence": float(audit.confidence), "claimed": None if run.epsilon is None else float(run.epsilon)}
+        if path is not None:
+            _save(path, {"config": canonical, "audit": out})
+        return out
 
 
 def target_on_half(recipe: Recipe, pool: ImageDataset, *, seed: int, device: str | torch.device = "cpu",
                    ) -> tuple[nn.Module, torch.Tensor, TrainResult]:
     """A target trained with ``recipe`` on a seeded half of ``pool``: (model, its IN mask over the pool, run)."""
-    mask = half_masks(len(pool), 1, seed=10_000 + int(seed))[0]
+    mask = target_mask(len(pool), seed)
     data = pool.subset(torch.nonzero(mask).reshape(-1))
     model = recipe.build(data, seed, device)
     run = train_model(model, data, defense=recipe.defense, epochs=recipe.epochs, batch_size=recipe.batch_size,

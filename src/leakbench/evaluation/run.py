@@ -12,13 +12,21 @@ from typing import Any
 import torch
 
 from ..errors import BudgetExceeded, LeakbenchError, UnsupportedThreatModel
-from . import published
+from . import published, reference_trial
 from .trial import (KINDS, Clock, TrialResult, TrialSpec, attack_trial, bound_trial, non_finite, trial_budget,
                     utility_trial, worker_id)
 
+def membership_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
+    """A membership trial: reference-model attacks on a trained target (:mod:`.reference_trial`) or the margin
+    attack on a two-layer net (:func:`.published.membership_trial`)."""
+    if spec.membership.get("form") == "reference":
+        return reference_trial.reference_trial(spec, clock, cache_dir)
+    return published.membership_trial(spec, clock, cache_dir)
+
+
 #: the function running trials of each kind of :data:`~.trial.KINDS`
 RUNNERS = {"attack": attack_trial, "utility": utility_trial, "bound": bound_trial,
-           "weights": published.weights_trial, "membership": published.membership_trial}
+           "weights": published.weights_trial, "membership": membership_trial}
 
 
 def run_trial(spec: TrialSpec, *, cache_dir: str | Path | None = None, progress=None,

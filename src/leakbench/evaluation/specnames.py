@@ -52,17 +52,22 @@ def check_names(spec, where: Source | None = None) -> None:
                                       f"for the server move {name!r}; accepted options: {', '.join(accepted)}")
     for section in ("weights", "membership"):
         for i, entry in enumerate(getattr(spec, section)):
+            if section == "membership" and entry.reference:
+                _check_reference(spec, entry, ("membership", i), where, guard)
+                continue
             _check_target(entry.target, (section, i, "target"), where, guard)
-            for j, a in enumerate(entry.attacks):
+            attacks = entry.attack_list if section == "membership" else entry.attacks
+            for j, a in enumerate(attacks):
                 path = (section, i, "attacks", j)
                 if section == "membership":
                     from ..attacks.trained import MEMBERSHIP_ATTACKS
 
-                    cls = guard(path + ("name",), MEMBERSHIP_ATTACKS.get, a.name)
-                    if not getattr(cls, "in_sweeps", True):
-                        raise ConfigError(f"{where.where(path + ('name',))}: {a.name!r} runs from the Python API "
-                                          "(leakbench.evaluation.reference, docs/membership.md), not yet in sweep "
-                                          "specs, whose membership entries run membership-margin")
+                    guard(path + ("name",), MEMBERSHIP_ATTACKS.get, a.name)
+                    if a.name != "membership-margin":
+                        raise ConfigError(f"{where.where(path + ('name',))}: {a.name!r} needs reference models: "
+                                          "give the membership entry model: and dataset: (and reference_models:) "
+                                          "instead of target:, which runs the margin attack on a two-layer net "
+                                          "(docs/membership.md)")
                     guard(path + ("options",), MEMBERSHIP_ATTACKS.create, a.name, **a.options)
                 else:
                     guard(path + ("name",), ATTACKS.get, a.name)
@@ -103,6 +108,42 @@ def check_names(spec, where: Source | None = None) -> None:
         guard(path, _needs_utility)
     if spec.bounds is not None and spec.bounds.cramer_rao:
         guard(("bounds", "cramer_rao"), _needs_bounds)
+
+
+def _check_reference(spec, entry, path: tuple, where: Source, guard) -> None:
+    """A reference-model membership entry: its dataset and options, model, recipe loss, defenses and attacks."""
+    from ..attacks.trained import MEMBERSHIP_ATTACKS
+    from ..data import DATASETS, options as data_options
+    from ..defenses import parse as parse_defense
+    from ..losses import LOSSES
+    from ..models import parse_spec
+
+    guard(path + ("dataset", "name"), DATASETS.get, entry.dataset.name)
+    accepted = data_options(entry.dataset.name)
+    for key in entry.dataset.options:
+        if key not in accepted:
+            raise ConfigError(f"{where.where(path + ('dataset', 'options', key))}: unknown option {key!r} for "
+                              f"dataset {entry.dataset.name!r}; accepted options: {', '.join(accepted)}")
+    guard(path + ("model", "spec"), parse_spec, entry.model.spec)
+    if entry.model.server is not None:
+        raise ConfigError(f"{where.where(path + ('model', 'server'))}: a membership target is trained and queried, "
+                          "no server move applies; remove server")
+    if entry.model.training.epochs:
+        raise ConfigError(f"{where.where(path + ('model', 'training'))}: a membership target is trained with the "
+                          "entry's training: recipe (epochs, batch_size, lr), not model.training; move it there")
+    if entry.training is not None:
+        guard(path + ("training", "loss"), LOSSES.get, entry.training.loss)
+    for j, d in enumerate(entry.defenses or []):
+        for text in guard(path + ("defenses", j), d.expand):
+            guard(path + ("defenses", j), parse_defense, text)
+    labels = []
+    for j, a in enumerate(entry.attack_list):
+        guard(path + ("attacks", j, "name"), MEMBERSHIP_ATTACKS.get, a.name)
+        guard(path + ("attacks", j, "options"), MEMBERSHIP_ATTACKS.create, a.name, **a.options)
+        if a.key in labels:
+            raise ConfigError(f"{where.where(path + ('attacks', j))}: attack {a.key!r} is listed twice; give one "
+                              "of them a distinct label (label: ...)")
+        labels.append(a.key)
 
 
 def server_options(name: str) -> list[str]:
@@ -195,13 +236,15 @@ def attack_culprit(a) -> tuple:
 def rule_values(spec) -> dict[str, set[str]]:
     """Per rule key, the values a rule can match in ``spec`` (names and labels, as text)."""
     defenses = spec.defense_specs()
+    refs = [e for e in spec.membership if e.reference]
+    defenses = [*defenses, *(d for e in refs for d in e.defense_specs(spec.defense_specs()))]
     families = {family_of(d)[0] for d in defenses}
-    return {"dataset": {v for d in spec.datasets for v in (d.name, d.key)},
-            "model": {v for m in spec.models for v in (m.spec, m.key)},
-            "attack": {v for a in spec.attacks for v in (a.name, a.key)},
+    return {"dataset": {v for d in [*spec.datasets, *(e.dataset for e in refs)] for v in (d.name, d.key)},
+            "model": {v for m in [*spec.models, *(e.model for e in refs)] for v in (m.spec, m.key)},
+            "attack": {v for a in [*spec.attacks, *(a for e in refs for a in e.attack_list)] for v in (a.name, a.key)},
             "defense": set(defenses) | families,
             "batch_size": {str(b) for b in spec.batch_sizes},
-            "seed": {str(s) for s in spec.seeds}}
+            "seed": {str(s) for s in [*spec.seeds, *(s for e in refs for s in e.seeds)]}}
 
 
 def check_rule(spec, rule: Mapping[str, Any], kind: str, i: int, where: Source) -> None:

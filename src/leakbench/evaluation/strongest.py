@@ -786,12 +786,13 @@ def membership_setting(row: Mapping[str, Any]) -> str:
 
 
 def membership_table(rows: Iterable[Mapping[str, Any]]) -> list[MembershipScore]:
-    """One :class:`MembershipScore` per (dataset, model, defense, setting) of the ``membership`` rows."""
+    """One :class:`MembershipScore` per (dataset, model, defense, setting) of the margin attack's ``membership``
+    rows (the reference-model rows are :func:`~.membership_verdict.membership_defenses`')."""
     out: dict[tuple, MembershipScore] = {}
     values: dict[tuple, dict[str, list]] = {}
     for r in rows:
-        if r.get("kind") != "membership":
-            continue
+        if r.get("kind") != "membership" or ((r.get("spec") or {}).get("membership") or {}).get("form") == "reference":
+            continue  # reference-model rows: :mod:`.membership_verdict`
         key = (r.get("dataset") or "", r.get("model") or "", r.get("defense") or "none", membership_setting(r))
         s = out.setdefault(key, MembershipScore(*key))
         m = r.get("metrics") or {}

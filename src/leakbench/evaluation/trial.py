@@ -162,6 +162,9 @@ class TrialSpec:
         if self.kind == "utility":
             at = f" B={self.batch_size}" if self.batch_size else ""
             return f"utility {self.dataset_key} {self.model_key} {self.defense}{at} seed {self.utility.get('seed', 0)}"
+        if self.kind == "membership" and self.membership.get("form") == "reference":
+            return (f"{self.attack_key} vs {self.defense} on {self.dataset_key} {self.model_key} "
+                    f"({self.membership.get('reference_models')} reference models) seed {self.seed}")
         if self.kind in ("weights", "membership"):
             return f"{self.attack_key} on published {self.model_key} seed {self.seed}"
         if self.kind == "bound":

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 
 from .. import __version__
 from ..errors import ConfigError
+from ..evaluation.membership_verdict import membership_defenses
 from ..evaluation.store import Store
 from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, membership_table, privacy_utility,
                                     strongest, threat_model, usable, utility_table, weights_table)
@@ -38,6 +39,7 @@ from .markup import esc, muted, table
 from .navigation import NAV_CSS, collapsible, contents_bar, metric_radios
 from .spec_text import readable_yaml
 from .plots import CRAMER_RAO
+from .membership_section import reference_section, reference_summary
 from .weights_section import (membership_section, membership_summary_line, weights_section,
                               weights_summary_line)
 
@@ -71,6 +73,7 @@ img{max-width:100%;border:1px solid #eee} .grids{display:flex;flex-wrap:wrap;ali
 pre.spec{white-space:pre-wrap;background:#f7f7f7;padding:.6rem;font-size:.8rem}
 figure{margin:.4rem 0} figcaption{font-size:.8rem;color:#555} .muted{color:#777;font-size:.85rem}
 code{background:#f5f5f5} ul.verdict li{margin:.25rem 0} section.threat{margin-bottom:2rem}
+.broken{color:#b00020;font-weight:700}
 """
 
 #: runs after load: counts images that decoded (``naturalWidth > 0``) and, per threat-model section, its table
@@ -178,7 +181,7 @@ def _server_moves(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, weights, members,
-             has_bounds: bool) -> str:
+             has_bounds: bool, references=()) -> str:
     covered = ", ".join(THREATS.get(t, (t,))[0] for t in threats) or "none"
     missing = [THREATS[t][0] for t in THREAT_MODELS if t not in threats]
     lines = []
@@ -189,7 +192,9 @@ def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, 
         if t == "published-weights":
             texts.append(weights_summary_line(weights))
         elif t == "membership":
-            texts.append(membership_summary_line(members))
+            texts += reference_summary(references)
+            if members:
+                texts.append(membership_summary_line(members))
         else:
             for (threat, dataset, model), (sentence, measured) in sentences.items():
                 if threat == t:
@@ -265,6 +270,7 @@ def _write(store: Store, out: Path) -> ReportFiles:
     points = privacy_utility(best, util, bounds)
     weights = weights_table(rows)
     members = membership_table(rows)
+    references = membership_defenses(rows)
 
     records = [{"threat_model": threat_model(r), **rec} for r, rec in zip(rows, result_records(rows))]
     columns = ["key", "kind", "threat_model", *(c for c in RESULT_COLUMNS if c not in ("key", "kind", "threat_model"))]
@@ -274,7 +280,7 @@ def _write(store: Store, out: Path) -> ReportFiles:
     files.parquet = write_parquet(records, out / "results.parquet")
 
     present = {s.threat_model for s in best} | ({"published-weights"} if weights else set()) \
-        | ({"membership"} if members else set())
+        | ({"membership"} if members or references else set())
     threats = [t for t in THREAT_MODELS if t in present] + sorted(present - set(THREAT_MODELS))
     drawn = Drawn()
     sections = []
@@ -285,13 +291,17 @@ def _write(store: Store, out: Path) -> ReportFiles:
             body.append(attack_section(t, rows, best, points, util, out, drawn, bounds))
         if t == "published-weights" and weights:
             body.append(weights_section(weights, out, drawn))
+        if t == "membership" and references:
+            body.append(reference_section(references, out, drawn))
         if t == "membership" and members:
-            body.append(membership_section(members, out, drawn))
+            body.append(("<h3>The margin attack on two-layer nets</h3>" if references else "")
+                        + membership_section(members, out, drawn))
         sections.append(f'<section class="threat" id="threat-{esc(t)}" data-threat="{esc(t)}">'
                         + collapsible("", title, f"<p><i>The attacker {esc(text)}</i></p>{''.join(body)}")
                         + "</section>")
     federated = federated_section(rows, out, drawn)
-    summary = (_summary(threats, rows, points, weights, members, bool(bounds)) if sections or not federated
+    summary = (_summary(threats, rows, points, weights, members, bool(bounds), references)
+               if sections or not federated
                else federated_summary(rows))
     files.plots, files.grids, files.threats = drawn.plots, drawn.grids, threats
 

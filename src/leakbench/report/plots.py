@@ -171,8 +171,9 @@ ROC_STYLES = ("-", (0, (6, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (3, 1, 1, 
 
 
 def roc_plot(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], path: str | Path, *,
-             title: str = "") -> Path | None:
-    """ROC curves of membership attacks on a log-scale FPR axis, with the chance diagonal.
+             title: str = "", loglog: bool = False) -> Path | None:
+    """ROC curves of membership attacks on a log-scale FPR axis (``loglog``: both axes, as Carlini et al. 2022
+    Fig. 1 draw them, so the low-FPR regime is readable), with the chance diagonal.
 
     ``curves``: (label, FPR, TPR).  FPR = 0 cannot be drawn on a log axis: the axis starts at the smallest
     positive FPR of any curve (1 / non-members).  Curves that lie on top of each other stay distinguishable: each
@@ -183,6 +184,9 @@ def roc_plot(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], path: str | P
     if not curves:
         return None
     low = min((float(f[f > 0].min()) for _, f, _ in curves if (f > 0).any()), default=1e-3)
+    low = min(low, 0.1)  # curves whose only positive FPR is 1 (every score tied) still get an axis
+    low_tpr = min((float(t[t > 0].min()) for _, _, t in curves if (t > 0).any()), default=low)
+    low_y = min(low, low_tpr)
     many = len(curves) > 1
     cols = min(len(curves), 4)
     small_rows = math.ceil(len(curves) / cols) if many else 0
@@ -191,7 +195,7 @@ def roc_plot(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], path: str | P
     chance = np.logspace(math.log10(low), 0, 50)
 
     def draw(ax, i: int, label: str | None, fpr: np.ndarray, tpr: np.ndarray, **style: Any) -> None:
-        keep = fpr > 0
+        keep = (fpr > 0) & (tpr > 0) if loglog else fpr > 0
         n = int(keep.sum())
         ax.plot(fpr[keep], tpr[keep], color=style.pop("color", f"C{i % 10}"), label=label,
                 linestyle=style.pop("linestyle", ROC_STYLES[i % len(ROC_STYLES)]),
@@ -202,7 +206,11 @@ def roc_plot(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], path: str | P
         ax.plot(chance, chance, color="0.55", linestyle="--", linewidth=0.9, label="chance (TPR = FPR)")
         ax.set_xscale("log")
         ax.set_xlim(low, 1.0)
-        ax.set_ylim(0.0, 1.02)
+        if loglog:
+            ax.set_yscale("log")
+            ax.set_ylim(low_y, 1.05)
+        else:
+            ax.set_ylim(0.0, 1.02)
         ax.grid(True, alpha=0.3, which="both")
         ax.tick_params(labelsize=size)
 
@@ -211,7 +219,7 @@ def roc_plot(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], path: str | P
         draw(ax, i, plain(label), fpr, tpr)
     frame(ax, 9)
     ax.set_xlabel("false-positive rate (log scale)")
-    ax.set_ylabel("true-positive rate")
+    ax.set_ylabel("true-positive rate" + (" (log scale)" if loglog else ""))
     ax.legend(fontsize=7, loc="upper left")
     if title:
         ax.set_title(plain(title), fontsize=9)
@@ -223,7 +231,12 @@ def roc_plot(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], path: str | P
         draw(small, i, None, fpr, tpr)
         frame(small, 6)
         small.set_title(plain(label), fontsize=7)
-    fig.tight_layout()
+    if loglog:  # fixed margins: tight_layout measures every log tick label (≈ 1.5 s a figure)
+        height = 4.8 + 2.5 * small_rows
+        fig.subplots_adjust(left=0.12, right=0.98, top=1 - 0.45 / height, bottom=0.55 / height, hspace=0.6,
+                            wspace=0.3)
+    else:
+        fig.tight_layout()
     return _save(fig, path)
 
 

@@ -259,7 +259,6 @@ class LossMembership:
     """The loss-threshold attack (Yeom et al. 2018): score −loss(x, y); threshold optional (default: none)."""
 
     name = "membership-loss"
-    in_sweeps = False  # the sweep's membership trials run the margin attack on binary targets
 
     def __init__(self, *, threshold: float | None = None) -> None:
         expect(threshold is None or isinstance(threshold, (int, float)),
@@ -283,7 +282,6 @@ class LiRAMembership:
     64 reference models (Carlini et al. Sec. VI-A)."""
 
     name = "membership-lira"
-    in_sweeps = False  # the sweep's membership trials run the margin attack on binary targets
 
     def __init__(self, *, online: bool = True, global_variance: bool | None = None,
                  threshold: float | None = None) -> None:
@@ -313,7 +311,6 @@ class RMIAMembership:
     approximation ``a`` for the missing IN models."""
 
     name = "membership-rmia"
-    in_sweeps = False  # the sweep's membership trials run the margin attack on binary targets
 
     def __init__(self, *, online: bool = False, a: float = 0.3, gamma: float = 1.0,
                  threshold: float | None = None) -> None:
