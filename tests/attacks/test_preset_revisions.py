@@ -16,6 +16,8 @@ RECORDED = {
     ("cocktail-party", "default"): (0, "167663713e97"),
     ("cocktail-party", "paper"): (0, "4204d74d1064"),
     ("cocktail-party", "quick"): (0, "8d9f6063e2f5"),
+    ("dager", "default"): (0, "48a57c47a44b"),
+    ("dager", "quick"): (0, "48a57c47a44b"),
     ("dlg", "default"): (0, "38bda84e6b89"),
     ("dlg", "idlg"): (0, "cddfcb2a374e"),
     ("dlg", "quick"): (0, "7f0da74a8cac"),
