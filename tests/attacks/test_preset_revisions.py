@@ -45,6 +45,8 @@ RECORDED = {
     ("robbing-the-fed", "quick"): (0, "df3e24c2dace"),
     ("spear", "default"): (0, "b7c7253e9ba5"),
     ("spear", "quick"): (0, "2b24a5e26c65"),
+    ("tag", "default"): (0, "ad2d18c9fcc4"),
+    ("tag", "quick"): (0, "0fc94cc1ba29"),
     ("tensor-features", "default"): (0, "605added5eee"),
     ("tensor-features", "quick"): (0, "e3157edcf819"),
     ("univariate", "default"): (0, "7ec421753c92"),
