@@ -147,3 +147,17 @@ def test_a_users_module_is_refused_with_the_reason():
     x = torch.randint(0, 20, (1, 4))
     with pytest.raises(UnsupportedThreatModel, match="text transformers"):
         lb.attack("dager", lb.observe(Tiny(), x, x))
+
+
+def test_noise_of_growing_sigma_never_helps(data):
+    model = decoder(data)
+    x, y = data.batch(2, seed=4)
+    rates = []
+    for sigma in (0.0, 1e-9, 1e-6, 1e-3):
+        obs = lb.observe(model, x, y, defense=f"noise:{sigma}" if sigma else None)
+        try:
+            rates.append(scores(lb.attack("dager", obs), x, data)["exact"])
+        except NothingRecovered:
+            rates.append(0.0)
+    assert rates[0] == 1.0 and rates[-1] == 0.0
+    assert all(a >= b for a, b in zip(rates, rates[1:])), rates

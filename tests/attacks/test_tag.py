@@ -56,3 +56,15 @@ def test_refusals_and_bad_options(decoder_obs):
     x = torch.randint(0, 20, (1, 4))
     with pytest.raises(UnsupportedThreatModel, match="text transformers"):
         lb.attack("tag", lb.observe(model, x, x))
+
+
+@pytest.mark.slow
+def test_strong_noise_degrades_tag_to_chance(data, decoder_obs):
+    # one run per level: a single TAG run varies too much for a strict ordering of nearby σ (measured: σ = 0.01
+    # scored 0.57 and σ = 0 0.48 once), so this checks the ends only
+    x, obs = decoder_obs
+    y = data.batch(1, seed=2)[1]
+    got = [text_scores(lb.attack("tag", lb.observe(obs.model, x, y, defense=d), preset="quick").images, x,
+                       **kw(data))["rouge1"] for d in (None, "noise:1.0")]
+    chance = unigram_chance(x, lb.load("text").unigram(), draws=16, **kw(data))
+    assert got[0] > got[1] and got[1] <= chance["rouge1"] + 0.15, (got, chance)

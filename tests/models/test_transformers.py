@@ -118,3 +118,17 @@ def test_a_users_own_module():
 def test_bad_token_batches_one_line(make_x, make_y, message):
     with pytest.raises(ConfigError, match=message):
         lb.observe(gpt(), make_x(), make_y())
+
+
+def test_gradient_defenses_apply_to_token_batches():
+    m = gpt()
+    x = torch.randint(1, 50, (3, 8), generator=torch.Generator().manual_seed(2))
+    y = torch.roll(x, -1, 1)
+    y[:, -1] = -100
+    clean = lb.observe(m, x, y)
+    dp = lb.observe(m, x, y, defense="dpsgd:0.01,0.0")  # per-sample clipping only: a smaller gradient
+    assert dp.defense.startswith("dpsgd") and all(torch.isfinite(t).all() for t in dp.shared)
+    norm = lambda o: torch.sqrt(sum((t ** 2).sum() for t in o.shared))  # noqa: E731
+    assert float(norm(dp)) <= 0.01 + 1e-6 < float(norm(clean))
+    noisy = lb.observe(m, x, y, defense="noise:0.1", seed=1)
+    assert not torch.allclose(noisy.shared[0], clean.shared[0])
