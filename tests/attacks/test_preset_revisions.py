@@ -34,6 +34,8 @@ RECORDED = {
     ("kkt", "default"): (0, "7bd779622107"),
     ("kkt", "paper"): (0, "1cd5ffdf644f"),
     ("kkt", "quick"): (0, "258811ceb1d2"),
+    ("lamp", "default"): (0, "446c0aa5f7f4"),
+    ("lamp", "quick"): (0, "28bb60e2bd59"),
     ("liu2024", "default"): (0, "bbccc1b2a002"),
     ("liu2024", "paper"): (0, "cb504b7e2b6d"),
     ("liu2024", "quick"): (0, "90d039691465"),

@@ -61,3 +61,10 @@ def test_bad_input():
         text_scores(ORIG[:1], torch.zeros(1, 4, dtype=torch.long), **KW)
     with pytest.raises(ConfigError, match="unigram"):
         unigram_chance(ORIG, torch.full((12,), float("nan")), **KW)
+
+
+def test_compare_points_text_to_text_scores():
+    import leakbench as lb
+
+    with pytest.raises(ConfigError, match="text_scores"):
+        lb.compare(ORIG, ORIG)
