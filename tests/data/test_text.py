@@ -56,6 +56,8 @@ def test_tokenizer_is_cached_as_json(tmp_path):
     assert again.encode("Return the value.") == first.encode("Return the value.")
     own = load_tokenizer(files[0])  # a user's own tokenizer JSON
     assert own.vocab_size == 400 and own.pad_id == 0
+    retrained = bundled_tokenizer(400, cache_dir=tmp_path / "other")  # training is deterministic
+    assert retrained.to_json() == first.to_json()
 
 
 def test_classification_labels_are_modules():
