@@ -5,7 +5,7 @@ any training here), byte-level BPE of 2 000 tokens, T = the context.  Chance: se
 originals' lengths drawn from the bundled corpus's unigram distribution, scored the same way (8 draws).
 
 1. DAGER on untrained ``gpt:layers=2`` decoders, width chosen so that B·T < width (the span
-   must not be full), at several (B, T); and on a decoder trained briefly (20 Adam steps) on the
+   must not be full), at several (B, T); and on decoders trained briefly (20 Adam steps) on the
    training split.  Columns: sequences recovered exactly (k of n), of them flagged exact, token
    accuracy, ROUGE-1/2, seconds per batch.
 2. TAG and LAMP at B = 1 on ``gpt:layers=1,width=64`` (labels unknown: soft next-token targets optimised
@@ -82,7 +82,8 @@ def run(quick: bool = False, device: str = "cpu") -> None:
     if device != "cpu":
         settings.append((64, 16, 1088))
     rows = [_dager_row("untrained", B, T, W, batches, device, unigram) for B, T, W in settings]
-    rows.append(_dager_row("trained 20 steps", 4, 16, 128, 2 if quick else 6, device, unigram, trained=True))
+    for B, W, n in ((1, 64, 6), (4, 128, 6), (16, 320, 2)):
+        rows.append(_dager_row("trained 20 steps", B, 16, W, 2 if quick else n, device, unigram, trained=True))
     table("DAGER (gpt:layers=2) on held-out bundled sentences",
           ["model", "B", "T", "width", "exact", "flagged", "token acc", "ROUGE-1", "ROUGE-2", "s/batch",
            "chance exact", "chance acc", "chance R-1"], rows,

@@ -24,7 +24,8 @@ Here (the models of :mod:`leakbench.models.transformers`, pre-LN, learned positi
    then the sequence; larger encoder batches are refused with the reason.
 
 Each recovered sequence is flagged exact (``confidence`` 1) when every one of its positions passed
-both span checks and, where the sequence lengths are granted, its length is one of them; slots left over when fewer distinct sequences were found than B (a repeated
+both span checks, unambiguously (its token ``margin`` times closer to block 2's span than any other
+candidate after the same prefix), and, where the sequence lengths are granted, its length is one of them; slots left over when fewer distinct sequences were found than B (a repeated
 sequence leaves one span direction) are copies, flagged not exact.  Preconditions (refused up
 front otherwise): the gradient of one step, B·T < width (the span must not be full: the paper's
 bound), our transformer's layout.  Positions without a loss (padding, and the end-of-sequence
@@ -93,12 +94,18 @@ class DagerOptions:
     tol2: float = 1e-3
     #: prefixes kept per batch slot at each position (the beam: at most beam·B, the closest to the span).
     beam: int = 4
+    #: a sequence is flagged exact only when, at every position, its token's block-2 distance is below
+    #: margin × that of the best other candidate after the same prefix (tokens that another kept sequence
+    #: with the same prefix has there excepted): a search that could as well have taken another token
+    #: certifies nothing (measured: a briefly trained width-320 decoder at B = 16 passed wrong sequences
+    #: at 1e-4 while its true ones sat at up to 1.6e-3).
+    margin: float = 0.1
     #: singular values below rank_tol·σ_max are taken as zero when the gradient's rank is read; the rank is
     #: also capped by the number of tokens (Σ of the granted sequence lengths, else B·T).
     rank_tol: float = 1e-9
 
     def check(self) -> None:
-        for name in ("tol", "tol2", "rank_tol"):
+        for name in ("tol", "tol2", "rank_tol", "margin"):
             value = getattr(self, name)
             if not (isinstance(value, float) and 0 < value < 1):
                 raise ConfigError(f"expected {name} in (0, 1), got {value!r} (option {name})")
@@ -172,11 +179,15 @@ class Dager(Attack):
             B = obs.batch_size
             order = _select(model, seqs, scores, B, causal=model.causal and len(bases) > 1)
         rows, exact = [], []
-        limit = opts.tol2 if model.causal and len(bases) > 1 else opts.tol
+        causal = model.causal and len(bases) > 1
+        limit = opts.tol2 if causal else opts.tol
         fits = _length_fits(lengths, [len(seqs[i]) for i in order])
-        for i, fit in zip(order, fits):
+        with torch.no_grad():
+            clear = (_unambiguous(model, bases[1], [seqs[i] for i in order], candidates, opts.margin) if causal
+                     else [True] * len(order))
+        for i, fit, sure in zip(order, fits, clear):
             rows.append(seqs[i])
-            exact.append(scores[i] < limit and fit)
+            exact.append(scores[i] < limit and fit and sure)
         found = len(rows)
         while len(rows) < B:  # fewer distinct sequences than slots: repeats, not known to be exact
             rows.append(rows[len(rows) % found])
@@ -303,6 +314,28 @@ def _select(model: TextTransformer, seqs: list[list[int]], scores: list[float], 
         _, sv, vh = torch.linalg.svd(torch.cat([basis, vectors[best]]), full_matrices=False)
         basis = vh[sv > 1e-3 * sv[0]]
     return chosen
+
+
+def _unambiguous(model: TextTransformer, basis2: torch.Tensor, rows: list[list[int]], candidates, margin: float):
+    """Per kept sequence: whether each of its tokens is ``margin`` times closer to block 2's span than any
+    other candidate after the same prefix (the tokens that kept sequences sharing that prefix have there excepted)."""
+    device = model.tok.weight.device
+    out = []
+    for s in rows:
+        ok = True
+        for t in range(len(s)):
+            taken = {r[t] for r in rows if len(r) > t and r[:t] == s[:t]} - {s[t]}
+            others = [v for v in candidates[t] if v != s[t] and v not in taken]
+            if not others:
+                continue
+            prefix = torch.tensor([s[:t]], dtype=torch.int64, device=device).reshape(1, t)
+            options = torch.tensor([s[t], *others], dtype=torch.int64, device=device)
+            d = span_distance(extension_inputs(model, prefix, options), basis2.to(device))[0]
+            if float(d[0]) > margin * float(d[1:].min()):
+                ok = False
+                break
+        out.append(ok)
+    return out
 
 
 def _length_fits(lengths: list[int] | None, recovered: list[int]) -> list[bool]:
