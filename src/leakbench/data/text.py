@@ -35,8 +35,9 @@ __all__ = ["TextDataset", "text", "IGNORE", "MAX_CONTEXT", "TASKS", "SPLITS"]
 IGNORE = -100
 #: longest sequence the loader makes.
 MAX_CONTEXT = 4096
-#: most samples the loader keeps (a bound on memory: rows of context + 1 int64 ids).
+#: most samples the loader keeps, and most ids in all (a bound on memory: rows of context + 1 int64 ids).
 MAX_SAMPLES = 1_000_000
+MAX_IDS = 64_000_000
 TASKS = ("lm", "classify")
 SPLITS = ("all", "train", "test")
 _MAX_TEXT_BYTES = 256 * 1024**2
@@ -207,7 +208,7 @@ def text(
         stream = [i for s, _ in pairs for i in tok.encode(s)]
         n = len(stream) // (context + 1)
         expect(n >= 1, f"expected at least {context + 1} tokens to cut one window, got {len(stream)} (field files)")
-        n = min(n, MAX_SAMPLES if limit is None else limit)
+        n = min(n, MAX_SAMPLES if limit is None else limit, MAX_IDS // (context + 1))
         ids = torch.tensor(stream[: n * (context + 1)], dtype=torch.int64).reshape(n, context + 1)
         labels = torch.zeros(n, dtype=torch.int64)
     else:
@@ -220,6 +221,8 @@ def text(
             if len(seqs) >= (MAX_SAMPLES if limit is None else limit):
                 break
         expect(len(seqs) > 0, f"expected sentences of at least {min_tokens} tokens, got none (field files)")
+        expect(len(seqs) * (context + 1) <= MAX_IDS, f"expected at most {MAX_IDS:,} token ids in memory, got "
+               f"{len(seqs):,} samples × {context + 1} (field limit); pass limit= or a shorter context")
         ids = _rows(seqs, context, tok.pad_id, tok.eos_id)
         labels = torch.tensor(labels_list, dtype=torch.int64)
     bad = int((ids >= tok.vocab_size).sum())
