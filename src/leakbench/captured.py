@@ -27,6 +27,7 @@ from torch import nn
 from .errors import ConfigError, expect
 from .losses import get_loss
 from .models.custom import Normalize
+from .text_batch import check_token_labels, takes_tokens, text_grants
 
 __all__ = ["with_normalization", "check_model", "non_finite_tensor", "out_dim", "gradient_fields", "update_fields"]
 
@@ -156,16 +157,25 @@ def _fields(kind, model, shared, *, batch_size, labels, loss, input_shape, norma
            "(argument batch_size)")
     attacker = with_normalization(model, normalize).train(train)
     param = next(attacker.parameters())
-    probe = torch.zeros((1, *input_shape), device=param.device, dtype=param.dtype)
+    text = normalize is None and takes_tokens(model)
+    probe = torch.zeros((1, *input_shape), device=param.device, dtype=torch.int64 if text else param.dtype)
     try:
         classes = out_dim(attacker, probe)
     except RuntimeError as err:
         raise ConfigError(f"the model does not accept inputs of shape {input_shape}: {err} "
                           "(argument input_shape)") from None
     names = [("model." + n if normalize is not None else n) for n, _ in _trainable(model)]
+    if text:  # token ids: next-token targets B × T or one class per sequence (leakbench.text_batch)
+        extras = {**extras, "text": text_grants(model, input_shape[0])}
+        if labels is not None:
+            labels = torch.as_tensor(labels)
+            check_token_labels(labels, probe.expand(batch_size, -1), classes)
+            labels = labels.long()
+    else:
+        labels = _labels(labels, batch_size, classes)
     return dict(kind=kind, model=attacker, shared=shared, param_names=names, loss=loss,
                 batch_size=batch_size, input_shape=input_shape, num_classes=classes,
-                labels=_labels(labels, batch_size, classes), local_steps=local_steps, local_lr=local_lr,
+                labels=labels, local_steps=local_steps, local_lr=local_lr,
                 local_batches=local_batches, train_mode=train, defense=defense, extras=extras)
 
 

@@ -22,6 +22,7 @@ from .defenses import parse as parse_defense
 from .defenses import share
 from .errors import expect
 from .losses import get_loss
+from .text_batch import check_token_batch, check_token_labels, takes_tokens, text_grants
 
 KINDS = ("gradient", "update", "weights")
 
@@ -278,6 +279,9 @@ def observe(
     (an ImageDataset the other clients' batches are drawn from) and observes the
     aggregate of all L batches (``batch_size`` L·B, the target batch first).
     What the server knows about the defense is in ``extras["defense"]``.
+    ``x`` may be token ids B × T (int64) for a text model (:mod:`leakbench.text_batch`): ``y`` then holds
+    next-token targets B × T (−100 where none) or one class per sequence, and ``extras["text"]`` states
+    what the server is granted (tokenizer and vocabulary, the padded length, each sequence's length).
     The user's ``model`` is never modified.  Bad input is refused before any work with a
     :class:`~leakbench.errors.ConfigError` naming the argument (an empty batch, NaN/inf or integer
     pixels, labels that are neither class indices of the model's outputs nor the float targets the
@@ -285,8 +289,13 @@ def observe(
     is converted to the model's dtype.
     """
     check_model(model)
-    _check_batch(model, x, y)
-    x = _check_values(model, x, y)
+    text = isinstance(x, torch.Tensor) and not x.is_floating_point() and takes_tokens(model)
+    if text:  # token ids B × T (leakbench.text_batch); images go on as before
+        expect(isinstance(y, torch.Tensor), f"expected targets as a tensor, got {type(y).__name__} (argument y)")
+        check_token_batch(model, x)
+    else:
+        _check_batch(model, x, y)
+        x = _check_values(model, x, y)
     loss_fn = get_loss(loss)
     expect(isinstance(local_steps, int) and not isinstance(local_steps, bool) and local_steps >= 0,
            f"expected local_steps ≥ 0 (0 shares the gradient), got {local_steps!r}")
@@ -296,7 +305,10 @@ def observe(
     defense_obj = parse_defense(defense)
 
     client = copy.deepcopy(model).to(x.device)
-    _check_labels(y, out_dim(client, x), loss)
+    if text:
+        check_token_labels(y, x, out_dim(client, x))
+    else:
+        _check_labels(y, out_dim(client, x), loss)
     client.train(train)
     named = [(n, p) for n, p in client.named_parameters() if p.requires_grad]
     expect(len(named) > 0, "the model has no trainable parameters")
@@ -322,6 +334,8 @@ def observe(
         extras["clients"] = result.clients
         extras["client_batch_size"] = int(x.shape[0])
     batches = local_schedule(result, extras)
+    if text:
+        extras["text"] = text_grants(model, int(x.shape[1]), x)
     return Observation(
         kind=result.kind,
         model=attacker,

@@ -166,6 +166,12 @@ def compare(
     reconstruction containing NaN gives NaN scores (``json.dumps`` writes them
     as NaN).
     """
+    trace = getattr(reconstruction, "trace", None)
+    if (isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dim() == 2
+            or isinstance(trace, dict) and trace.get("modality") == "text"):
+        raise ConfigError("expected images, got token ids (a text batch): score text with "
+                          "leakbench.metrics.text_scores(rec.images, x, decode=data.tokenizer.decode, "
+                          "pad_id=data.pad_id, eos_id=data.tokenizer.eos_id) (docs/text.md)")
     rec, rec_labels = _unpack(reconstruction)
     x = _as_tensor(x, "x")
     if x.ndim < 2 or x.shape[0] == 0 or x[0].numel() == 0:

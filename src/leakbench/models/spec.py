@@ -14,6 +14,10 @@ Spec grammar (whitespace and case are ignored)::
     convnet | convnet-W               ConvNet of Inverting Gradients (Geiping et al. 2020)
     resnet18                          CIFAR ResNet-18 (option width=64)
     twolayer:M                        f(x) = Σ_j a_j σ(w_jᵀx + b_j), M hidden units
+    gpt:layers=L,width=W,heads=H      causal text decoder (next-token logits; classes = vocabulary,
+                                      input_shape = (context,)); keys optional (2, 64, 4)
+    bert:layers=L,width=W,heads=H,vocab=V
+                                      text encoder with a classification head (:mod:`.transformers`)
     module.path:ClassName             your own nn.Module subclass, imported (:mod:`.custom`)
 
 The families live in the registry :data:`MODELS`; the CLI, sweeps and the
@@ -34,6 +38,7 @@ from ..registry import Registry
 from .custom import build_class, import_class, is_class_spec, normalized
 from .init import check_init_scale, initialize, make_generator, resolve_init
 from .layers import activation_factory, canonical_activation
+from .transformers import TextTransformer
 from .zoo import CNN, MLP, ConvLayerSpec, ConvNet, LeNet, ResNet18, TwoLayer, flat_size
 
 __all__ = [
@@ -121,6 +126,50 @@ def _parse_twolayer(argstr: str | None, spec: str) -> tuple[int]:
     return (m,)
 
 
+_TEXT_KEYS = {"gpt": {"layers": 2, "width": 64, "heads": 4}, "bert": {"layers": 2, "width": 64, "heads": 4, "vocab": 0}}
+
+
+def _parse_text(name: str) -> Callable[[str | None, str], tuple]:
+    """``gpt:layers=2,width=64,heads=4`` → ((key, value), ...) in the family's key order, defaults filled."""
+    defaults = _TEXT_KEYS[name]
+
+    def parse(argstr: str | None, spec: str) -> tuple:
+        given: dict[str, int] = {}
+        for part in (argstr or "").split(","):
+            if not part:
+                continue
+            key, _, value = part.partition("=")
+            if key not in defaults:
+                raise _bad(spec, f"keys {', '.join(defaults)} like {name}:layers=2,width=64,heads=4", part)
+            number = _int(value)
+            if number is None or number < 1:
+                raise _bad(spec, f"a positive integer for {key}", part)
+            given[key] = number
+        values = {**defaults, **given}
+        if values.get("vocab") == 0:
+            raise _bad(spec, f"the vocabulary size, e.g. {name}:vocab=2000", argstr or "")
+        return tuple(values.items())
+
+    return parse
+
+
+def _format_text(name: str) -> Callable[[tuple], str]:
+    return lambda args: f"{name}:" + ",".join(f"{k}={v}" for k, v in args)
+
+
+def _make_text(causal: bool):
+    def make(args, *, input_shape, classes, act, bias, pad_id):
+        values = dict(args)
+        if len(input_shape) != 1:
+            raise ConfigError(f"expected input_shape (context,) for a text model, got {tuple(input_shape)} "
+                              "(field input_shape; pass input_shape=data.shape of a text dataset)")
+        vocab = classes if causal else values["vocab"]
+        return TextTransformer(vocab, input_shape[0], classes, layers=values["layers"], width=values["width"],
+                               heads=values["heads"], causal=causal, pad_id=pad_id, act=act)
+
+    return make
+
+
 # --------------------------------------------------------------------------- families
 
 
@@ -155,8 +204,9 @@ class Family:
                 if not isinstance(value, bool):
                     raise ConfigError(f"expected True or False for {key}, got {value!r} (model {spec!r})")
             elif isinstance(default, int):
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ConfigError(f"expected a positive integer for {key}, got {value!r} (model {spec!r})")
+                if isinstance(value, bool) or not isinstance(value, int) or value < min(default, 1):
+                    low = "a non-negative" if default == 0 else "a positive"
+                    raise ConfigError(f"expected {low} integer for {key}, got {value!r} (model {spec!r})")
         return merged
 
 
@@ -216,6 +266,14 @@ _FAMILIES = (
     Family(
         "twolayer", "two-layer net sum_j a_j act(w_j.x + b_j), twolayer:M, no output bias",
         _parse_twolayer, lambda a: f"twolayer:{a[0]}", _make_twolayer,
+    ),
+    Family(
+        "gpt", "causal text decoder, gpt:layers=2,width=64,heads=4 (classes = vocabulary, input_shape = (T,))",
+        _parse_text("gpt"), _format_text("gpt"), _make_text(True), options={"pad_id": 0},
+    ),
+    Family(
+        "bert", "text encoder + classification head, bert:layers=2,width=64,heads=4,vocab=V",
+        _parse_text("bert"), _format_text("bert"), _make_text(False), options={"pad_id": 0},
     ),
 )
 for _family in _FAMILIES:
