@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench install clean
+.PHONY: demo test test-slow test-newest bench install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,8 +28,13 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+# the CLI against the newest typer / rich / click the index has (a standalone install resolves those, not the venv's)
+test-newest: $(STAMP)
+	rm -rf .newest && $(BIN)/pip install --quiet --no-deps --upgrade --target .newest typer rich click
+	PYTHONPATH=.newest:src $(BIN)/python -m pytest -q tests/cli
+
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) leakbench-demo
+	rm -rf $(VENV) leakbench-demo .newest

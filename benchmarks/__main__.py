@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import pkgutil
 import sys
 import time
@@ -39,6 +40,8 @@ def main() -> None:
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"benchmarks to run (default: all): {', '.join(names)}")
     parser.add_argument("--quick", action="store_true", help="smaller budgets, for a smoke run")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device for the benchmarks that take one (batched): cpu (default) or cuda")
     args = parser.parse_args()
     unknown = [n for n in args.names if n not in names]
     if unknown:
@@ -46,7 +49,11 @@ def main() -> None:
     for name in args.names or names:
         start = time.perf_counter()
         console.rule(f"benchmark {name}")
-        importlib.import_module(f"benchmarks.bench_{name}").run(quick=args.quick)
+        bench = importlib.import_module(f"benchmarks.bench_{name}")
+        takes_device = "device" in inspect.signature(bench.run).parameters
+        if args.device != "cpu" and not takes_device:
+            console.print(f"[yellow]{name} runs on the CPU only (it takes no --device)[/yellow]")
+        bench.run(quick=args.quick, **({"device": args.device} if takes_device else {}))
         console.print(f"[dim]{name}: {time.perf_counter() - start:.0f} s[/dim]")
 
 

@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 
 import leakbench as lb
+from leakbench.analysis.stationarity import kkt_residual
 from leakbench.metrics.voting import vote
 from leakbench.models.targets import train_target
 from leakbench.threat import observe_weights
@@ -66,7 +67,7 @@ def run(quick: bool = False) -> None:
     target = train_target(data, per_class=per_class, model="mlp:1000-1000", loss="logistic", lr=0.5, steps=steps,
                           loss_tol=0, schedule="adaptive", init="small", data_seed=0, seed=0)
     t_train = time.perf_counter() - t0
-    kkt_res = target.kkt_residual()
+    kkt_res = kkt_residual(target.model, target.inputs, target.y)
     obs = observe_weights(target)
     n = target.x.shape[0]
     t0 = time.perf_counter()

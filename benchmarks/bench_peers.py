@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,12 +58,34 @@ CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 HELD_OUT = 500  # the first 500 images of the shared subset tuned the presets
 PRESETS = {"fast": "fast", "paper": "default"}  # the names in the tables → leakbench's presets
 PER_CLASS = 100  # the shared subset: 100 images per class, in class order
+LAYOUTS_ENV = "LEAKBENCH_PEERS_LAYOUTS"  # e.g. "mixed,2x,1x": compare by label layout (issue 34) instead
+LAYOUTS = ("mixed", "2x", "1x")
+LAYOUT_BATCHES_ENV = "LEAKBENCH_PEERS_LAYOUT_BATCHES"  # e.g. "2": only that one of the three batches per layout
+LAYOUT_VARIANTS = {"fast": ("fast", {}), "fast unique": ("fast", {"features_labels": "unique"}),
+                   "fast off": ("fast", {"features": 0.0, "feature_phase": 0.0})}
 
 
 def held_out(batch: int, start: int = 0) -> list[int]:
     """``batch`` held-out indices (≥ 500) cycling over classes 5–9, the ``start``-th image of each first."""
     classes = 5
     return [HELD_OUT + PER_CLASS * (i % classes) + start + i // classes for i in range(batch)]
+
+
+def layout_batch(layout: str, batch: int, k: int) -> list[int]:
+    """The ``k``-th held-out batch (k < 3) of ``batch`` images with label layout ``layout``, disjoint from the other
+    k of the same layout and size and from the other layouts: ``mixed`` cycles the five held-out classes 5–9
+    (images 0… of each class, as :func:`held_out`), ``2x`` takes B/2 images of classes 5+k and 6+k (images
+    40…), ``1x`` B images of class 5+k (images 60…)."""
+    if not 0 <= k < 3 or batch > 20 or (layout == "2x" and batch % 2):
+        raise SystemExit(f"layout {layout}: batches k = 0, 1, 2 of an even B ≤ 20, got B = {batch}, k = {k}")
+    if layout == "mixed":
+        return held_out(batch, k * -(-batch // 5))
+    if layout == "2x":
+        half = batch // 2
+        return [HELD_OUT + PER_CLASS * (k + c) + 40 + i for c in (0, 1) for i in range(half)]
+    if layout == "1x":
+        return [HELD_OUT + PER_CLASS * k + 60 + i for i in range(batch)]
+    raise SystemExit(f"{LAYOUTS_ENV}: expected some of {', '.join(LAYOUTS)}, got {layout!r}")
 
 
 def _listed(text: str, name: str, default: list, kind=int) -> list:
@@ -120,7 +143,7 @@ def breaching_python() -> tuple[str | None, str]:
 
 
 def run_breaching(python: str, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, iterations: int,
-                  every: int, tmp: Path) -> list[tuple[int, float, float]]:
+                  every: int, tmp: Path, device: str = "cpu") -> list[tuple[int, float, float]]:
     """breaching's (step, seconds, PSNR) curve, its last point the returned (best) reconstruction."""
     wrapped = _Normalised(model, CIFAR_MEAN, CIFAR_STD).eval()
     example = ((x - wrapped.mean) / wrapped.std).contiguous()
@@ -129,7 +152,8 @@ def run_breaching(python: str, model: torch.nn.Module, x: torch.Tensor, y: torch
     out = tmp / "breaching.npz"
     done = subprocess.run([python, str(SCRIPT), "--model", str(tmp / "model.pt"), "--data", str(tmp / "data.npz"),
                            "--out", str(out), "--iterations", str(iterations), "--every", str(every),
-                           "--threads", str(torch.get_num_threads())], capture_output=True, text=True)
+                           "--threads", str(torch.get_num_threads()), "--device", device],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"breaching failed: {done.stderr.strip()[-2000:]}")
     with np.load(out, allow_pickle=False) as r:
@@ -145,11 +169,98 @@ def _at(points, seconds: float) -> float:
     return before[-1] if before else float("nan")
 
 
-def run(quick: bool = False) -> None:
+def _curve_on(obs, x: torch.Tensor, preset: str, options: dict, *, every: int, device: torch.device):
+    """(step, seconds, psnr) every ``every`` steps of ``preset`` with ``options``; the copy and the PSNR are off the
+    clock (on CUDA the clock waits for the steps so far)."""
+    points: list[tuple[int, float, float]] = []
+    paused = [0.0]
+
+    def callback(step, images):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        points.append((step, t - t0 - paused[0], psnr(images, x)))
+        paused[0] += time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    rec = lb.attack("inverting-gradients", obs, preset=preset, callback=callback, trace_every=every, **options)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    points.append((points[-1][0] + 1 if points else 0, time.perf_counter() - t0 - paused[0], psnr(rec.images, x)))
+    return points
+
+
+def layouts(python: str, names: list[str], *, device: str = "cpu") -> None:
+    """breaching against ``fast`` (feature term on all labels, on unique labels only, off) by label layout at
+    B = 8 and 16: three disjoint held-out batches per layout and size, PSNR over a grey image, and the time
+    ``fast`` takes to breaching's final PSNR as a ratio of breaching's time to it (same device, same process
+    for leakbench)."""
+    where = torch.device(device)
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {device}: CUDA is not available here")
+    ds, source = benchmark_images(8)
+    iterations = int(os.environ.get(ITERATIONS_ENV, "2000"))
+    sizes = _listed(os.environ.get(BATCHES_ENV, ""), BATCHES_ENV, [8, 16])
+    every = 25
+    x, y = ds.batch(indices=[HELD_OUT])  # warm-up: the first attack in a process imports torch._dynamo
+    warm = lb.build("convnet-32", input_shape=ds.shape, classes=ds.num_classes, seed=0).eval().to(where)
+    lb.attack("inverting-gradients", lb.observe(warm, x.to(where), y.to(where), labels_known=True), preset="fast",
+              iterations=2)
+    rows, summary = [], {}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for layout in names:
+            for batch in sizes:
+                for k in _listed(os.environ.get(LAYOUT_BATCHES_ENV, ""), LAYOUT_BATCHES_ENV, [0, 1, 2]):
+                    idx = layout_batch(layout, batch, k)
+                    x, y = ds.batch(indices=idx)
+                    model = lb.build("convnet-32", input_shape=ds.shape, classes=ds.num_classes, seed=0).eval()
+                    theirs = run_breaching(python, model, x, y, iterations=iterations, every=every, tmp=Path(tmp),
+                                           device=device)
+                    model = model.to(where)
+                    obs = lb.observe(model, x.to(where), y.to(where), labels_known=True)
+                    grey = psnr(torch.full_like(x, float(x.mean())), x)
+                    target, reach = theirs[-1][2], _first(theirs, theirs[-1][2])
+                    row = [layout, batch, k, f"{grey:.2f}", f"{target - grey:+.2f} ({theirs[-1][1]:.1f} s)"]
+                    for name, (preset, options) in LAYOUT_VARIANTS.items():
+                        ours = _curve_on(obs, x, preset, options, every=every, device=where)
+                        hit = _first(ours, target)
+                        ratio = hit[1] / reach[1] if hit and reach[1] > 0 else float("nan")
+                        row.append(f"{ours[-1][2] - grey:+.2f} ({ours[-1][1]:.1f} s)"
+                                   + (f", ×{ratio:.2f}" if hit else ", not reached"))
+                        summary.setdefault((layout, batch, name), []).append((ours[-1][2] - target, ratio))
+                    rows.append(row)
+                    console.print(f"[dim]{' | '.join(map(str, row))}[/dim]", highlight=False)
+    note = (f"{source}; held-out images ≥ {HELD_OUT} (classes 5–9); convnet-32 (random init, seed 0, eval), labels "
+            f"known, on {where.type}; breaching: invertinggradients, {iterations} steps; PSNR after one-to-one "
+            f"matching; {time.perf_counter() - start:.0f} s in all")
+    table("By label layout: final PSNR over a grey image (dB), (seconds), × = leakbench's time to breaching's final "
+          "PSNR ÷ breaching's", ["layout", "B", "batch", "grey dB", "breaching", *LAYOUT_VARIANTS], rows, note=note)
+    agg = []
+    for layout in names:
+        for batch in sizes:
+            for name in LAYOUT_VARIANTS:
+                got = summary[(layout, batch, name)]
+                wins = sum(d > 0 for d, _ in got)
+                ratios = [r for _, r in got if r == r]
+                agg.append([layout, batch, name, f"{sum(d for d, _ in got) / len(got):+.2f}",
+                            f"{min(d for d, _ in got):+.2f} … {max(d for d, _ in got):+.2f}",
+                            f"{wins} of {len(got)}",
+                            f"{max(ratios):.2f}" if len(ratios) == len(got) else f"{len(ratios)} of {len(got)} reach it"])
+    table("Per layout: leakbench final PSNR − breaching final PSNR (dB), n = the batches run",
+          ["layout", "B", "leakbench", "mean Δ", "min … max Δ", "above breaching", "worst time ratio"], agg, note=note)
+
+
+def run(quick: bool = False, device: str = "cpu") -> None:
     python, why = breaching_python()
     if python is None:
         console.print(f"[yellow]peers: skipped[/yellow] — {why}", highlight=False, soft_wrap=True)
         return
+    if os.environ.get(LAYOUTS_ENV):
+        layouts(python, _listed(os.environ[LAYOUTS_ENV], LAYOUTS_ENV, list(LAYOUTS), kind=str), device=device)
+        return
+    if device != "cpu":
+        raise SystemExit(f"peers: --device {device} is for the layouts comparison ({LAYOUTS_ENV}=mixed,2x,1x)")
     torch.set_num_threads(1)
     ds, source = benchmark_images(8)
     width = 16 if quick else 32

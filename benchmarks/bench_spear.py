@@ -14,11 +14,13 @@
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 
 import leakbench as lb
+from leakbench.errors import NothingRecovered
 
 from .common import CIFAR_NPZ, table
 
@@ -62,9 +64,13 @@ def _curve(label: str, batches, model, quick: bool, others: bool) -> list[tuple]
         x, y = pairs[0]
         if others:
             obs = lb.observe(model, x, y)
-            excl, t_excl = _timed("exclusivity", obs)
+            try:
+                excl, t_excl = _timed("exclusivity", obs)
+                p_excl = _scores(excl, x)
+            except NothingRecovered:  # no sample identified: nothing exact
+                p_excl, t_excl = torch.zeros(0), math.nan
             cpa, t_cpa = _timed("cocktail-party", obs, preset="quick" if quick else None)
-            p_excl, p_cpa = _scores(excl, x), _scores(cpa.images.clamp(0, 1), x)
+            p_cpa = _scores(cpa.images.clamp(0, 1), x)
             row += [f"{int((p_excl > 60).sum())}/{batch}", t_excl,
                     f"{int((p_cpa > 60).sum())}/{batch} ({float(p_cpa.median()):.1f} dB)", t_cpa]
         row.append(float(_scores(torch.full_like(x, 0.5), x).median()))

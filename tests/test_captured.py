@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import leakbench as lb
-from leakbench.captured import Normalize
+from leakbench.models.custom import Normalize
 from leakbench.errors import ConfigError
 from leakbench.threat import Observation
 

@@ -46,3 +46,61 @@ def test_an_attack_run_into_a_file_reports_progress(tmp_path):
                        env={"LEAKBENCH_PROGRESS_EVERY": "0", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     lines = [t for t in log.read_text().splitlines() if "inverting-gradients:" in t]
     assert len(lines) >= 2 and "40/40 steps (100%)" in lines[-1]
+
+
+class _SlowStep:
+    """A stub model factory: a linear classifier whose every forward pass sleeps (a slow step, no wall-clock
+    budget on a real attack)."""
+
+    @staticmethod
+    def build(seconds: float):
+        import time
+
+        import torch
+        from torch import nn
+
+        class Slow(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.fc = nn.Linear(4, 3)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                time.sleep(seconds)
+                return self.fc(x.reshape(len(x), -1))
+
+        return Slow()
+
+
+def test_a_step_slower_than_the_interval_still_gives_lines(capsys, monkeypatch):
+    import torch
+
+    import leakbench as lb
+
+    monkeypatch.setenv("LEAKBENCH_PROGRESS_EVERY", "0.4")  # lines at most every 0.4 s, a heartbeat every 0.05 s
+    model = _SlowStep.build(0.5)  # each step: a forward and a double backward through a 0.5 s forward
+    obs = lb.Observation.from_gradients(model, torch.autograd.grad(
+        torch.nn.functional.cross_entropy(model(torch.rand(1, 4)), torch.tensor([1])), list(model.parameters())),
+        batch_size=1, input_shape=(4,))
+    with rich_progress("dlg") as report:
+        lb.attack("dlg", obs, iterations=2, optimizer="adam", progress=report)
+    lines = capsys.readouterr().out.splitlines()
+    running = [line for line in lines if "running" in line]
+    assert running, lines  # lines while a step was still running, not only when it ended
+    assert any("dlg: 1/2 steps" in line or "dlg: 2/2 steps" in line for line in lines)
+
+
+def test_a_long_run_is_announced_with_its_estimate_and_the_cheaper_way(capsys, monkeypatch):
+    import time
+
+    monkeypatch.setenv("LEAKBENCH_PROGRESS_EVERY", "1000")
+    with rich_progress("inverting-gradients", advice="for a quick look use --preset quick", warn_after=60) as report:
+        for step in range(1, 6):
+            time.sleep(0.3)
+            report(step, 4800, 0.5)
+    text = capsys.readouterr().out
+    assert "this run will take about" in text and "4,800 steps at" in text and "--preset quick" in text
+    with rich_progress("short", advice="x", warn_after=60) as report:
+        for step in range(1, 6):
+            time.sleep(0.25)
+            report(step, 10, 0.5)
+    assert "will take about" not in capsys.readouterr().out

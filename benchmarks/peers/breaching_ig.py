@@ -32,19 +32,21 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=25)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     import breaching
 
+    device = torch.device(args.device)
     data = np.load(args.data, allow_pickle=False)
-    x, y = torch.from_numpy(data["x"]).float(), torch.from_numpy(data["y"]).long()
+    x, y = torch.from_numpy(data["x"]).float().to(device), torch.from_numpy(data["y"]).long().to(device)
     mean, std = [float(v) for v in data["mean"]], [float(v) for v in data["std"]]
-    model = torch.jit.load(args.model).eval()
+    model = torch.jit.load(args.model, map_location=device).eval()
     loss = torch.nn.CrossEntropyLoss()
     cfg = breaching.get_attack_config("invertinggradients", overrides=[f"optim.max_iterations={args.iterations}"])
-    attacker = breaching.attacks.prepare_attack(model, loss, cfg, dict(dtype=torch.float, device=torch.device("cpu")))
-    dm, ds = torch.tensor(mean)[None, :, None, None], torch.tensor(std)[None, :, None, None]
+    attacker = breaching.attacks.prepare_attack(model, loss, cfg, dict(dtype=torch.float, device=device))
+    dm, ds = (torch.tensor(v, device=device)[None, :, None, None] for v in (mean, std))
     grads = torch.autograd.grad(loss(model((x - dm) / ds), y), list(model.parameters()))
     metadata = types.SimpleNamespace(shape=tuple(x.shape[1:]), mean=tuple(mean), std=tuple(std), modality="vision")
     payload = [dict(parameters=[p.detach().clone() for p in model.parameters()],
@@ -61,18 +63,24 @@ def main() -> None:
 
     def spy(candidate, labels, rec_model, optimizer, shared_data, iteration):
         if iteration % args.every == 0:  # the candidate after ``iteration`` steps
+            if device.type == "cuda":
+                torch.cuda.synchronize()  # the steps so far are on the clock, the copy is not
             t = time.perf_counter()
             steps.append(iteration)
             seconds.append(t - start[0] - paused[0])
-            snapshots.append((candidate.detach() * ds + dm).clamp(0, 1).numpy())
+            snapshots.append((candidate.detach() * ds + dm).clamp(0, 1).cpu().numpy())
             paused[0] += time.perf_counter() - t
         return objective(candidate, labels, rec_model, optimizer, shared_data, iteration)
 
     attacker._compute_objective = spy
     start[0] = time.perf_counter()
     output, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     total = time.perf_counter() - start[0] - paused[0]
-    final = (output["data"].detach() * ds + dm).clamp(0, 1).numpy()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    final = (output["data"].detach() * ds + dm).clamp(0, 1).cpu().numpy()
     np.savez(args.out, steps=np.asarray(steps), seconds=np.asarray(seconds), images=np.stack(snapshots),
              final=final, total=np.asarray(total), iterations=np.asarray(args.iterations),
              version=np.asarray(str(getattr(breaching, "__version__", "unknown"))))

@@ -17,6 +17,8 @@ REPRODUCTIONS = {
     "pan": ("pan", "Pan et al. 2022: fraction reconstructable through neuron exclusivity against batch size"),
     "liu-table1": ("liu_table1", "Liu et al. 2024 Table 1: Cramér–Rao bound scaling in width, dimension, defenses"),
     "liu-table4": ("liu_table4", "Liu et al. 2024 Table 4 (slice): 4 attacks × defenses at B = 2/4/8"),
+    "liu-headline": ("liu_headline", "Liu et al. 2024 Sec. 5.2: at matched utility, does pruning leak less than "
+                                     "noise? (paired, with intervals)"),
     "cpa-presets": ("cpa_presets", "Cocktail Party: default vs the paper preset with / without the paper's TV term"),
     "haim": ("haim",
              "Haim et al. 2022 / Buzaglo et al. 2023: kkt reconstruction counts vs the nearest-neighbour control"),

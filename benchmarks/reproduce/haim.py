@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 
 import leakbench as lb
+from leakbench.analysis.stationarity import kkt_residual
 from leakbench.evaluation.trial import draw_excluding
 from leakbench.metrics.voting import vote
 from leakbench.models.targets import train_target
@@ -67,7 +68,7 @@ def one(kind: str, *, per_class: int, steps: int, runs: int, iters: int, width: 
     members = vote(rec.images, target.x)
     others = data.images[draw_excluding(data.images, target.x, n, seed=seed + 1)]
     control = vote(rec.images, others)
-    return {"kind": kind, "n": n, "loss": float(target.final_loss), "residual": float(target.kkt_residual().residual),
+    return {"kind": kind, "n": n, "loss": float(target.final_loss), "residual": float(kkt_residual(target.model, target.inputs, target.y).residual),
             "m04": members.count(0.4), "m06": members.count(0.6), "best": float(members.score.max()),
             "c04": control.count(0.4), "c06": control.count(0.6), "cbest": float(control.score.max()),
             "n_control": int(others.shape[0]), "train_s": t_train, "attack_s": t_attack,

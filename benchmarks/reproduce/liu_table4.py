@@ -23,6 +23,7 @@ import math
 import torch
 
 import leakbench as lb
+from leakbench.errors import NothingRecovered
 from leakbench.evaluation.trial import public_sample
 from leakbench.models import malicious
 
@@ -82,7 +83,10 @@ def one(batch: int, setting: str, *, attacks=ATTACKS, seed: int = 0) -> dict:
         obs = lb.observe(models[which], x, y, defense=defense, seed=seed)
         attack = lb.attacks.create(name, **options)
         reasons = attack.requirements(obs)
-        rmse[label] = float("nan") if reasons else score(attack(obs, seed=seed).images, x)["rmse"]
+        try:
+            rmse[label] = float("nan") if reasons else score(attack(obs, seed=seed).images, x)["rmse"]
+        except NothingRecovered:  # e.g. no imprint bin isolates a sample: no reconstruction to score
+            rmse[label] = float("nan")
     obs = lb.observe(models["plain"], x, y, defense=defense, seed=seed)
     noise = lb.attack("inverting-gradients", noise_observation(obs, seed=seed), preset="quick")
     usable = {k: v for k, v in rmse.items() if not math.isnan(v)}

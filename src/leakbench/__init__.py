@@ -10,17 +10,21 @@
 """
 from __future__ import annotations
 
-from . import analysis
-from .attacks import ATTACKS, Reconstruction, attack
-from .data import DATASETS, ImageDataset, load
-from .defenses import DEFENSES
-from .errors import ConfigError, DataNotFound, LeakbenchError, UnsupportedThreatModel
-from .evaluation import evaluate
-from .evaluation.utility import utility
-from .metrics import compare
-from .models import MODELS, build
-from .models.targets import train_target
-from .threat import Observation, observe, observe_weights
+from ._startup import install as _install_startup_hook
+
+_install_startup_hook()  # Ctrl-C while the CLI imports torch: one line, exit 130 (the command line only)
+
+from . import analysis  # noqa: E402
+from .attacks import ATTACKS, Reconstruction, attack  # noqa: E402
+from .data import DATASETS, ImageDataset, load  # noqa: E402
+from .defenses import DEFENSES  # noqa: E402
+from .errors import ConfigError, DataNotFound, LeakbenchError, UnsupportedThreatModel  # noqa: E402
+from .evaluation import evaluate  # noqa: E402
+from .evaluation.utility import utility  # noqa: E402
+from .metrics import compare  # noqa: E402
+from .models import MODELS, build  # noqa: E402
+from .models.targets import train_target  # noqa: E402
+from .threat import Observation, observe, observe_weights  # noqa: E402
 
 __version__ = "0.1.0"
 

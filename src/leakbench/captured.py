@@ -1,10 +1,12 @@
 """Observations from what a user captured: a client's gradient or its model update, and input normalisation.
 
 A user who runs their own federated set-up has a model and what one client sent (the
-gradient of FedSGD, or θ_after − θ_before of FedAvg).  :meth:`Observation.from_gradients`
-and :meth:`Observation.from_update` (defined here, attached to
-:class:`~leakbench.threat.Observation`) turn them into the observation every attack takes,
-validated as :func:`~leakbench.threat.observe` validates its inputs.
+gradient of FedSGD, or θ_after − θ_before of FedAvg).  :func:`gradient_fields` and
+:func:`update_fields` check them (as :func:`~leakbench.threat.observe` checks its inputs, with
+the same :func:`check_model`) and return the fields of the observation, which
+:meth:`Observation.from_gradients <leakbench.threat.Observation.from_gradients>` and
+:meth:`~leakbench.threat.Observation.from_update` build; this module sits left of
+:mod:`leakbench.threat` and never imports it.
 
 Most pipelines normalise inputs, x̃ = (x − μ)/σ, inside the data loader.  Passing
 ``normalize=(μ, σ)`` makes that part of the threat model: the attacker's model becomes
@@ -23,28 +25,11 @@ import torch
 from torch import nn
 
 from .errors import ConfigError, expect
+from .losses import get_loss
+from .models.custom import Normalize
+from .text_batch import check_token_labels, takes_tokens, text_grants
 
-__all__ = ["Normalize", "with_normalization", "from_gradients", "from_update"]
-
-
-class Normalize(nn.Module):
-    """x ↦ (x − mean) / std per channel (buffers only: no parameter, so no gradient is shared for it)."""
-
-    def __init__(self, mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor) -> None:
-        super().__init__()
-        mean_t = torch.as_tensor(mean, dtype=torch.float32).reshape(-1)
-        std_t = torch.as_tensor(std, dtype=torch.float32).reshape(-1)
-        expect(mean_t.numel() == std_t.numel() and mean_t.numel() >= 1,
-               f"expected mean and std with one value per channel, got {mean_t.numel()} and {std_t.numel()} "
-               "(argument normalize)")
-        expect(bool(torch.isfinite(mean_t).all()) and bool((std_t > 0).all()),
-               "expected finite means and positive standard deviations (argument normalize)")
-        self.register_buffer("mean", mean_t)
-        self.register_buffer("std", std_t)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = (1, -1) + (1,) * (x.dim() - 2)
-        return (x - self.mean.to(x.dtype).reshape(shape)) / self.std.to(x.dtype).reshape(shape)
+__all__ = ["with_normalization", "check_model", "non_finite_tensor", "out_dim", "gradient_fields", "update_fields"]
 
 
 def with_normalization(model: nn.Module, normalize: tuple | None) -> nn.Module:
@@ -62,6 +47,54 @@ def with_normalization(model: nn.Module, normalize: tuple | None) -> nn.Module:
         if hasattr(model, name):
             setattr(wrapped, name, getattr(model, name))
     return wrapped
+
+
+def non_finite_tensor(named) -> tuple[str, int] | None:
+    """(name, count) of the first floating tensor of ``(name, tensor)`` pairs holding NaN/inf; None if all finite."""
+    for name, t in named:
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()) and t.device.type != "meta":
+            finite = torch.isfinite(t)
+            if not bool(finite.all()):
+                return name, int((~finite).sum())
+    return None
+
+
+def check_model(model: nn.Module, field: str = "model") -> None:
+    """Refuse a model with meta (data-less), sparse or non-finite parameters or buffers, naming the tensor."""
+    expect(isinstance(model, nn.Module), f"expected a torch.nn.Module, got {type(model).__name__} (argument {field})")
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    for name, t in tensors:
+        expect(t.device.type != "meta", f"expected a model with materialised weights, got meta tensor {name!r} "
+               f"(argument {field}); load its weights first (model.to_empty(device=...) + load_state_dict)")
+        expect(t.layout == torch.strided, f"expected dense tensors, got a {t.layout} tensor {name!r} "
+               f"(argument {field}); convert it with .to_dense()")
+    bad = non_finite_tensor(tensors)
+    expect(bad is None, lambda: f"expected finite weights, got {bad[1]} NaN/inf value(s) in {bad[0]!r} "
+           f"(argument {field}); load or train a model whose weights are finite")
+
+
+def out_dim(model: nn.Module, x: torch.Tensor) -> int:
+    """The number of outputs (logits) of ``model`` on one input of ``x``, refusing a model that cannot run on it."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(x[:1])
+    except RuntimeError as err:
+        raise ConfigError(f"the model cannot run on inputs of shape {tuple(x.shape[1:])}: "
+                          f"{' '.join(str(err).split())[:200]} (argument model / x)") from None
+    finally:
+        model.train(was)
+    expect(isinstance(out, torch.Tensor) and out.dim() >= 1,
+           f"expected the model to return one tensor of logits B×K, got {type(out).__name__} (argument model); "
+           "wrap it so forward returns the logits only")
+    return int(out.shape[-1])
+
+
+def _check_models(**models: nn.Module) -> None:
+    """Each model (by argument name) materialised, dense and finite (:func:`check_model`)."""
+    for field, model in models.items():
+        check_model(model, field)
 
 
 def _trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -88,9 +121,12 @@ def _tensors(values: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], named,
         expect(isinstance(t, torch.Tensor), f"expected a tensor for parameter {name!r}, got {type(t).__name__}")
         expect(tuple(t.shape) == tuple(p.shape), f"expected the {what} of {name!r} with shape {tuple(p.shape)}, "
                f"got {tuple(t.shape)} (argument {what}s)")
-        expect(bool(torch.isfinite(t).all()), f"expected finite values in the {what} of {name!r}, got NaN/inf")
     param = named[0][1]
-    return [t.detach().to(device=param.device, dtype=param.dtype).clone() for t in out]
+    cast = [t.detach().to(device=param.device, dtype=param.dtype).clone() for t in out]
+    for (name, _), t in zip(named, cast):  # after the cast to the model's dtype: 1e300 in float64 is inf in float32
+        expect(bool(torch.isfinite(t).all()), f"expected finite values in the {what} of {name!r} in the model's "
+               f"dtype {param.dtype}, got NaN/inf (argument {what}s)")
+    return cast
 
 
 def _input_shape(model: nn.Module, input_shape) -> tuple[int, ...]:
@@ -113,47 +149,46 @@ def _labels(labels, batch_size: int, classes: int) -> torch.Tensor | None:
     return y.long()
 
 
-def _observation(kind, model, shared, *, batch_size, labels, loss, input_shape, normalize, train, defense,
-                 local_steps, local_lr, extras, local_batches=None):
-    from .losses import get_loss
-    from .threat import Observation, _out_dim
-
+def _fields(kind, model, shared, *, batch_size, labels, loss, input_shape, normalize, train, defense,
+            local_steps, local_lr, extras, local_batches=None) -> dict:
     get_loss(loss)
     expect(isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1,
            f"expected batch_size ≥ 1 (the number of samples behind the {kind}), got {batch_size!r} "
            "(argument batch_size)")
     attacker = with_normalization(model, normalize).train(train)
     param = next(attacker.parameters())
-    probe = torch.zeros((1, *input_shape), device=param.device, dtype=param.dtype)
+    text = normalize is None and takes_tokens(model)
+    probe = torch.zeros((1, *input_shape), device=param.device, dtype=torch.int64 if text else param.dtype)
     try:
-        classes = _out_dim(attacker, probe)
+        classes = out_dim(attacker, probe)
     except RuntimeError as err:
         raise ConfigError(f"the model does not accept inputs of shape {input_shape}: {err} "
                           "(argument input_shape)") from None
     names = [("model." + n if normalize is not None else n) for n, _ in _trainable(model)]
-    return Observation(kind=kind, model=attacker, shared=shared, param_names=names, loss=loss,
-                       batch_size=batch_size, input_shape=input_shape, num_classes=classes,
-                       labels=_labels(labels, batch_size, classes), local_steps=local_steps, local_lr=local_lr,
-                       local_batches=local_batches, train_mode=train, defense=defense, extras=extras)
+    if text:  # token ids: next-token targets B × T or one class per sequence (leakbench.text_batch)
+        extras = {**extras, "text": text_grants(model, input_shape[0])}
+        if labels is not None:
+            labels = torch.as_tensor(labels)
+            check_token_labels(labels, probe.expand(batch_size, -1), classes)
+            labels = labels.long()
+    else:
+        labels = _labels(labels, batch_size, classes)
+    return dict(kind=kind, model=attacker, shared=shared, param_names=names, loss=loss,
+                batch_size=batch_size, input_shape=input_shape, num_classes=classes,
+                labels=labels, local_steps=local_steps, local_lr=local_lr,
+                local_batches=local_batches, train_mode=train, defense=defense, extras=extras)
 
 
-def from_gradients(model: nn.Module, grads: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], *,
-                   batch_size: int, labels=None, loss: str = "ce", input_shape=None, normalize=None,
-                   train: bool = False, defense: str = "none"):
-    """An observation of the gradient ``grads`` a client computed on ``batch_size`` samples at ``model``'s weights.
-
-    ``grads``: one tensor per trainable parameter — a list in ``model.parameters()`` order, or a
-    mapping from ``model.named_parameters()`` names (as ``{n: p.grad for n, p in ...}``) — of the
-    *mean* loss over the batch, as ``loss.backward()`` gives it.  ``labels`` grants the batch's
-    labels; ``normalize=(mean, std)`` (see the module docstring); ``defense`` records what the
-    client applied (it is not applied again).  Equals :func:`~leakbench.threat.observe` on the
-    same batch (tested).
-    """
+def gradient_fields(model: nn.Module, grads: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], *,
+                    batch_size: int, labels=None, loss: str = "ce", input_shape=None, normalize=None,
+                    train: bool = False, defense: str = "none") -> dict:
+    """The checked fields of :meth:`Observation.from_gradients <leakbench.threat.Observation.from_gradients>`."""
+    _check_models(model=model)
     named = _trainable(model)
     shared = _tensors(grads, named, "gradient")
-    return _observation("gradient", model, shared, batch_size=batch_size, labels=labels, loss=loss,
-                        input_shape=_input_shape(model, input_shape), normalize=normalize, train=train,
-                        defense=defense, local_steps=1, local_lr=0.0, extras={"captured": True})
+    return _fields("gradient", model, shared, batch_size=batch_size, labels=labels, loss=loss,
+                   input_shape=_input_shape(model, input_shape), normalize=normalize, train=train,
+                   defense=defense, local_steps=1, local_lr=0.0, extras={"captured": True})
 
 
 def _schedule(batch_size: int, epochs: int, minibatch: int, order) -> tuple[list[list[int]], str]:
@@ -171,18 +206,11 @@ def _schedule(batch_size: int, epochs: int, minibatch: int, order) -> tuple[list
     return [p[i:i + minibatch] for p in perms for i in range(0, batch_size, minibatch)], known
 
 
-def from_update(model_before: nn.Module, model_after: nn.Module, *, batch_size: int, lr: float, steps: int = 1,
-                epochs: int | None = None, minibatch: int | None = None, order=None, labels=None, loss: str = "ce",
-                input_shape=None, normalize=None, train: bool = False, defense: str = "none"):
-    """An observation of the update θ_after − θ_before a client sent after local SGD on ``batch_size`` samples.
-
-    The client ran ``steps`` SGD steps of size ``lr`` on its whole batch (FedAvg's local
-    aggregation as :func:`~leakbench.threat.observe` simulates it with ``local_steps``), or
-    ``epochs`` epochs in minibatches of ``minibatch`` (FedAvg's client, Dimitrov et al. 2022):
-    steps = epochs·⌈batch_size/minibatch⌉, the minibatches taken in ``order`` (one permutation of
-    the samples per epoch, as a data loader drew them, when the client knows it) or unshuffled.
-    The update-matching attacks simulate exactly those minibatch steps (``Observation.local_batches``).
-    """
+def update_fields(model_before: nn.Module, model_after: nn.Module, *, batch_size: int, lr: float, steps: int = 1,
+                  epochs: int | None = None, minibatch: int | None = None, order=None, labels=None, loss: str = "ce",
+                  input_shape=None, normalize=None, train: bool = False, defense: str = "none") -> dict:
+    """The checked fields of :meth:`Observation.from_update <leakbench.threat.Observation.from_update>`."""
+    _check_models(model_before=model_before, model_after=model_after)
     named_before = _trainable(model_before)
     after = dict(model_after.named_parameters())
     expect(set(after) >= {n for n, _ in named_before},
@@ -205,7 +233,7 @@ def from_update(model_before: nn.Module, model_after: nn.Module, *, batch_size: 
            f"expected steps ≥ 1 local SGD steps, got {steps!r} (argument steps)")
     delta = {n: after[n].detach() - p.detach() for n, p in named_before}
     shared = _tensors(delta, named_before, "update")
-    return _observation("update", model_before, shared, batch_size=batch_size, labels=labels, loss=loss,
-                        input_shape=_input_shape(model_before, input_shape), normalize=normalize, train=train,
-                        defense=defense, local_steps=steps, local_lr=float(lr), extras=extras,
-                        local_batches=batches)
+    return _fields("update", model_before, shared, batch_size=batch_size, labels=labels, loss=loss,
+                   input_shape=_input_shape(model_before, input_shape), normalize=normalize, train=train,
+                   defense=defense, local_steps=steps, local_lr=float(lr), extras=extras,
+                   local_batches=batches)

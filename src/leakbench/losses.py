@@ -1,7 +1,8 @@
 """Training losses a client may use, as pure functions of (logits, target).
 
 ``target`` is either class indices (``LongTensor`` of shape (B,)) or soft targets
-(float (B, K) probabilities, as DLG optimises them).  Binary losses for ±1 labels
+(float (B, K) probabilities, as DLG optimises them); ``ce`` also takes a text decoder's B × T × V logits
+with B × T next-token targets (−100 marks a position without one, as padding).  Binary losses for ±1 labels
 (``logistic``, ``exponential``) take a scalar output (B, 1) and class indices 0/1
 (mapped to −1/+1) or float ±1 values.  Every loss is the mean over the batch.
 """
@@ -32,6 +33,8 @@ def _signs(target: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @LOSSES.register("ce", help="cross-entropy (softmax) on class indices or soft targets")
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    if logits.dim() == 3:  # next-token prediction: B × T × V logits, B × T targets (−100: no loss), mean over the rest
+        logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1, *target.shape[2:])
     if not target.dtype.is_floating_point:
         return F.cross_entropy(logits, target.long())
     return -(target * F.log_softmax(logits, dim=-1)).sum(-1).mean()

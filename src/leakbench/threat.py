@@ -11,15 +11,18 @@ threat model grants: the labels, the batch-norm statistics of the batch
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
+from .captured import check_model, gradient_fields, non_finite_tensor, out_dim, update_fields
 from .defenses import parse as parse_defense
 from .defenses import share
-from .errors import ConfigError, expect
+from .errors import expect
 from .losses import get_loss
+from .text_batch import check_token_batch, check_token_labels, takes_tokens, text_grants
 
 KINDS = ("gradient", "update", "weights")
 
@@ -54,6 +57,35 @@ class Observation:
     defense: str = "none"
     data_range: tuple[float, float] = (0.0, 1.0)
     extras: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """An observation is consistent and finite, or it says which tensor is not (no silent NaN downstream)."""
+        expect(self.kind in KINDS, f"expected an observation kind in {KINDS}, got {self.kind!r} (field kind)")
+        expect(len(self.shared) == len(self.param_names),
+               f"expected one shared tensor per parameter name ({len(self.param_names)}), got {len(self.shared)} "
+               "(field shared)")
+        named = dict(self.model.named_parameters())
+        for name, t in zip(self.param_names, self.shared):
+            expect(isinstance(t, torch.Tensor), f"expected a tensor for parameter {name!r}, got {type(t).__name__} "
+                   "(field shared)")
+            p = named.get(name)
+            expect(p is not None, f"expected shared tensors named after the model's parameters, got {name!r} "
+                   "(field param_names)")
+            expect(tuple(t.shape) == tuple(p.shape), f"expected the shared tensor of {name!r} with the parameter's "
+                   f"shape {tuple(p.shape)}, got {tuple(t.shape)} (field shared)")
+        if self.labels is not None:
+            expect(isinstance(self.labels, torch.Tensor) and self.labels.dim() in (1, 2)
+                   and self.labels.shape[0] == self.batch_size,
+                   lambda: f"expected labels with one entry per sample ({self.batch_size}), got shape "
+                   f"{tuple(getattr(self.labels, 'shape', ()))} (field labels)")
+        for i, (mean, var) in enumerate(self.bn_stats or []):
+            expect(tuple(mean.shape) == tuple(var.shape), f"expected BN mean and variance of one shape, got "
+                   f"{tuple(mean.shape)} and {tuple(var.shape)} (field bn_stats[{i}])")
+        bad = non_finite_tensor(zip(self.param_names, self.shared))
+        expect(bad is None, lambda: f"expected finite shared {self.kind} values, got {bad[1]} NaN/inf value(s) in "
+               f"{bad[0]!r} (field shared; defense {self.defense!r}): the client's round overflowed — lower the "
+               "learning rate, steps or noise")
+        check_model(self.model)
 
     @property
     def gradients(self) -> list[torch.Tensor]:
@@ -93,25 +125,48 @@ class Observation:
         )
 
     @classmethod
-    def from_gradients(cls, model: nn.Module, grads, **options) -> Observation:
-        """A captured client gradient as an observation (see :func:`leakbench.captured.from_gradients`)."""
-        from .captured import from_gradients
+    def from_gradients(cls, model: nn.Module, grads, *, batch_size: int, labels=None, loss: str = "ce",
+                       input_shape=None, normalize=None, train: bool = False, defense: str = "none") -> Observation:
+        """An observation of the gradient ``grads`` a client computed on ``batch_size`` samples at ``model``'s weights.
 
-        return from_gradients(model, grads, **options)
+        ``grads``: one tensor per trainable parameter — a list in ``model.parameters()`` order, or a
+        mapping from ``model.named_parameters()`` names (as ``{n: p.grad for n, p in ...}``) — of the
+        *mean* loss over the batch, as ``loss.backward()`` gives it.  ``labels`` grants the batch's
+        labels; ``normalize=(mean, std)`` (see :mod:`leakbench.captured`); ``defense`` records what the
+        client applied (it is not applied again).  Equals :func:`observe` on the same batch (tested).
+        """
+        return cls(**gradient_fields(model, grads, batch_size=batch_size, labels=labels, loss=loss,
+                                     input_shape=input_shape, normalize=normalize, train=train, defense=defense))
 
     @classmethod
-    def from_update(cls, model_before: nn.Module, model_after: nn.Module, **options) -> Observation:
-        """A captured model update as an observation (see :func:`leakbench.captured.from_update`)."""
-        from .captured import from_update
+    def from_update(cls, model_before: nn.Module, model_after: nn.Module, *, batch_size: int, lr: float,
+                    steps: int = 1, epochs: int | None = None, minibatch: int | None = None, order=None,
+                    labels=None, loss: str = "ce", input_shape=None, normalize=None, train: bool = False,
+                    defense: str = "none") -> Observation:
+        """An observation of the update θ_after − θ_before a client sent after local SGD on ``batch_size`` samples.
 
-        return from_update(model_before, model_after, **options)
+        The client ran ``steps`` SGD steps of size ``lr`` on its whole batch (FedAvg's local
+        aggregation as :func:`observe` simulates it with ``local_steps``), or ``epochs`` epochs in
+        minibatches of ``minibatch`` (FedAvg's client, Dimitrov et al. 2022):
+        steps = epochs·⌈batch_size/minibatch⌉, the minibatches taken in ``order`` (one permutation of
+        the samples per epoch, as a data loader drew them, when the client knows it) or unshuffled.
+        The update-matching attacks simulate exactly those minibatch steps (``Observation.local_batches``).
+        """
+        return cls(**update_fields(model_before, model_after, batch_size=batch_size, lr=lr, steps=steps,
+                                   epochs=epochs, minibatch=minibatch, order=order, labels=labels, loss=loss,
+                                   input_shape=input_shape, normalize=normalize, train=train, defense=defense))
 
 
 def _check_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
     expect(isinstance(x, torch.Tensor) and x.dim() >= 2,
            f"expected x as a batch tensor B×C×H×W or B×d, got {type(x).__name__} "
            f"{tuple(x.shape) if isinstance(x, torch.Tensor) else ''}".rstrip())
-    expect(isinstance(y, torch.Tensor) and y.shape[0] == x.shape[0],
+    expect(isinstance(y, torch.Tensor) and y.dim() >= 1,
+           f"expected y with one label per sample ({x.shape[0]}), got "
+           f"{'a 0-d tensor' if isinstance(y, torch.Tensor) else type(y).__name__} (argument y); pass y.reshape(-1)")
+    expect(x.device.type != "meta" and y.device.type != "meta",
+           "expected a batch with data, got meta tensors (argument x / y)")
+    expect(y.shape[0] == x.shape[0],
            f"expected y with one label per sample ({x.shape[0]}), got "
            f"{tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__} (argument y)")
     shape = getattr(model, "input_shape", None)
@@ -131,6 +186,9 @@ def _check_values(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
            "(argument x)")
     expect(x.is_floating_point(), f"expected float pixels in [0, 1], got dtype {x.dtype} (argument x); "
            "convert with x.float() / 255")
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if param is not None and x.dtype != param.dtype:  # checked after the cast: 1e300 in float64 is inf in float32
+        x = x.to(param.dtype)
     finite = torch.isfinite(x)
     expect(bool(finite.all()), f"expected finite values, got {int((~finite).sum())} NaN/inf value(s) in x "
            "(argument x); clean the batch")
@@ -142,8 +200,7 @@ def _check_values(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.T
         finite = torch.isfinite(y)
         expect(bool(finite.all()), f"expected finite targets, got {int((~finite).sum())} NaN/inf value(s) in y "
                "(argument y)")
-    param = next((p for p in model.parameters() if p.is_floating_point()), None)
-    return x if param is None or x.dtype == param.dtype else x.to(param.dtype)
+    return x
 
 
 def _check_labels(y: torch.Tensor, outputs: int, loss: str) -> None:
@@ -156,6 +213,10 @@ def _check_labels(y: torch.Tensor, outputs: int, loss: str) -> None:
     expect(not binary or outputs == 1,
            f"loss {loss!r} takes ±1 labels and a model with 1 output, got a model with {outputs} outputs "
            "(argument loss); use loss='ce' or build the model with classes=1")
+    expect(binary or loss != "ce" or outputs > 1,
+           "loss 'ce' on a model with 1 output: its loss and gradient are exactly 0, nothing is shared to attack "
+           "(argument loss); give the model ≥ 2 outputs (a dataset with ≥ 2 classes, or your own class with "
+           "num_classes in its options) or use loss='logistic'")
     if y.is_floating_point():
         b = y.shape[0]
         if binary:
@@ -218,23 +279,36 @@ def observe(
     (an ImageDataset the other clients' batches are drawn from) and observes the
     aggregate of all L batches (``batch_size`` L·B, the target batch first).
     What the server knows about the defense is in ``extras["defense"]``.
+    ``x`` may be token ids B × T (int64) for a text model (:mod:`leakbench.text_batch`): ``y`` then holds
+    next-token targets B × T (−100 where none) or one class per sequence, and ``extras["text"]`` states
+    what the server is granted (tokenizer and vocabulary, the padded length, each sequence's length).
     The user's ``model`` is never modified.  Bad input is refused before any work with a
     :class:`~leakbench.errors.ConfigError` naming the argument (an empty batch, NaN/inf or integer
     pixels, labels that are neither class indices of the model's outputs nor the float targets the
     loss takes, a ±1 loss on a multi-output model); a float ``x`` of another precision than the model
     is converted to the model's dtype.
     """
-    _check_batch(model, x, y)
-    x = _check_values(model, x, y)
+    check_model(model)
+    text = isinstance(x, torch.Tensor) and not x.is_floating_point() and takes_tokens(model)
+    if text:  # token ids B × T (leakbench.text_batch); images go on as before
+        expect(isinstance(y, torch.Tensor), f"expected targets as a tensor, got {type(y).__name__} (argument y)")
+        check_token_batch(model, x)
+    else:
+        _check_batch(model, x, y)
+        x = _check_values(model, x, y)
     loss_fn = get_loss(loss)
     expect(isinstance(local_steps, int) and not isinstance(local_steps, bool) and local_steps >= 0,
            f"expected local_steps ≥ 0 (0 shares the gradient), got {local_steps!r}")
-    expect(local_steps == 0 or local_lr > 0, f"expected local_lr > 0, got {local_lr!r}")
+    expect(local_steps == 0 or (isinstance(local_lr, (int, float)) and math.isfinite(local_lr) and local_lr > 0),
+           f"expected local_lr > 0 (finite), got {local_lr!r} (argument local_lr)")
     expect(not bn_stats or train, "bn_stats=True needs train=True (batch statistics exist only in training mode)")
     defense_obj = parse_defense(defense)
 
     client = copy.deepcopy(model).to(x.device)
-    _check_labels(y, _out_dim(client, x), loss)
+    if text:
+        check_token_labels(y, x, out_dim(client, x))
+    else:
+        _check_labels(y, out_dim(client, x), loss)
     client.train(train)
     named = [(n, p) for n, p in client.named_parameters() if p.requires_grad]
     expect(len(named) > 0, "the model has no trainable parameters")
@@ -260,6 +334,8 @@ def observe(
         extras["clients"] = result.clients
         extras["client_batch_size"] = int(x.shape[0])
     batches = local_schedule(result, extras)
+    if text:
+        extras["text"] = text_grants(model, int(x.shape[1]), x)
     return Observation(
         kind=result.kind,
         model=attacker,
@@ -268,7 +344,7 @@ def observe(
         loss=loss,
         batch_size=int(result.x.shape[0]),
         input_shape=tuple(x.shape[1:]),
-        num_classes=_out_dim(attacker, x),
+        num_classes=out_dim(attacker, x),
         labels=result.y.detach().clone() if labels_known else None,
         bn_stats=stats or None,
         local_steps=result.local_steps,
@@ -312,16 +388,7 @@ def _batch_norm_stats(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Ten
     return stats
 
 
-def _out_dim(model: nn.Module, x: torch.Tensor) -> int:
-    was = model.training
-    model.eval()
-    with torch.no_grad():
-        k = int(model(x[:1]).shape[-1])
-    model.train(was)
-    return k
-
-
-__all__ = ["KINDS", "Observation", "observe", "ConfigError"]
+__all__ = ["KINDS", "Observation", "observe"]
 
 
 def observe_weights(
@@ -360,6 +427,7 @@ def observe_weights(
     expect(len(data_range) == 2 and float(data_range[0]) < float(data_range[1]),
            f"expected data_range (low, high) with low < high, got {data_range!r} (argument data_range)")
     expect(margin is None or float(margin) > 0, f"expected a positive margin, got {margin!r} (argument margin)")
+    check_model(model)
     attacker = copy.deepcopy(model).eval()
     named = [(n, p) for n, p in attacker.named_parameters() if p.requires_grad]
     expect(len(named) > 0, "the model has no trainable parameters")

@@ -30,8 +30,8 @@ def test_residual_is_zero_at_a_constructed_kkt_point(sphere):
 def test_residual_small_after_training_and_large_at_random_init(sphere, twolayer):
     linear = train_target(sphere, model="mlp", loss="exponential", lr=0.1, steps=2000, loss_tol=0,
                           schedule="loss-scaled", center=False, init="small")
-    assert linear.kkt_residual().residual < 1e-3
-    trained = twolayer.kkt_residual()
+    assert kkt_residual(linear.model, linear.inputs, linear.y).residual < 1e-3
+    trained = kkt_residual(twolayer.model, twolayer.inputs, twolayer.y)
     random = kkt_residual(_make_model(TargetConfig(model="twolayer:200", init="default"), (20,), 1),
                           twolayer.inputs, twolayer.y)
     # two-layer ReLU nets approach the KKT direction slowly (kinks at data points, 1/log t rates):
@@ -51,7 +51,7 @@ def test_kink_relaxed_residual_is_a_valid_smaller_bound(sphere):
     data = lb.load("sphere", n=10, d=10, rule="random", seed=3)  # low dimension: many kinks
     t = train_target(data, model="twolayer:200", loss="logistic", lr=0.5, steps=1000, loss_tol=0,
                      schedule="adaptive", center=False, init="small")
-    plain = t.kkt_residual()  # measured 0.35 (and 0.40 after 3 000 constant steps): stalled by the kinks
+    plain = kkt_residual(t.model, t.inputs, t.y)  # measured 0.35 (and 0.40 after 3 000 constant steps): stalled by the kinks
     relaxed = kkt_residual(t.model, t.inputs, t.y, kink_tol=1e-3)
     assert relaxed.kinks > 0 and relaxed.method == "linear-layers+kinks"
     assert bool((relaxed.multipliers >= 0).all())
@@ -79,7 +79,7 @@ def test_multiclass_target_and_residual():
     data = lb.load("gaussian-mixture", n=12, d=4, classes=3, seed=0)
     t = train_target(data, model="mlp:20", loss="ce", lr=0.5, steps=300, center=False)
     assert t.y.dtype == torch.int64 and t.model(t.inputs).shape == (12, 3)
-    r = t.kkt_residual()
+    r = kkt_residual(t.model, t.inputs, t.y)
     assert r.multipliers.shape == (12, 2) and 0 <= r.residual <= 1
     m = margins(t.outputs(), t.y)
     out = t.outputs()

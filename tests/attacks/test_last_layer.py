@@ -161,3 +161,22 @@ def test_a_trained_network_is_refused_for_the_true_reason():
     assert distinct.features is not None, distinct.reason
     noised = last_layer_inputs(lb.observe(model, x, y, defense="noise:0.01", seed=0), y)
     assert noised.features is None and "noise:0.01" in noised.reason
+
+
+def test_unique_labels_only_leave_the_attack_unchanged_where_every_label_is_shared():
+    """``features_labels=unique`` on a 2 × 2 batch (each label carried by two images): the term is off with its
+    reason and the images are bit-identical to the attack without it; on a batch with one unique label it
+    matches that label only."""
+    model, x, y = _setup([0, 10, 1, 11])
+    assert y[0] == y[1] != y[2] == y[3]
+    obs = lb.observe(model, x, y, labels_known=True)
+    on = lb.attack("inverting-gradients", obs, preset="fast", iterations=8, features_labels="unique")
+    off = lb.attack("inverting-gradients", obs, preset="fast", iterations=8, features=0.0, feature_phase=0.0)
+    assert not on.trace["features"]["used"] and "one image only" in on.trace["features"]["reason"]
+    assert torch.equal(on.images, off.images)
+    model, x, y = _setup([0, 10, 1])
+    obs = lb.observe(model, x, y, labels_known=True)
+    every = lb.attack("inverting-gradients", obs, preset="fast", iterations=8)
+    unique = lb.attack("inverting-gradients", obs, preset="fast", iterations=8, features_labels="unique")
+    assert every.trace["features"]["labels"] == 2 and unique.trace["features"]["labels"] == 1
+    assert not torch.equal(every.images, unique.images)

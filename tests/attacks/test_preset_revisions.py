@@ -16,6 +16,8 @@ RECORDED = {
     ("cocktail-party", "default"): (0, "167663713e97"),
     ("cocktail-party", "paper"): (0, "4204d74d1064"),
     ("cocktail-party", "quick"): (0, "8d9f6063e2f5"),
+    ("dager", "default"): (0, "1ce9e727e0db"),
+    ("dager", "quick"): (0, "1ce9e727e0db"),
     ("dlg", "default"): (0, "38bda84e6b89"),
     ("dlg", "idlg"): (0, "cddfcb2a374e"),
     ("dlg", "quick"): (0, "7f0da74a8cac"),
@@ -32,6 +34,8 @@ RECORDED = {
     ("kkt", "default"): (0, "7bd779622107"),
     ("kkt", "paper"): (0, "1cd5ffdf644f"),
     ("kkt", "quick"): (0, "258811ceb1d2"),
+    ("lamp", "default"): (0, "446c0aa5f7f4"),
+    ("lamp", "quick"): (0, "28bb60e2bd59"),
     ("liu2024", "default"): (0, "bbccc1b2a002"),
     ("liu2024", "paper"): (0, "cb504b7e2b6d"),
     ("liu2024", "quick"): (0, "90d039691465"),
@@ -43,6 +47,8 @@ RECORDED = {
     ("robbing-the-fed", "quick"): (0, "df3e24c2dace"),
     ("spear", "default"): (1, "76e3a0554a0c"),
     ("spear", "quick"): (1, "83e96857769b"),
+    ("tag", "default"): (0, "ad2d18c9fcc4"),
+    ("tag", "quick"): (0, "0fc94cc1ba29"),
     ("tensor-features", "default"): (0, "605added5eee"),
     ("tensor-features", "quick"): (0, "e3157edcf819"),
     ("univariate", "default"): (0, "7ec421753c92"),
@@ -51,7 +57,7 @@ RECORDED = {
 
 #: options added after the presets were recorded, with the value at which they change nothing: left out of
 #: the digest at that value, so adding an inert option does not revise every preset.
-INERT = {"features": 0.0, "feature_phase": 0.0, "features_from": 2}
+INERT = {"features": 0.0, "feature_phase": 0.0, "features_from": 2, "features_labels": "all"}
 
 
 def _digest(name: str, preset: str) -> str:

@@ -110,3 +110,24 @@ def test_cpa_presets_row_every_preset_beats_the_chance_controls():
     p = row["psnr"]
     for label in ("default", "paper"):
         assert p[label] > p["grey image"] + 5 and p[label] > p["paper on noise gradient"] + 5
+
+
+def test_liu_headline_compares_only_matched_utility_pairs():
+    """Pairs whose utility intervals overlap are compared, batch by batch; the others are not."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation"))
+    from test_verdicts import attack_rows, noisy, utility_rows
+
+    headline = module("liu-headline")
+    rows = [*attack_rows("none", noisy(0.05)), *utility_rows("none", [1.0, 1.0, 1.0]),
+            # prune:0.9 and noise:0.01 cost the same; prune:0.9 leaks less (higher S_D, same batches)
+            *attack_rows("prune:0.9", noisy(0.25, seed=1)), *utility_rows("prune:0.9", [1.05, 1.06, 1.04]),
+            *attack_rows("noise:0.01", noisy(0.15, seed=2)), *utility_rows("noise:0.01", [1.05, 1.04, 1.06]),
+            # noise:0.1 costs far more: not matched with prune:0.9
+            *attack_rows("noise:0.1", noisy(0.29, seed=3)), *utility_rows("noise:0.1", [1.9, 2.0, 1.95],
+                                                                            initial=3.0)]
+    found = headline.matched(rows)
+    assert [(r[0], r[1], r[-1]) for r in found] == [("prune:0.9", "noise:0.01", "prune leaks less")]
+    assert headline.spec(full=False)["defenses"][1] == {"prune": [0.3, 0.5, 0.7, 0.9, 0.99]}

@@ -110,6 +110,8 @@ def test_list_unknown_kind():
     (["--data-option", "size"], ["KEY=VALUE", "--data-option"]),
     (["--option", "no_such_option=1"], ["no_such_option", "iterations"]),
     (["--option", "iterations=many"], ["iterations", "many"]),
+    (["--option", "iterations=1000000000000"], ["--option iterations=", "at most"]),  # a loop no budget bounds
+    (["--option", "iterations=1000000", "--option", "restarts=100000"], ["--option", "optimisation steps"]),
     (["--batch-size", "0"], ["--batch-size"]),
     (["--batch-size", "-3"], ["--batch-size"]),
     (["--indices", "1,x"], ["--indices"]),

@@ -69,6 +69,7 @@ def test_bad_options(tmp_path):
     spec.write_text(yaml.safe_dump(SPEC))
     one_line_error(invoke("evaluate", spec, "--workers", "0"), "--workers")
     one_line_error(invoke("evaluate", spec, "--workers", "2", "--ray", "auto"), "--ray")
+    one_line_error(invoke("evaluate", spec, "--stack", "0"), "--stack")
     one_line_error(invoke("evaluate", tmp_path / "absent.yaml"), "no such file")
     one_line_error(invoke("report", tmp_path / "absent.db"), "no such file")
 
@@ -82,3 +83,32 @@ def test_demo_with_a_small_spec_writes_db_report_and_images(tmp_path):
     assert (out / "results.db").is_file() and (out / "report" / "index.html").is_file()
     assert len(list((out / "results-images").glob("*.npz"))) == 4
     assert "Strongest attack S_D" in result.output and str(out / "report" / "index.html") in result.output
+
+
+def test_the_resume_line_keeps_the_stack():
+    from leakbench.cli.evaluate import resume_command
+
+    line = resume_command("s.yaml", "r.db", workers=1, ray=None, retry_failed=False, yes=False, report=None, stack=1)
+    assert line.endswith("--stack 1")
+
+
+def test_membership_audits_a_model_file_and_writes_the_report(tmp_path, monkeypatch):
+    import torch
+
+    import leakbench as lb
+
+    monkeypatch.chdir(tmp_path)
+    data = lb.load("digits")
+    torch.save(lb.build("mlp:16", input_shape=data.shape, classes=10, act="relu", seed=3).state_dict(), "w.pt")
+    args = ["membership", "--data", "digits", "--model", "mlp:16", "--act", "relu", "--model-file", "w.pt",
+            "--epochs", "2", "--pool", "200", "--reference-models", "1", "--attack", "membership-loss",
+            "--attack", "membership-rmia", "--defense", "none", "--defense", "dpsgd:1,1", "--out", "audit"]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "membership · digits · mlp:16" in result.output and "n = 200 points" in result.output
+    page = (tmp_path / "audit" / "report" / "index.html").read_text()
+    assert "Reference-model attacks" in page and "DP-SGD audited" in page
+    again = invoke(*args)  # resumed: the four trials are kept
+    assert again.exit_code == 0 and "0 trial(s) run" in again.output
+    bad = invoke("membership", "--data", "digits", "--pool", "50000", "--out", "x")
+    assert bad.exit_code != 0 and "pool" in bad.output

@@ -234,6 +234,22 @@ def test_folder_resizes_and_converts_channels(tmp_path):
     assert grey.shape == (1, 4, 4) and len(grey) == 1
 
 
+def test_folder_flat_is_unlabelled_and_one_class_loads(tmp_path):
+    flat = [RNG.integers(0, 256, size=(6, 6), dtype=np.uint8) for _ in range(3)]
+    for i, img in enumerate(flat):
+        write_png(tmp_path / "flat" / f"{i}.png", img)
+    data = load("folder", root=tmp_path / "flat")
+    assert data.classes == ["unknown"] and data.num_classes == 1 and not data.labels_known
+    assert data.labels.tolist() == [0, 0, 0] and data.shape == (1, 6, 6)
+    assert data.subset([0, 1]).labels_known is False
+    write_png(tmp_path / "one" / "only" / "a.png", flat[0])
+    one = load("folder", root=tmp_path / "one")
+    assert one.classes == ["only"] and one.num_classes == 1 and one.labels_known
+    write_png(tmp_path / "flat" / "cls" / "b.png", flat[1])
+    with pytest.raises(ConfigError, match="class sub-folders or a flat folder"):
+        load("folder", root=tmp_path / "flat")
+
+
 def test_folder_without_images_names_the_directory(tmp_path):
     (tmp_path / "empty_class").mkdir()
     with pytest.raises(DataNotFound, match=str(tmp_path)):

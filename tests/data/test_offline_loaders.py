@@ -25,7 +25,7 @@ def check_images(data: ImageDataset, shape: tuple[int, ...]) -> None:
 def test_registry_lists_every_dataset():
     assert set(DATASETS.names()) == {
         "digits", "photos", "sphere", "gaussian-mixture",
-        "cifar10", "cifar100", "mnist", "fashion-mnist", "folder", "npz",
+        "cifar10", "cifar100", "mnist", "fashion-mnist", "folder", "npz", "text",
     }
     assert set(OFFLINE) <= set(DATASETS.names())
     assert options("digits") == {"size": 8, "channels": 1, "binary": None, "limit": None}

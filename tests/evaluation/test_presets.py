@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from leakbench.data import load
 from leakbench.errors import ConfigError
 from leakbench.evaluation import load_spec, plan, run_trial
 from leakbench.evaluation.bundled import preset_names, preset_path
@@ -34,6 +35,12 @@ def test_the_demo_is_a_real_evaluation():
     assert all(float(d.split(":")[1].split(",")[1]) >= 1.0 for d in spec.defense_specs() if d.startswith("dpsgd"))
     utility = {(t.model_key, t.batch_size) for t in trials if t.kind == "utility"}
     assert {b for _, b in utility} == {1, 4, 8}
+    # membership with reference models against the demo CNN, on enough points to measure TPR at 1 % FPR
+    cnn = next(m for m in spec.models if m.key == "cnn")
+    ref = next(e for e in spec.membership if e.reference)
+    assert ref.model.spec == cnn.spec and ref.pool // 2 >= 1000 and 2 <= ref.reference_models <= 4
+    assert {"none", "dropout", "dpsgd"} <= {d.split(":")[0] for d in ref.defense_specs(spec.defense_specs())}
+    assert len(load("photos", **ref.dataset.options)) >= ref.pool
 
 
 def test_the_liu2024_preset_validates_and_plans_the_papers_grid():

@@ -156,3 +156,48 @@ def test_kill_parent_leaves_no_worker_and_resume_commits_each_trial_once(tmp_pat
     assert all(after[k] == v for k, v in before.items()), "trials finished before the kill must not run again"
     with Store(db) as store:
         assert len(store.rows(status="done")) == 80
+
+
+def test_kill_during_a_batched_chunk_and_resume_equals_an_uninterrupted_run(tmp_path):
+    """In-process chunks of 32 stacked Inverting Gradients trials: a kill -9 while the second chunk is being solved
+    loses only that chunk, the resumed sweep runs each lost trial once, and every result equals an uninterrupted
+    sweep's (the same chunks stacked)."""
+    from leakbench.evaluation.chunks import CPU_STACK
+
+    spec = {**TINY, "batch_sizes": [1], "images": 3 * CPU_STACK, "defenses": ["none"],
+            "attacks": [{"name": "inverting-gradients", "options": {"iterations": 60}}]}
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    db = tmp_path / "r.db"
+    proc = _cli(spec_path, db)
+    deadline = time.time() + 240
+    done = {}
+    while time.time() < deadline and proc.poll() is None:
+        if db.exists():
+            try:
+                done = {k: v for k, v in finished(db).items() if v[0] == "done"}
+            except sqlite3.OperationalError:  # schema not created yet
+                pass
+        if len(done) >= CPU_STACK:  # the first chunk is in: the second is being observed or solved
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(done) == CPU_STACK, proc.stderr.read().decode()[-2000:]
+    running = [k for k, v in finished(db).items() if v[0] == "running"]
+    assert len(running) <= CPU_STACK, "no trial is claimed beyond the chunk in flight"
+    before = {k: v for k, v in finished(db).items() if v[0] == "done"}
+    summary = evaluate(spec, db)
+    after = finished(db)
+    assert summary.complete and summary.ran == 2 * CPU_STACK and len(after) == 3 * CPU_STACK
+    assert all(s == "done" for s, _, _ in after.values())
+    assert all(after[k] == v for k, v in before.items()), "trials finished before the kill must not run again"
+    whole = evaluate(spec, tmp_path / "whole.db")
+    assert whole.complete
+    with Store(db) as a, Store(tmp_path / "whole.db") as b:
+        resumed = {r["key"]: r for r in a.rows()}
+        uninterrupted = {r["key"]: r for r in b.rows()}
+    assert resumed.keys() == uninterrupted.keys()
+    for key, row in resumed.items():
+        assert row["metrics"] == uninterrupted[key]["metrics"]
+        assert row["per_sample"] == uninterrupted[key]["per_sample"]

@@ -9,6 +9,7 @@ import pytest
 
 from leakbench.errors import ConfigError
 from leakbench.evaluation import Store, Sweep, evaluate, load_spec, plan
+from leakbench.evaluation.chunks import CPU_STACK, batch_group, stack_size
 from leakbench.evaluation.runners import ChunkSizer, PoolRunner, make_runner
 from leakbench.evaluation.trial import TrialResult
 from leakbench.evaluation.workers import die_with_parent
@@ -53,10 +54,11 @@ def test_chunk_sizer_fills_its_seconds():
 
 def test_chunk_sizer_times_each_shape_of_trial_apart():
     """Fast trials of one attack do not size the chunks of a slow one (a chunk of 16 slow trials on one
-    worker while the other idles): an untimed shape goes one at a time, each shape by its own mean."""
-    trials = plan(load_spec({**SHORT, "attacks": [{"name": "inverting-gradients", "options": {"iterations": 5}},
-                                                  {"name": "inverting-gradients", "options": {"iterations": 900},
-                                                   "label": "ig-slow"}]}))
+    worker while the other idles): an untimed shape goes one at a time, each shape by its own mean.  (DLG's
+    L-BFGS does not batch, so its chunks follow time alone.)"""
+    trials = plan(load_spec({**SHORT, "attacks": [{"name": "dlg", "options": {"iterations": 5}},
+                                                  {"name": "dlg", "options": {"iterations": 900},
+                                                   "label": "dlg-slow"}]}))
     quick = [t for t in trials if t.options.get("iterations") == 5]
     slow = [t for t in trials if t.options.get("iterations") == 900]
     sizer = ChunkSizer(0.5, most=16)
@@ -71,9 +73,16 @@ def test_chunk_sizer_times_each_shape_of_trial_apart():
     assert sizer.size(slow[3]) == 2 and sizer.size(quick[5]) == 16
 
 
+def test_chunk_sizer_sends_at_least_a_stack_of_trials_that_batch():
+    trials = plan(load_spec(LONG))
+    sizer = ChunkSizer(0.5, most=16)
+    assert batch_group(trials[0]) == batch_group(trials[1]) is not None
+    assert sizer.size(trials[0]) == stack_size(trials[0]) == CPU_STACK
+
+
 def test_pool_keeps_both_workers_busy_when_slow_trials_follow_fast_ones(pool, tmp_path):
-    """After a sweep of fast trials the pool's sizer knows them; slow trials of another attack still go one
-    at a time to the free worker, so both workers share them (each runs at least one)."""
+    """After a sweep of fast trials the pool's sizer knows them; slow trials of another attack that batch are
+    shared out evenly between the workers with room, so both workers share them (each runs at least one)."""
     Sweep(SHORT, tmp_path / "fast.db", runner=pool).run()
     sweep = Sweep(LONG, tmp_path / "slow.db", runner=pool)
     summary = sweep.run()
@@ -139,3 +148,15 @@ def test_die_with_parent_exits_an_orphan_at_once():
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 1
+
+
+def test_pool_keeps_a_group_that_fits_one_stack_on_one_worker(tmp_path, pool):
+    """Two groups of 10 trials that batch: the first ("none"), with more work behind it, is one stack on one
+    worker; the last is shared out between the workers with room."""
+    spec = {**SHORT, "name": "groups", "defenses": ["none", "noise:0.01"]}
+    sweep = Sweep(spec, tmp_path / "groups.db", runner=pool)
+    assert sweep.run().complete
+    rows = [r for r in sweep.store.rows() if r["defense"] == "none"]
+    sweep.store.close()
+    assert len(rows) == 10 and len({r["worker"] for r in rows}) == 1, "the first group ran as one stack"
+    assert {r["timings"]["stacked"] for r in rows} == {10.0}

@@ -122,7 +122,7 @@ def test_rules_about_attacks_never_drop_utility_or_bound_trials():
     trials = plan(spec)
     kinds = {k: [t for t in trials if t.kind == k] for k in ("attack", "utility", "bound")}
     # models × defenses × batch sizes (the defended training uses each attack batch size), untouched by attack rules
-    assert len(kinds["utility"]) == 2 * 3 * len(spec.batch_sizes)
+    assert len(kinds["utility"]) == 2 * 3 * len(spec.batch_sizes) * 3  # × three training seeds (the default)
     assert {t.defense for t in kinds["bound"]} == {"none", "noise:0.01", "prune:0.5"}
     assert all(t.attack_key == "ig" for t in kinds["attack"])
     assert not any(t.defense == "prune:0.5" and t.batch_size == 2 for t in kinds["attack"])

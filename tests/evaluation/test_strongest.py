@@ -133,12 +133,15 @@ def test_utility_joins_per_batch_size_with_the_zero_fallback():
     rows = [util("none", 0.30, 0.90, b=2), util("none", 0.50, 0.85, b=4),
             util("prune:0.9", 0.50, 0.80, b=2), util("prune:0.9", 0.70, 0.70, b=4),
             util("noise:0.1", 0.35, 0.88),  # an old row without batch size: applies to every B
-            util("noise:0.1", float("nan"), 0.1, b=2),  # NaN training loss: not usable
+            util("noise:0.1", float("nan"), 0.1, b=2),  # NaN training loss: diverged, no utility number
             util("clip:1", 0.4, status="failed", b=2),
             {**util("dpsgd:1", 0.9, 0.5, eps=3.0), "spec": {"batch_size": 4}}]
     table = utility_table(rows)
     assert set(table) == {("d", "m", "none", 2), ("d", "m", "none", 4), ("d", "m", "prune:0.9", 2),
-                          ("d", "m", "prune:0.9", 4), ("d", "m", "noise:0.1", 0), ("d", "m", "dpsgd:1", 4)}
+                          ("d", "m", "prune:0.9", 4), ("d", "m", "noise:0.1", 0), ("d", "m", "noise:0.1", 2),
+                          ("d", "m", "dpsgd:1", 4)}
+    assert table[("d", "m", "noise:0.1", 2)]["diverged"].startswith("1 of 1 seed(s): non-finite")
+    assert table[("d", "m", "noise:0.1", 2)]["train_loss"] is None
     assert utility_for(table, "d", "m", "noise:0.1", 4)["train_loss"] == 0.35
     assert utility_for(table, "d", "m", "prune:0.9", 8) is None
     best = strongest([row("ig", d, b, 0.1 * (i + 1)) for i, d in enumerate(["none", "prune:0.9", "noise:0.1",
@@ -148,10 +151,13 @@ def test_utility_joins_per_batch_size_with_the_zero_fallback():
     assert math.isclose(points[("prune:0.9", 2)].utility_loss, 0.2)
     assert math.isclose(points[("prune:0.9", 4)].utility_loss, 0.2)  # 0.7 − 0.5 at B = 4, not 0.7 − 0.3
     assert math.isclose(points[("prune:0.9", 4)].accuracy_drop, 0.15)
-    # noise: the B-0 utility against the per-B baseline; at B = 4 a gain (0.35 < 0.5) is clamped and flagged
-    assert math.isclose(points[("noise:0.1", 2)].utility_loss, 0.05) and not points[("noise:0.1", 2)].gain
+    # one seed: a number, but no interval, so it fits no finite budget
+    assert points[("prune:0.9", 4)].utility.interval.n == 1 and not points[("prune:0.9", 4)].utility.within(1.0)
+    # noise: diverged at B = 2 (no utility number); at B = 4 the B-0 utility against the per-B baseline: a
+    # gain, reported as measured (−0.15), not clamped
+    assert points[("noise:0.1", 2)].utility_loss is None and points[("noise:0.1", 2)].diverged
     p = points[("noise:0.1", 4)]
-    assert p.utility_loss == 0.0 and p.gain and math.isclose(p.train_loss_increase, -0.15)
+    assert math.isclose(p.utility_loss, -0.15) and p.gain and math.isclose(p.train_loss_increase, -0.15)
     assert points[("dpsgd:1", 4)].epsilon == 3.0 and points[("dpsgd:1", 2)].utility_loss is None
     assert points[("clip:1", 2)].utility_loss is None  # failed utility trial
     assert points[("none", 2)].utility_loss == 0.0 and not points[("none", 2)].gain
@@ -183,22 +189,34 @@ def test_pareto_front_equals_a_brute_force():
 
 
 def test_verdict_picks_the_least_leaking_defense_within_each_budget():
-    rows = [row("ig", "none", 1, 0.05), row("dlg", "none", 1, 0.02),
-            row("ig", "noise:0.01", 1, 0.10), row("ig", "noise:0.1", 1, 0.30), row("ig", "prune:0.9", 1, 0.50),
-            row("ig", "dpsgd:1", 1, 0.90),  # the best RMSE, but its utility was never measured
-            row("ig", "none", 1, 0.9, threat="malicious-server"), row("rtf", "noise:0.1", 1, 0.0,
-                                                                     threat="malicious-server")]
-    table = utility_table([util("none", 1.0), util("noise:0.01", 1.02), util("noise:0.1", 1.08),
-                           util("prune:0.9", 1.2)])
+    # four batches per setting, utility over three seeds: every difference here is far outside the noise
+    def rows_of(attack, defense, values, threat=None):
+        return [{**row(attack, defense, 1, v, threat=threat), "seed": 0, "batch": i,
+                 "metrics": {"chance_rmse": 2.0}} for i, v in enumerate(values)]
+
+    def utils(defense, loss):
+        return [{**util(defense, loss + 0.001 * s), "spec": {"utility": {"seed": s}}} for s in range(3)]
+
+    rows = [*rows_of("ig", "none", [0.05, 0.06, 0.05, 0.04]), *rows_of("dlg", "none", [0.02, 0.03, 0.02, 0.01]),
+            *rows_of("ig", "noise:0.01", [0.10, 0.11, 0.10, 0.09]), *rows_of("ig", "noise:0.1", [0.30, 0.31, 0.3, 0.29]),
+            *rows_of("ig", "prune:0.9", [0.50, 0.51, 0.5, 0.49]),
+            *rows_of("ig", "dpsgd:1", [0.90, 0.91, 0.9, 0.89]),  # the best RMSE, but its utility was never measured
+            *rows_of("ig", "none", [0.9, 0.91, 0.9, 0.89], threat="malicious-server"),
+            *rows_of("rtf", "noise:0.1", [0.0, 0.0, 0.0, 0.0], threat="malicious-server")]
+    table = utility_table([*utils("none", 1.0), *utils("noise:0.01", 1.02), *utils("noise:0.1", 1.08),
+                           *utils("prune:0.9", 1.2)])
     found = {(v.threat_model, v.budget): v for v in verdicts(privacy_utility(strongest(rows), table))}
-    assert found["eavesdropper", 0.05].defense == "noise:0.01" and found["eavesdropper", 0.05].rmse == 0.10
+    assert found["eavesdropper", 0.05].defense == "noise:0.01"
+    assert math.isclose(found["eavesdropper", 0.05].rmse, 0.10)
     assert found["eavesdropper", 0.1].defense == "noise:0.1"
     assert found["eavesdropper", 0.25].defense == "prune:0.9"
     assert found["eavesdropper", math.inf].defense == "dpsgd:1"
-    assert all(found["eavesdropper", u].baseline_rmse == 0.02 for u in BUDGETS)
+    assert all(found["eavesdropper", u].status == "decided" and found["eavesdropper", u].n == 4 for u in BUDGETS)
+    assert all(math.isclose(found["eavesdropper", u].baseline_rmse, 0.02) for u in BUDGETS)
     assert found["eavesdropper", 0.05].baseline_attack == "dlg"
     # under a malicious server RtF reads noise:0.1 exactly: no defense beats "none" there
-    assert found["malicious-server", 0.25].defense == "none" and found["malicious-server", 0.25].rmse == 0.9
+    assert found["malicious-server", 0.25].defense == "none"
+    assert math.isclose(found["malicious-server", 0.25].rmse, 0.9)
 
 
 def test_weights_and_membership_tables():

@@ -158,6 +158,9 @@ def test_membership_attack_names_are_checked():
         load_spec(spec)
     with pytest.raises(ConfigError, match="settings among known, leaked, bounded"):
         load_spec({**SERVER, "membership": [{"target": TARGET, "settings": ["guessed"]}]})
+    # the reference-model attacks run in entries with model: and dataset: (tests/evaluation/test_reference_trial.py)
+    with pytest.raises(ConfigError, match=r"membership\[0\]\.attacks\[0\]\.name.*needs reference models"):
+        load_spec({**SERVER, "attacks": [], "membership": [{"target": TARGET, "attacks": ["membership-lira"]}]})
 
 
 def test_a_nan_reconstruction_is_a_failed_trial(monkeypatch):
@@ -177,7 +180,7 @@ def test_a_nan_reconstruction_is_a_failed_trial(monkeypatch):
 
 
 def test_utility_is_measured_at_each_attack_batch_size():
-    spec = {**SERVER, "models": [SERVER["models"][0]], "batch_sizes": [1, 8], "utility": {"epochs": 1},
+    spec = {**SERVER, "models": [SERVER["models"][0]], "batch_sizes": [1, 8], "utility": {"epochs": 1, "seeds": [0]},
             "defenses": ["none", "dpsgd:1,1"]}
     trials = [t for t in plan(load_spec(spec)) if t.kind == "utility"]
     assert sorted((t.defense, t.batch_size) for t in trials) == [("dpsgd:1,1", 1), ("dpsgd:1,1", 8),

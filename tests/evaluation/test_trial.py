@@ -144,3 +144,36 @@ def test_bound_trial_refuses_per_layer_scopes_it_does_not_model(trials, defense)
     bound = TrialSpec.from_dict({**base, "kind": "bound", "attack": "", "defense": defense})
     result = run_trial(bound)
     assert result.status == "n/a" and "global" in result.error and "layer" in result.error
+
+
+def test_per_image_chance_averages_to_the_batch_chance():
+    import math
+
+    import leakbench as lb
+    from leakbench.evaluation.trial import chance_per_sample, chance_scores, constant_output
+
+    data = lb.load("digits", size=8)
+    x, _ = data.batch(5, seed=1)
+    each = chance_per_sample(x, data)
+    assert len(each) == 5 and math.isclose(math.sqrt(np.mean(np.square(each))), chance_scores(x, data)["chance_rmse"])
+    assert constant_output(torch.full((2, 1, 4, 4), 0.5)) and not constant_output(x)
+
+
+def test_an_attack_that_determines_nothing_fails_with_the_reason_and_keeps_per_image_chance():
+    spec = TrialSpec(kind="attack", dataset="digits", model="mlp:32", data_options={"size": 8},
+                     model_options={"act": "relu"}, defense="noise:1", batch_size=4, images=4,
+                     attack="exclusivity", attack_key="exclusivity")
+    result = run_trial(spec)
+    assert result.status == "failed" and "determined nothing" in result.error
+    ok = run_trial(TrialSpec(**{**spec.to_dict(), "defense": "none", "attack": "fc-inversion",
+                                "attack_key": "fc-inversion", "batch_size": 1}))
+    assert ok.status == "done" and len(ok.per_sample["chance_rmse"]) == 1
+
+
+def test_a_utility_run_that_ends_above_its_untrained_loss_is_diverged_not_failed():
+    spec = TrialSpec(kind="utility", dataset="digits", model="mlp:32", data_options={"size": 8},
+                     model_options={"act": "relu"}, defense="none", batch_size=8,
+                     utility={"epochs": 1, "batch_size": 8, "lr": 50.0, "test_fraction": 0.2, "seed": 0})
+    result = run_trial(spec)
+    assert result.status == "done" and result.metrics["diverged"]
+    assert result.metrics["train_loss"] is None or result.metrics["train_loss"] > result.metrics["initial_loss"]

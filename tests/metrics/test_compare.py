@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -104,7 +105,7 @@ def test_per_sample_values_are_scores_of_matched_pairs():
     assert s["psnr"] == pytest.approx(sum(s["per_sample"]["psnr"]) / 5)
     assert s["rmse"] == pytest.approx(math.sqrt(s["mse"]))
     assert s["per_sample"]["rmse"] == pytest.approx([math.sqrt(v) for v in s["per_sample"]["mse"]])
-    assert sorted(s["per_sample"]) == ["mse", "psnr", "rmse", "ssim"]
+    assert sorted(s["per_sample"]) == ["chance_rmse", "mse", "psnr", "rmse", "ssim"]
 
 
 def test_non_image_data_has_no_ssim():
@@ -281,3 +282,20 @@ def test_exclusivity_flags_are_scored_exactly():
     for i, slot in enumerate(s["order"]):
         if slot in flagged:
             assert s["per_sample"]["mse"][i] < 1e-20
+
+
+def test_compare_returns_the_chance_level_of_a_flat_image():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(3, 1, 6, 6, generator=gen)
+    rec = torch.rand(3, 1, 6, 6, generator=gen)
+    out = compare(rec, x)
+    grey = x.double().mean()  # default level: the batch's mean pixel value
+    mse = ((x.double() - grey) ** 2).mean().item()
+    assert abs(out["chance_rmse"] - mse ** 0.5) < 1e-12
+    assert abs(out["chance_psnr"] - 10 * np.log10(1 / mse)) < 1e-9
+    each = ((x.double() - grey) ** 2).flatten(1).mean(1).sqrt().tolist()
+    assert np.allclose(out["per_sample"]["chance_rmse"], each)
+    at = compare(rec, x, chance_level=0.25)  # a sweep passes the dataset's mean
+    assert abs(at["chance_rmse"] - ((x.double() - 0.25) ** 2).mean().sqrt().item()) < 1e-12
+    flat = torch.full_like(x, 0.25)
+    assert abs(compare(flat, x, chance_level=0.25)["rmse"] - at["chance_rmse"]) < 1e-6  # a flat image scores chance

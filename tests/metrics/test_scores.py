@@ -38,5 +38,5 @@ def test_each_registered_metric_carries_its_direction():
 
 
 def test_offline_datasets_come_from_the_registry():
-    assert set(OFFLINE) == {"digits", "photos", "sphere", "gaussian-mixture"}
+    assert set(OFFLINE) == {"digits", "photos", "sphere", "gaussian-mixture", "text"}
     assert all(DATASETS.info(n).offline == (n in OFFLINE) for n in DATASETS.names())

@@ -91,7 +91,7 @@ def test_unknown_family_lists_the_registered_families():
     assert "'vgg16:3'" in message and "unknown model 'vgg16'" in message
     for name in MODELS.names():
         assert name in message
-    assert set(MODELS.names()) == {"mlp", "cnn", "lenet", "convnet", "resnet18", "twolayer"}
+    assert set(MODELS.names()) == {"mlp", "cnn", "lenet", "convnet", "resnet18", "twolayer", "gpt", "bert"}
 
 
 @pytest.mark.parametrize("spec", [None, 3, "", "   "])

@@ -60,7 +60,8 @@ def test_every_family_maps_a_batch_to_batch_by_classes(spec, options, shape, cla
 def test_every_family_is_exercised():
     from leakbench.models import MODELS
 
-    assert {spec.split(":")[0].split("-")[0] for spec, *_ in CASES} == set(MODELS.names())
+    text = {"gpt", "bert"}  # the text families: tests/models/test_transformers.py
+    assert {spec.split(":")[0].split("-")[0] for spec, *_ in CASES} == set(MODELS.names()) - text
     assert {c for *_, c in FORWARD_CASES} == {1, 10}
 
 

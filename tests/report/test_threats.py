@@ -56,7 +56,7 @@ def build(path):
         for defense, base in rmse.items():
             for b in (1, 2):
                 for attack, factor in ((DOLLAR, 1.0), ("ig", 1.3), (CRASH, 1.6)):
-                    for seed in (0, 1):
+                    for seed in (0, 1, 2, 3):
                         spec = Spec(kind="attack", defense=defense, batch_size=b, seed=seed, attack=attack,
                                     attack_key=attack, threat_model=threat, **common)
                         value = base * factor * b * (1 + 0.1 * seed) * (0.8 if threat != "eavesdropper" else 1)
@@ -73,9 +73,11 @@ def build(path):
     for defense, loss, eps in (("none", 1.0, None), ("noise:0.1", 0.9, None), ("prune:0.9", 1.3, None),
                                ("dpsgd:1.1", 1.6, 4.2)):
         for b in (1, 2):
-            _add(store, Spec(kind="utility", defense=defense, batch_size=b, **common),
-                 metrics={"train_loss": loss + 0.01 * b, "train_accuracy": 0.8, "test_accuracy": 0.8 - loss / 10,
-                          "epsilon": eps, "samples_seen": 1000})
+            for seed in (0, 1, 2):  # three training seeds, paired with the undefended run's
+                _add(store, Spec(kind="utility", defense=defense, batch_size=b, utility={"seed": seed}, **common),
+                     metrics={"train_loss": loss + 0.01 * b + 0.02 * seed, "train_accuracy": 0.8,
+                              "test_accuracy": 0.8 - loss / 10 + 0.01 * seed, "epsilon": eps, "samples_seen": 1000,
+                              "initial_loss": 2.3})
     for b in (1, 2):
         _add(store, Spec(kind="bound", defense="noise:0.1", batch_size=b, **common), metrics={"exact_rmse": 0.5 * b})
     for attack in ("rtf", "cocktail-party"):
@@ -190,30 +192,37 @@ def test_sd_never_crosses_threat_models_or_picks_unusable_rows(report):
 def test_verdict_tables_and_notes(report):
     rows, files, page, parser = report
     text = parser.text
-    # budget 0.1: noise:0.1 trains at a lower loss (a gain, clamped to 0) and leaks least within it
-    assert "At a utility loss ≤ 0.05 (the same up to 0.25), the defense that leaks least against the strongest " \
-           "attack is noise:0.1 (RMSE 0.315 at B = 1, 0.630 at B = 2; utility loss 0.000 — its measured loss was " \
-           "lower than without a defense, within noise); without a defense the " \
-           "strongest attack reaches 0.021 at B = 1, 0.042 at B = 2." in text
-    assert "At any utility cost, the defense that leaks least against the strongest attack is dpsgd:1.1 (ε = 4.20) " \
-           "(RMSE 0.473 at B = 1" in text
-    assert "within run-to-run noise, not a benefit" in text
+    # budget 0.1 (upper end of the utility interval over 3 seeds): noise:0.1 trains at a lower loss (a gain,
+    # shown as measured) and leaks least; at B = 2 every attack on it ends above chance
+    assert ("At a utility loss ≤ 0.1 (upper 95 % bound, 3 training seeds) — B = 1: noise:0.1 leaks least (SD 0.345 "
+            "± 0.030, n = 4), ahead by 0.322 ± 0.028; B = 2: noise:0.1 stops every attack run here (n = 4).") in text
+    # at any cost: DP-SGD (capped at chance) stops every attack at B = 1; at B = 2 the cheapest of three that do
+    assert "dpsgd:1.1 (ε = 4.20) stops every attack run here (n = 4)" in text
+    assert "noise:0.1 stops every attack run here (n = 4); equivalent: dpsgd:1.1, prune:0.9" in text
+    assert "-0.100 ± 0.000 (seeds = 3)" in text and "a negative utility loss" in text
     assert "ε = 4.20" in text
     assert "Cramér–Rao bound (unbiased estimators)" in text and "lower bound on what an attack" in text
-    assert "lower bound" not in text.replace("not a lower bound on what an attack", "")
-    # Table 4: mean ± std over the two seeds, n/a and failed with their reasons on hover
-    assert "0.021 ± 0.001" in text
+    assert "no gradient-matching attack ran" not in text  # the labels here name no registered attack
+    # Table 4: mean ± 95 % interval over the four batches, n/a and failed with their reasons on hover
+    assert "0.023 ± 0.002 (n = 4)" in text
     assert "Cramér–Rao bound (unbiased estimators)–0.500––" in text  # Table 4's last row: noise:0.1 only
-    # chance (a flat image at the data mean, RMSE 0.5 here): a row per table, cells at or above it flagged
-    assert "chance0.5000.5000.5000.500" in text and "not below chance (0.500, a flat image" in text
-    assert re.search(r'<td class="best chance"><span title="not below chance[^"]*">0\.630 ± 0\.042', page)
+    # chance (a flat image at the data mean, RMSE 0.5 here): a row per table, cells not significantly below it
+    assert "chance0.5000.5000.5000.500" in text and "not significantly below chance (0.500, a flat image" in text
+    assert re.search(r'<td class="best chance"><span title="not significantly below chance[^"]*">0\.690 ± ', page)
     assert "rgap inverts one sample" in text and "failed: boom" in text and "non-finite result" in text
     # weights: counts beside their controls, the evidence sentence, the failed attack's reason
-    assert "6 / 20 vs 1 / 20" in text and "19 / 20 vs 20 / 20" in text and "4 / 20 vs 0 / 20" in text
+    # each count with its 95 % Clopper–Pearson interval; bold (evidence) only where Fisher's exact test says so
+    assert "6 / 20 [0.12, 0.54] vs 1 / 20 [0.00, 0.25]" in text and "19 / 20 [0.75, 1.00] vs 20 / 20" in text
+    assert "4 / 20 [0.06, 0.44] vs 0 / 20 [0.00, 0.17]" in text
+    assert "above chance (Fisher's exact test p = 0.046)" in text
+    assert re.search(r"<b>6 / 20 \[0\.12, 0\.54\] vs 1 / 20", page) and not re.search(r"<b>19 / 20", page)
     assert "only where it exceeds its control" in text and "diverged everywhere" in text
     assert "0.0500" in text  # KKT residual
     # membership: AUC per setting; a NaN TPR is printed as "–"
-    assert "0.875" in text and "bounded" in text and "TPR at 0.1 % FPR" in text
+    assert "0.875 [0.79, 0.93]" in text and "bounded" in text and "TPR at 0.1 % FPR" in text
+    # 50 non-members cannot measure a TPR at 1 % or 0.1 % FPR: greyed with the count it would need
+    assert "TPR at 1 % FPR not measurable with 50 non-members (needs 1000)" in text
+    assert "needs at least 10000 (ten false positives at that rate)" in page
 
 
 def test_labels_are_literal_and_no_nan_is_printed(report):
@@ -258,21 +267,25 @@ def test_numbers_and_file_names():
     assert re.fullmatch(r"[A-Za-z0-9.-]+", slug("../../etc", "x y", "$")) and slug("$$") != slug("$")
 
 
-def test_verdict_says_when_attacks_do_not_beat_chance():
-    from leakbench.evaluation.strongest import Verdict
-    from leakbench.report.attack_section import verdict_sentence
+def test_verdict_sentence_states_decision_margin_and_n():
+    from leakbench.evaluation.stats import Interval
+    from leakbench.evaluation.strongest import INCOMPLETE, Verdict
+    from leakbench.report.verdict_text import summary_sentence, verdict_table
 
-    def v(b, rmse, base, chance=0.3, defense="noise:0.1"):
+    def v(b, status, defense, tied=(), n=12, incomplete=None):
         return Verdict(threat_model="eavesdropper", dataset="d", model="m", batch_size=b, budget=0.1,
-                       defense=defense, attack="ig", rmse=rmse, utility_loss=0.02, baseline_rmse=base,
-                       baseline_attack="ig", chance_rmse=chance, baseline_chance=chance)
-    text = verdict_sentence([v(1, 0.35, 0.32), v(4, 0.4, 0.36)])
-    assert text == ("At a utility loss ≤ 0.1, the strongest attack does not beat chance even without a defense "
-                    "(RMSE 0.320 at B = 1, 0.360 at B = 4 against a flat image's 0.300 at B = 1, 0.300 at B = 4), so "
-                    "the attacks as run cannot rank the defenses here.")
-    text = verdict_sentence([v(1, 0.35, 0.2), v(4, 0.4, 0.1)])
-    assert "no better than chance there: no attack run here recovers anything under it" in text
-    text = verdict_sentence([v(1, 0.2, 0.01), v(4, 0.4, 0.36)])
-    assert "no better than chance there" not in text and "not below chance at B = 4 (a flat image scores 0.300)" in text
-    text = verdict_sentence([v(1, 0.2, 0.01, chance=None)])
-    assert "chance" not in text
+                       defense=defense, attack="ig", rmse=0.3, utility_loss=0.02, baseline_rmse=0.02,
+                       baseline_attack="ig", chance_rmse=0.3, baseline_chance=0.3, status=status, tied=list(tied),
+                       n=n, seeds=3, sd=Interval(0.3, 0.29, 0.31, n), margin=Interval(0.1, 0.08, 0.12, n),
+                       incomplete=incomplete)
+    text = summary_sentence([v(4, "tied", "prune:0.9", ["noise:0.01"]), v(1, "stops", "noise:0.1", ["dpsgd:1,1"]),
+                             v(8, "decided", "graddrop:0.5")])
+    assert text.startswith("At a utility loss ≤ 0.1 (upper 95 % bound, 3 training seeds) — B = 1: ")
+    assert text.index("B = 1") < text.index("B = 4") < text.index("B = 8")  # by batch size, not as strings
+    assert "<b>noise:0.1</b> stops every attack run here (n = 12); equivalent: <b>dpsgd:1,1</b>" in text
+    assert "tied with <b>noise:0.01</b>" in text and "ahead by 0.100 ± 0.020" in text
+    assert len(text.split("—")[1].split(";")) == 4  # one clause per B (and the list inside B = 1)
+    assert "lower bound" in summary_sentence([v(1, "decided", "prune:0.9", incomplete=INCOMPLETE)])
+    assert "too few to decide" in summary_sentence([v(1, "undecided", "prune:0.9", n=1)])
+    html = verdict_table([v(1, "stops", "noise:0.1")])
+    assert "0.300 ± 0.010 (n = 12)" in html

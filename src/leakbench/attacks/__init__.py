@@ -2,7 +2,8 @@
 
 ``leakbench.attack(name, observation, **options)`` runs one; ``names()`` lists them.
 """
-from . import gradient, trained  # noqa: F401  (registration)
+from . import dager, gradient, lamp, tag, trained  # noqa: F401  (registration)
+from .batch import attack_batch
 from .base import ATTACKS, Attack, Reconstruction, attack, create, preset_revision, register
 from .labels import idlg, label_counts, recover_labels
 from .gradient_matching import GradientMatcher, MatchingSettings
@@ -13,5 +14,5 @@ def names() -> list[str]:
     return ATTACKS.names()
 
 
-__all__ = ["ATTACKS", "Attack", "Reconstruction", "attack", "create", "preset_revision", "register", "names",
+__all__ = ["ATTACKS", "Attack", "Reconstruction", "attack", "attack_batch", "create", "preset_revision", "register", "names",
            "idlg", "label_counts", "recover_labels", "GradientMatcher", "MatchingSettings"]

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from ..coerce import coerce
-from ..errors import ConfigError, UnsupportedThreatModel
+from ..errors import ConfigError, LeakbenchError, UnsupportedThreatModel
 from ..registry import Registry
 from ..threat import Observation
 
@@ -56,6 +56,9 @@ class Attack(abc.ABC):
     #: a preset whose values changed after it first shipped counts its revisions here (2 = changed once);
     #: a sweep trial's key carries the revision, so a resumed store never mixes results of old and new values
     preset_revisions: ClassVar[dict[str, int]] = {}
+    #: True for gradient matching (an optimisation that applies to every differentiable model): an evaluation
+    #: whose attack set on a model holds none of these reports its S_D as a lower bound on leakage
+    matching: ClassVar[bool] = False
 
     def __init__(self, *, preset: str | None = None, **options: Any) -> None:
         fields = {f.name: f for f in dataclasses.fields(self.Options)}
@@ -90,6 +93,18 @@ class Attack(abc.ABC):
             progress: Progress | None = None) -> Reconstruction:
         """Rebuild the batch behind ``obs`` (requirements already checked)."""
 
+    def run_batch(self, observations: list[Observation], seeds: list[int], *,
+                  progress: Progress | None = None) -> list[Reconstruction | Exception]:
+        """Rebuild several batches (requirements already checked), each result or error its own.  The default
+        runs them one after the other; attacks that can solve independent problems together override it."""
+        out: list[Reconstruction | Exception] = []
+        for obs, seed in zip(observations, seeds):
+            try:
+                out.append(self.run(obs, seed=seed, progress=progress))
+            except Exception as err:  # noqa: BLE001 (one problem's failure is its own)
+                out.append(err)
+        return out
+
     def __call__(self, obs: Observation, *, seed: int = 0, callback: Callback | None = None,
                  progress: Progress | None = None) -> Reconstruction:
         reasons = self.requirements(obs)
@@ -98,10 +113,30 @@ class Attack(abc.ABC):
                                          + "; ".join(reasons))
         start = time.perf_counter()
         rec = self.run(obs, seed=seed, callback=callback, progress=progress)
+        check_reconstruction(rec, self.name)
         rec.trace.setdefault("seconds", time.perf_counter() - start)
         rec.attack = self.name
         rec.options = {"preset": self.preset, **dataclasses.asdict(self.options)}
         return rec
+
+
+class NonFiniteReconstruction(LeakbenchError, ValueError):
+    """An attack's result holds NaN/inf: the observation gave it nothing to solve (a zero or degenerate gradient)."""
+
+
+def check_reconstruction(rec: Reconstruction, name: str) -> None:
+    """Refuse a reconstruction whose images or confidence hold NaN/inf, or whose images are not a batch tensor."""
+    if not isinstance(rec.images, torch.Tensor) or rec.images.dim() < 2:
+        raise NonFiniteReconstruction(f"attack {name!r} returned no image batch (got "
+                                      f"{type(rec.images).__name__}); it cannot run on this observation")
+    for field_name, t in (("images", rec.images), ("confidence", rec.confidence)):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            bad = ~torch.isfinite(t)
+            if bool(bad.any()):
+                raise NonFiniteReconstruction(
+                    f"attack {name!r} returned {int(bad.sum())} NaN/inf value(s) in its reconstruction ({field_name}):"
+                    " the observation gives it nothing to solve (e.g. a zero or degenerate gradient); check the "
+                    "observation, or use another attack")
 
 
 def register(cls: type[Attack]) -> type[Attack]:

@@ -37,6 +37,7 @@ from torch.func import functional_call
 
 from ..errors import ConfigError, expect
 from ..losses import get_loss
+from ..progress import keep_here
 from ..threat import Observation
 from .last_layer import LastLayerInputs, last_layer_inputs
 from .objectives import DISTANCES, GradientDistance, LinearFactors, bn_statistics, layer_weights, total_variation
@@ -50,6 +51,14 @@ FACTORISE = ("auto", "on", "off")
 #: fewer than half of min(v, d) (measured on a bare linear layer: ×0.7–0.8 at 12–50k weights, ×1.0 at
 #: 200k, ×2–2.8 at 790k; docs/feature-attacks.md).
 FACTORISE_MIN = 1 << 18
+
+
+class _Interrupted(Exception):
+    """A Ctrl-C inside the steps, kept as a partial result (``where``: the step; ``last_match``: its loss)."""
+
+    def __init__(self, where: str, last_match: float) -> None:
+        super().__init__(where)
+        self.where, self.last_match = where, last_match
 
 
 @dataclass
@@ -86,6 +95,10 @@ class MatchingSettings:
     #: the smallest batch the feature term is used at (at B = 1 the output layer's gradient is δ zᵀ: the cosine
     #: already pins the one image's features, and the term only reweighs the objective)
     features_from: int = 2
+    #: which labels' features the term matches: ``all``, or ``unique`` — only labels that one image of the batch
+    #: carries (a shared label's feature is the mean of several images', a weak pull that measured a cost on
+    #: label-skewed batches; issue 34)
+    features_labels: str = "all"
 
     def check(self) -> None:
         expect(self.iterations >= 1, f"expected iterations ≥ 1, got {self.iterations}")
@@ -98,6 +111,8 @@ class MatchingSettings:
         expect(self.trace_every >= 1, f"expected trace_every ≥ 1, got {self.trace_every}")
         expect(math.isfinite(self.features) and self.features >= 0,
                f"expected features ≥ 0, got {self.features} (option features)")
+        expect(self.features_labels in ("all", "unique"),
+               f"expected features_labels 'all' or 'unique', got {self.features_labels!r} (option features_labels)")
         expect(self.features_from >= 1, f"expected features_from ≥ 1, got {self.features_from} (option features_from)")
         expect(0 <= self.feature_phase < 1, f"expected 0 ≤ feature_phase < 1, got {self.feature_phase} (option feature_phase)")
         expect(not (self.batched_restarts and self.features > 0),
@@ -147,6 +162,9 @@ def step_schedule(opt: torch.optim.Optimizer, kind: str, iterations: int):
 
 class GradientMatcher:
     """Simulates the client's shared quantity for candidate inputs and scores it against the observation."""
+
+    #: why a subclass's objective cannot be stacked with other problems' (None: it is the engine's own)
+    extra_terms: str | None = None
 
     def __init__(self, obs: Observation, settings: MatchingSettings) -> None:
         settings.check()
@@ -364,6 +382,12 @@ class GradientMatcher:
         if math.isfinite(found.residual):
             entry["residual"] = found.residual
         if found.features is not None:
+            counts = torch.bincount(found.groups, minlength=len(found.features))
+            weight = (counts == 1) if self.s.features_labels == "unique" else counts > 0
+            if not bool(weight.any()):
+                return {**entry, "used": False, "reason": "no label is carried by one image only (features_labels="
+                        "unique): each recovered feature is a mean over several images"}
+            self._feature_weight = weight.to(found.features.dtype)
             layer = dict(self.model.named_modules())[found.layer]
             if not self._feature_hooked:
                 layer.register_forward_hook(self._record_feature_input)
@@ -371,7 +395,7 @@ class GradientMatcher:
             self._feature_target = found
             self._feature_counts = torch.bincount(found.groups, minlength=len(found.features)).to(
                 found.features.dtype)[:, None]
-            entry["labels"] = len(found.features)
+            entry["labels"] = int(weight.sum())
         return entry
 
     def _record_feature_input(self, _module, inputs, _output) -> None:
@@ -381,7 +405,8 @@ class GradientMatcher:
         """Mean over labels of ‖mean input of the label's slots − recovered‖² / ‖recovered‖²."""
         found, z = self._feature_target, self._feature_in
         means = torch.zeros_like(found.features).index_add(0, found.groups, z.reshape(len(z), -1)) / self._feature_counts
-        return ((means - found.features).pow(2).sum(1) / found.features.pow(2).sum(1).clamp_min(1e-30)).mean()
+        ratio = (means - found.features).pow(2).sum(1) / found.features.pow(2).sum(1).clamp_min(1e-30)
+        return (ratio * self._feature_weight).sum() / self._feature_weight.sum()
 
     # -- batched restarts (torch.func) -----------------------------------------------------
     def _batched_objective(self, xs: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -460,12 +485,12 @@ class GradientMatcher:
 
     def _run_sequential(self, labels, gen, shape, init, callback, progress) -> MatchResult:
         s, obs = self.s, self.obs
-        total_steps = s.iterations * s.restarts
         best = (math.inf, torch.empty(0), torch.empty(0))
         history: list[list[float]] = []
         finals: list[float] = []
         phase_one = int(s.feature_phase * s.iterations) if self._feature_target is not None else 0
         feature_curve: list[float] = []
+        stopped: str | None = None
         for r in range(s.restarts):
             x = self._start(gen, shape, init if r == 0 else None).requires_grad_(True)
             variables = [x]
@@ -483,7 +508,43 @@ class GradientMatcher:
             else:
                 opt = torch.optim.SGD(variables, lr=self.lr, momentum=0.9)
             sched = step_schedule(opt, s.schedule, s.iterations)
-            last_match = math.inf
+            try:
+                self._steps_of(r, x, variables, labels, label_logits, opt, sched, phase_one, curve, feature_curve,
+                               callback, progress)
+            except _Interrupted as stop:  # Ctrl-C where a caller keeps partial results: the best so far
+                stopped, last_match = stop.where, stop.last_match
+                final_labels = label_logits.detach().argmax(-1) if label_logits is not None else labels
+                if r == 0 or not math.isfinite(best[0]) or last_match < best[0]:
+                    best = (last_match, x.detach().clone(), final_labels.detach().clone())
+                finals.append(last_match)
+                history.append(curve)
+                break
+            with torch.enable_grad():
+                _, match = self.objective(x, self.targets(labels, label_logits))
+            final = float(match.detach())
+            finals.append(final)
+            history.append(curve)
+            final_labels = (label_logits.detach().argmax(-1) if label_logits is not None else labels)
+            if r == 0 or (math.isfinite(final) and final < best[0]):
+                best = (final, x.detach().clone(), final_labels.detach().clone())
+        chosen = finals.index(best[0]) if best[0] in finals else 0
+        trace = {"loss": history[chosen],
+                 "restart_losses": finals, "iterations": s.iterations, "restarts": s.restarts, "tv": s.tv,
+                 "trace_every": s.trace_every, "final_match": best[0]}
+        if phase_one:  # the loss curve starts after the feature-only steps; their feature term (all restarts)
+            trace.update(feature_steps=phase_one, feature_loss=feature_curve)
+        if stopped is not None:
+            trace["partial"] = stopped
+        return MatchResult(images=best[1], labels=best[2], trace=trace)
+
+    def _steps_of(self, r, x, variables, labels, label_logits, opt, sched, phase_one, curve, feature_curve,
+                  callback, progress) -> None:
+        """The optimisation steps of restart ``r`` (``curve``, ``feature_curve`` filled in place); a Ctrl-C
+        becomes :class:`_Interrupted` when the caller keeps partial results (:func:`~leakbench.progress.keep_partial`)."""
+        s = self.s
+        total_steps = s.iterations * s.restarts
+        last_match, step = math.inf, 0
+        try:
             for step in range(s.iterations):
                 full = step >= phase_one  # the first steps match the recovered features only
                 if s.optimizer == "lbfgs":
@@ -517,23 +578,14 @@ class GradientMatcher:
                     (curve if full else feature_curve).append(last_match)
                     if callback is not None:
                         callback(r * s.iterations + step, x.detach())
-                    if progress is not None:
-                        progress(r * s.iterations + step + 1, total_steps, last_match)
-            with torch.enable_grad():
-                _, match = self.objective(x, self.targets(labels, label_logits))
-            final = float(match.detach())
-            finals.append(final)
-            history.append(curve)
-            final_labels = (label_logits.detach().argmax(-1) if label_logits is not None else labels)
-            if r == 0 or (math.isfinite(final) and final < best[0]):
-                best = (final, x.detach().clone(), final_labels.detach().clone())
-        chosen = finals.index(best[0]) if best[0] in finals else 0
-        trace = {"loss": history[chosen],
-                 "restart_losses": finals, "iterations": s.iterations, "restarts": s.restarts, "tv": s.tv,
-                 "trace_every": s.trace_every, "final_match": best[0]}
-        if phase_one:  # the loss curve starts after the feature-only steps; their feature term (all restarts)
-            trace.update(feature_steps=phase_one, feature_loss=feature_curve)
-        return MatchResult(images=best[1], labels=best[2], trace=trace)
+                if progress is not None:  # every step: a slow model still reports (and meets its deadline)
+                    progress(r * s.iterations + step + 1, total_steps, last_match)
+        except KeyboardInterrupt:
+            where = f"interrupted at step {step + 1} of {s.iterations}" + (
+                f" (restart {r + 1} of {s.restarts})" if s.restarts > 1 else "")
+            if not keep_here(where):
+                raise
+            raise _Interrupted(where, last_match) from None
 
     def _run_batched(self, labels, gen, shape, init, callback, progress) -> MatchResult:
         s = self.s
@@ -557,8 +609,8 @@ class GradientMatcher:
                 best_r = int(torch.tensor(values).argmin())
                 if callback is not None:
                     callback(step, xs[best_r].detach())
-                if progress is not None:
-                    progress(step + 1, s.iterations, min(values))
+            if progress is not None:  # every step (the loss as last traced)
+                progress(step + 1, s.iterations, min(curve[-1]))
         _, matches = self._batched_objective(xs.detach(), labels)
         finals = matches.detach().tolist()
         best_r = int(torch.tensor(finals).argmin())

@@ -43,6 +43,7 @@ from ..errors import UnsupportedThreatModel
 from ..losses import get_loss
 from ..threat import Observation
 from .labels import last_linear
+from .linalg import lstsq
 
 __all__ = ["LastLayerInputs", "last_layer_inputs"]
 
@@ -147,7 +148,7 @@ def last_layer_inputs(obs: Observation, labels: torch.Tensor | None, *, iteratio
             sums = d.sum(0)
             scale = float(sums @ gb / (sums @ sums).clamp_min(1e-300)) if free else 1.0
             try:
-                new = torch.linalg.lstsq(scale * d.T, gw, driver="gelsd").solution
+                new = lstsq(scale * d.T, gw)
             except torch.linalg.LinAlgError:
                 new = torch.full_like(z, float("nan"))
             if not (torch.isfinite(new).all() and math.isfinite(scale)):

@@ -134,6 +134,28 @@ class GradientDistance:
         return total / self.weight_sum
 
 
+def gradient_distance(dummy: Sequence[torch.Tensor], target: Sequence[torch.Tensor], *, kind: str,
+                      weights: Sequence[float]) -> torch.Tensor:
+    """:class:`GradientDistance` as a pure function of dense dummy and target gradients (the same arithmetic, in
+    the same order), so that ``torch.func.vmap`` can map it over stacked targets of independent problems."""
+    active = [i for i, w in enumerate(weights) if w != 0.0]
+    if kind == "l2":
+        return sum(weights[i] * (dummy[i] - target[i]).pow(2).sum() for i in active)
+    dots = {i: (dummy[i] * target[i]).sum() for i in active}
+    if kind == "cosine":
+        dot = sum(weights[i] * dots[i] for i in active)
+        norm = torch.sqrt(sum(weights[i] * dummy[i].pow(2).sum() for i in active))
+        target_norm = torch.sqrt(sum(weights[i] * target[i].pow(2).sum() for i in active))
+        return 1.0 - dot / (norm * target_norm + 1e-20)
+    if kind != "cosine-layer":
+        raise ConfigError(f"expected distance in {DISTANCES}, got {kind!r}")
+    total = 0.0
+    for i in active:
+        cos = dots[i] / (dummy[i].norm() * target[i].pow(2).sum().sqrt() + 1e-20)
+        total = total + weights[i] * (1.0 - cos)
+    return total / float(sum(weights[i] for i in active))
+
+
 def total_variation(x: torch.Tensor) -> torch.Tensor:
     """Mean absolute difference of horizontally and vertically neighbouring pixels (0 for vectors)."""
     if x.dim() < 4:

@@ -28,7 +28,8 @@ b − Ax bring it to ``gelsd``'s accuracy (the Gram squares the condition number
 tolerance) or the refined solution fails the least-squares test ‖Aᵀ(b − Ax)‖ ≤ 1e-8 ‖A‖_F (‖A‖_F‖x‖ +
 ‖b‖), the SVD solver ``gelsd`` decides instead (``trace["layers"][i]["solver"]`` says which ran).
 ``gelsd`` (LAPACK's SVD, the previous default), ``gelsy`` (pivoted QR; its rank estimate can miss on
-rank-deficient systems) and ``pinv`` (SVD pseudo-inverse, any device) stay selectable.
+rank-deficient systems, and its bits differ between processes: :mod:`.linalg`) and ``pinv`` (SVD
+pseudo-inverse, any device) stay selectable.
 
 R-GAP's "virtual constraints" are not used (Chen & Campbell, Sec. 2, found they add
 little).  The per-layer rank of the system is recorded in ``trace["layers"]``:

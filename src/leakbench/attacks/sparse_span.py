@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .linalg import lstsq
+
 __all__ = ["Decomposition", "decompose", "directions_from_inputs", "exact_zeros", "refine", "unique_columns",
            "scales", "certify", "Certificate", "strays"]
 
@@ -125,7 +127,7 @@ def unique_columns(directions: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
 def scales(left: torch.Tensor, directions: torch.Tensor, grad_b: torch.Tensor) -> tuple[torch.Tensor, float]:
     """s with L Q̄ s = ∂L/∂b by least squares (SPEAR's scale recovery), and the relative residual."""
     basis = left @ directions
-    s = torch.linalg.lstsq(basis, grad_b[:, None]).solution[:, 0]
+    s = lstsq(basis, grad_b[:, None])[:, 0]
     residual = float((basis @ s - grad_b).norm() / grad_b.norm().clamp_min(torch.finfo(grad_b.dtype).tiny))
     return s, residual
 

@@ -38,6 +38,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import UnsupportedThreatModel, expect
+from .linalg import lstsq
 
 __all__ = ["hermite_coefficients", "hermite_orders", "tensor_features", "TensorFeatureResult"]
 
@@ -131,7 +132,7 @@ def _fit(slices: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, float]:
     b = u.shape[0]
     design = (u[:, None, :] * u[None, :, :]).reshape(b * b, b)  # column i = vec(u_i u_iᵀ)
     target = slices.reshape(slices.shape[0], b * b).T
-    diag = torch.linalg.lstsq(design, target).solution
+    diag = lstsq(design, target)
     resid = float((design @ diag - target).norm() / target.norm().clamp_min(1e-300))
     return diag.T, resid
 
@@ -309,7 +310,7 @@ def _moment_signs(act, k2: int, gs: torch.Tensor, w: torch.Tensor, span: torch.T
     m = w.shape[0]
     diag, _ = _fit(matrix_slices, coords)                      # (keep, B)
     first = (gs @ w / m) @ span                                 # (keep, B): projected first moments
-    beta = torch.linalg.lstsq(coords, first.T).solution.T       # first_s ≈ Σ_i β_{s,i} u_i
+    beta = lstsq(coords, first.T).T       # first_s ≈ Σ_i β_{s,i} u_i
     votes = (beta * diag).sum(0) * math.copysign(1.0, mu[1] * mu[2])
     if bool((votes == 0).any()):
         return None

@@ -12,6 +12,7 @@ imported below.
 """
 from . import attack, demo, evaluate, listing  # noqa: F401  (command registration)
 from . import analyze  # noqa: F401,E402  (command registration: leakbench analyze)
+from . import membership  # noqa: F401,E402  (command registration: leakbench membership)
 from .attack import RunResult, RunSpec, execute
 from .common import EXIT_USAGE, app, fail, parse_assignments, reports_errors
 from .listing import REGISTRIES, attack_presets

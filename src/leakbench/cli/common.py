@@ -2,7 +2,9 @@
 
 Every :class:`~leakbench.errors.LeakbenchError` a command raises is printed as
 one red line ``error: <message>`` on stderr and the command exits with code 2
-(no traceback).
+(no traceback).  Nothing printed to the terminal is read as markup (the consoles have ``markup=False``;
+styles are :class:`~rich.text.Text` objects), and :func:`clean` shows control characters of user strings
+(``ESC[2J``) as escapes instead of sending them to the terminal.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import os
 import sqlite3
 import typing
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +28,7 @@ from .. import __version__
 from ..coerce import coerce
 from ..data import DATASETS
 from ..errors import ConfigError, LeakbenchError
+from ..progress import clean
 
 app = typer.Typer(
     name="leakbench",
@@ -33,11 +37,22 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+_format_warning = warnings.formatwarning
+
+
+def _clean_warning(*args: Any, **kwargs: Any) -> str:
+    """Warnings quote user strings too (a plot title with ESC in it): their control characters as escapes."""
+    return clean(_format_warning(*args, **kwargs))
+
+
+warnings.formatwarning = _clean_warning
+console = Console(markup=False)
+err_console = Console(stderr=True, markup=False)
 
 #: exit code of every user-input error (as for usage errors).
 EXIT_USAGE = 2
+#: a run stopped by Ctrl-C (128 + SIGINT)
+EXIT_INTERRUPTED = 130
 
 
 # --------------------------------------------------------------------------- errors
@@ -45,9 +60,17 @@ EXIT_USAGE = 2
 
 def fail(message: str) -> NoReturn:
     """Print ``error: message`` as one red line on stderr and exit with code 2."""
-    line = " ".join(str(message).splitlines())
+    line = clean(" ".join(str(message).splitlines()))
     err_console.print(Text(f"error: {line}", style="red"), soft_wrap=True, highlight=False)
     raise typer.Exit(EXIT_USAGE)
+
+
+def _allocation_failure(err: BaseException) -> bool:
+    """Whether ``err`` is torch's refusal to allocate (CPU allocator, CUDA out of memory)."""
+    oom = getattr(torch, "OutOfMemoryError", None)
+    text = str(err)
+    return (oom is not None and isinstance(err, oom)) or "can't allocate memory" in text or "out of memory" in text \
+        or "Tried to allocate" in text
 
 
 def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -72,7 +95,17 @@ def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
                  "command again")
         except KeyboardInterrupt:
             err_console.print(Text("interrupted", style="yellow"))
-            raise typer.Exit(130) from None
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except RuntimeError as err:  # torch's allocation failures are RuntimeErrors; anything else is a bug
+            if not _allocation_failure(err):
+                raise
+            fail(f"out of memory: {' '.join(str(err).split())[:160]}; use a smaller model, batch size, image size "
+                 "or dataset limit")
+        except MemoryError:
+            fail("out of memory: the model, batch or dataset is larger than this machine's memory; use a smaller "
+                 "model, batch size, image size or dataset limit")
+        except RecursionError:
+            fail("input nested too deeply (RecursionError); flatten the spec or file it came from")
 
     return wrapper
 
@@ -153,7 +186,7 @@ def write_json(path: Path, content: Any) -> None:
 
 
 def _print_paths(paths: Sequence[Path]) -> None:
-    console.print("wrote " + ", ".join(str(p) for p in paths), highlight=False, soft_wrap=True)
+    console.print("wrote " + ", ".join(clean(p) for p in paths), highlight=False, soft_wrap=True)
 
 
 # --------------------------------------------------------------------------- commands

@@ -21,8 +21,8 @@ from ..errors import ConfigError
 from ..evaluation import Sweep, load_spec, strongest
 from ..evaluation.bundled import preset_path
 from ..report import write_report
-from .common import app, console, err_console, reports_errors
-from .evaluate import print_failures, print_summary, strongest_tables
+from .common import app, clean, console, err_console, reports_errors
+from .evaluate import print_failures, print_summary, print_verdicts, strongest_tables
 
 
 def demo_spec_path() -> Path:
@@ -46,12 +46,14 @@ def demo_command(
     sweep_spec = load_spec(spec if spec is not None else demo_spec_path())
     out.mkdir(parents=True, exist_ok=True)
     sweep = Sweep(sweep_spec, out / "results.db", workers=workers)
+    for note in sweep.notes:
+        err_console.print(Text(clean(note), style="yellow"), soft_wrap=True, highlight=False)
     try:
         if not quiet:
-            console.print(f"[bold]leakbench demo[/bold]: {len(sweep.trials)} trials "
-                          f"({len(sweep_spec.attacks)} attacks × {len(sweep_spec.defense_specs())} defense settings × "
-                          f"batch sizes {', '.join(map(str, sweep_spec.batch_sizes))}) with {workers} worker(s)",
-                          highlight=False)
+            console.print(Text.assemble(("leakbench demo", "bold"), clean(
+                f": {len(sweep.trials)} trials ({len(sweep_spec.attacks)} attacks × "
+                f"{len(sweep_spec.defense_specs())} defense settings × batch sizes "
+                f"{', '.join(map(str, sweep_spec.batch_sizes))}) with {workers} worker(s)")), highlight=False)
         try:
             summary = sweep.run(progress=not quiet)
         except KeyboardInterrupt:
@@ -59,8 +61,8 @@ def demo_command(
             kept = sum(counts.get(s, 0) for s in ("done", "failed", "timed out", "n/a"))
             again = "leakbench demo" + (f" --out {out}" if out != Path("leakbench-demo") else "") + \
                 (f" --spec {spec}" if spec is not None else "")
-            err_console.print(Text(f"interrupted: {kept} of {len(sweep.trials)} trial(s) are kept in "
-                                   f"{out / 'results.db'}; resume with: {again}", style="yellow"),
+            err_console.print(Text(clean(f"interrupted: {kept} of {len(sweep.trials)} trial(s) are kept in "
+                                         f"{out / 'results.db'}; resume with: {again}"), style="yellow"),
                               soft_wrap=True, highlight=False)
             raise typer.Exit(130) from None
         files = write_report(sweep.store, out / "report")
@@ -69,8 +71,9 @@ def demo_command(
             print_failures(sweep.store, sweep.by_key)
             for table in strongest_tables(strongest(sweep.store.rows(kind="attack"))):
                 console.print(table)
-            console.print(f"report: {files.index}", highlight=False, soft_wrap=True)
+            print_verdicts(sweep.store)
+            console.print(clean(f"report: {files.index}"), highlight=False, soft_wrap=True)
         else:
-            console.print(str(files.index), highlight=False, soft_wrap=True)
+            console.print(clean(files.index), highlight=False, soft_wrap=True)
     finally:
         sweep.store.close()

@@ -11,7 +11,9 @@ kept and the command that resumes.  ``report`` opens the store read-only.
 """
 from __future__ import annotations
 
+import html
 import math
+import re
 import shlex
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,10 +26,12 @@ from rich.text import Text
 from ..errors import ConfigError
 from ..evaluation import Store, Sweep, SweepSummary, load_spec, strongest
 from ..evaluation.preflight import check_size, preflight
-from ..evaluation.spec import MAX_TRIALS
+from ..evaluation.spec import MAX_STACK
+from ..evaluation.speccheck import MAX_TRIALS
 from ..evaluation.strongest import Strongest
 from ..report import write_report
-from .common import app, check_out_dir, console, err_console, reports_errors
+from ..report.pdf import BROWSERS, NO_BROWSER, find_chromium, write_pdf
+from .common import app, check_out_dir, clean, console, err_console, reports_errors
 
 
 def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
@@ -41,41 +45,76 @@ def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
         where = (s.threat_model, s.dataset, s.model)
         table = tables.get(where)
         if table is None:
-            table = tables[where] = Table(title=f"Strongest attack S_D — {s.threat_model}: {s.dataset} · {s.model}")
-            for name in ("defense", "B", "strongest attack", "RMSE", "PSNR", "SSIM", "ran"):
+            table = tables[where] = Table(title=Text(clean(f"Strongest attack S_D — {s.threat_model}: {s.dataset} · "
+                                                           f"{s.model}")))
+            for name in ("defense", "B", "strongest attack", "S_D (RMSE) ± 95 % CI", "n", "chance", "PSNR", "SSIM",
+                         "ran"):
                 table.add_column(name, justify="left" if name in ("defense", "strongest attack") else "right",
                                  no_wrap=True)
         ran = sum(1 for a in s.scores if a.trials)
         late = sum(a.timed_out for a in s.scores)
-        table.add_row(s.defense, str(s.batch_size), s.attack or "[dim]none ran[/dim]", num(s.rmse),
-                      num(s.psnr, 2), num(s.ssim), f"{ran}/{len(s.scores)}" + (f" ({late} timed out)" if late else ""))
+        sd = num(s.sd.mean if s.sd.n else s.rmse) + (f" ± {s.sd.half_width:.3f}" if s.sd.known else "")
+        if s.stops:
+            sd += " (stops every attack)"
+        table.add_row(Text(clean(s.defense)), str(s.batch_size),
+                      Text(clean(s.attack)) if s.attack else Text("none ran", style="dim"),
+                      sd, str(s.sd.n), num(s.chance_rmse), num(s.psnr, 2), num(s.ssim),
+                      f"{ran}/{len(s.scores)}" + (f" ({late} timed out)" if late else ""))
     return list(tables.values())
+
+
+def verdict_texts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The report's summary verdict per gradient threat model, dataset and model, as plain text."""
+    from ..evaluation.strongest import privacy_utility, utility_table
+    from ..report.verdict_text import summaries
+
+    out = []
+    for (threat, dataset, model), (text, _) in summaries(privacy_utility(strongest(rows), utility_table(rows))).items():
+        plain = html.unescape(re.sub(r"<[^>]+>", "", text.replace("<sub>D</sub>", "_D")))
+        out.append(f"{threat} · {dataset} · {model}: {plain}")
+    from ..evaluation.membership_verdict import membership_defenses
+    from ..report.membership_section import reference_summary
+
+    for text in reference_summary(membership_defenses(rows)):  # reference-model membership, AUC with n points
+        out.append("membership · " + html.unescape(re.sub(r"<[^>]+>", "", text)))
+    return out
+
+
+def print_verdicts(store: Store) -> None:
+    """Print :func:`verdict_texts` of the store (user strings escaped)."""
+    lines = verdict_texts(store.rows())
+    if lines:
+        console.print(Text.assemble(("Verdicts", "bold"),
+                                    " (mean ± 95 % interval, n = batches, or points for membership; details in the report):"))
+    for line in lines:
+        console.print(Text("• " + clean(line)), soft_wrap=True)
 
 
 def print_summary(summary: SweepSummary) -> None:
     counts = ", ".join(f"{v} {k}" for k, v in sorted(summary.counts.items()))
     stopped = f" (stopped: {summary.stopped})" if summary.stopped else ""
-    console.print(f"{summary.ran} trial(s) run in {summary.seconds:.1f} s, {summary.skipped} already finished; "
-                  f"store {summary.db}: {counts}{stopped}", highlight=False, soft_wrap=True)
+    console.print(clean(f"{summary.ran} trial(s) run in {summary.seconds:.1f} s, {summary.skipped} already finished; "
+                        f"store {summary.db}: {counts}{stopped}"), highlight=False, soft_wrap=True)
 
 
 def print_failures(store: Store, keys: Mapping[str, Any], limit: int = 5) -> None:
     failed = [r for r in store.rows() if r["status"] in ("failed", "timed out") and r["key"] in keys]
     for r in failed[:limit]:
-        first = (r.get("error") or "").splitlines()[0][:200]
-        console.print(f"[yellow]{r['status']}[/yellow] {keys[r['key']].label}: {first}", highlight=False,
-                      soft_wrap=True)
+        first = ((r.get("error") or "").splitlines() or [""])[0][:200]
+        console.print(Text.assemble((clean(r["status"]), "yellow"), " ", clean(f"{keys[r['key']].label}: {first}")),
+                      highlight=False, soft_wrap=True)
     if len(failed) > limit:
         console.print(f"… and {len(failed) - limit} more failed trial(s); see the report", highlight=False)
 
 
 def resume_command(spec: Path, db: Path, *, workers: int, ray: str | None, retry_failed: bool, yes: bool,
-                   report: Path | None) -> str:
+                   report: Path | None, stack: int | None = None) -> str:
     """The exact ``leakbench evaluate`` command line that resumes this sweep."""
     parts = ["leakbench", "evaluate", str(spec), "--db", str(db)]
     parts += ["--workers", str(workers)] if workers != 1 else []
     parts += ["--ray", ray] if ray is not None else []
     parts += ["--retry-failed"] if retry_failed else []
+    parts += ["--stack", str(stack)] if stack is not None else []
     parts += ["--yes"] if yes else []
     parts += ["--report", str(report)] if report is not None else []
     return " ".join(shlex.quote(p) for p in parts)
@@ -100,6 +139,9 @@ def evaluate_command(
                                       f"(default {MAX_TRIALS:,} trials).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Add this sweep to a store that holds another one "
                                         "(its trials stay and are reported too).")] = False,
+    stack: Annotated[int | None, typer.Option(
+        help="Most trials of one shape solved as one batched call, overriding the spec's stack (default: the "
+             "device's measured best; 1: every trial alone).")] = None,
 ) -> None:
     """Run (or resume) a sweep: every finished trial is committed to --db at once; done trials are skipped.
 
@@ -117,27 +159,34 @@ def evaluate_command(
 
         spec = preset_path(preset)
     sweep_spec = load_spec(spec)
+    if stack is not None:
+        if not 1 <= stack <= MAX_STACK:
+            raise ConfigError(f"expected --stack between 1 and {MAX_STACK}, got {stack} (1 runs every trial alone)")
+        sweep_spec = sweep_spec.model_copy(update={"stack": stack})
     if yes:
         total = check_size(sweep_spec, yes=True)
         sweep_spec = sweep_spec.model_copy(update={"max_trials": max(total, sweep_spec.max_trials or 1)})
     checked = preflight(sweep_spec)
     if dry_run:
-        console.print(f"{spec}: valid; {checked.summary()}", highlight=False, soft_wrap=True, markup=False)
+        console.print(clean(f"{spec}: valid; {checked.summary()}"), highlight=False, soft_wrap=True, markup=False)
         return
     if report is not None:
         check_out_dir(report, "--report")  # before any trial runs
     sweep = Sweep(sweep_spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials,
                   force=force, check=False)
-    again = resume_command(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, yes=yes, report=report)
+    again = resume_command(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, yes=yes, report=report,
+                           stack=stack)
+    for note in sweep.notes:
+        err_console.print(Text(clean(note), style="yellow"), soft_wrap=True, highlight=False)
     try:
         try:
             summary = sweep.run(progress=not quiet)
         except KeyboardInterrupt:
             counts = sweep.store.counts(sweep.by_key)
             kept = sum(counts.get(s, 0) for s in ("done", "failed", "timed out", "n/a"))
-            err_console.print(Text(f"interrupted: {kept} of {len(sweep.trials)} trial(s) are kept in {db} "
-                                   f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}); resume with: "
-                                   f"{again}", style="yellow"), soft_wrap=True, highlight=False)
+            err_console.print(Text(clean(f"interrupted: {kept} of {len(sweep.trials)} trial(s) are kept in {db} "
+                                         f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}); resume "
+                                         f"with: {again}"), style="yellow"), soft_wrap=True, highlight=False)
             raise typer.Exit(130) from None
         if not quiet:
             print_summary(summary)
@@ -145,16 +194,17 @@ def evaluate_command(
             for table in strongest_tables(strongest([r for r in sweep.store.rows(kind="attack")
                                                      if r["key"] in sweep.by_key])):
                 console.print(table)
+            print_verdicts(sweep.store)
         if report is not None:
             files = write_report(sweep.store, report)
-            console.print(f"report: {files.index}", highlight=False, soft_wrap=True)
+            console.print(clean(f"report: {files.index}"), highlight=False, soft_wrap=True)
         late = summary.counts.get("timed out", 0)
         failed = summary.counts.get("failed", 0) + late
         if failed:
             why = f" ({late} timed out: the attack ran past budget.trial_seconds)" if late else ""
-            err_console.print(Text(f"{failed} of {summary.planned} trial(s) failed{why} (errors in the store"
-                                   f"{' and the report' if report is not None else ''}); run them again with: "
-                                   f"{again if retry_failed else again + ' --retry-failed'}", style="red"),
+            err_console.print(Text(clean(f"{failed} of {summary.planned} trial(s) failed{why} (errors in the store"
+                                         f"{' and the report' if report is not None else ''}); run them again with: "
+                                         f"{again if retry_failed else again + ' --retry-failed'}"), style="red"),
                               soft_wrap=True, highlight=False)
             raise typer.Exit(1)
     finally:
@@ -166,17 +216,23 @@ def evaluate_command(
 def report_command(
     db: Annotated[Path, typer.Argument(help="Results store written by `leakbench evaluate`.")],
     out: Annotated[Path, typer.Option(help="Output directory of the report.")] = Path("report"),
+    pdf: Annotated[bool, typer.Option("--pdf", help="Also print the report to OUT/report.pdf with headless "
+                                                    "Chromium (found on PATH or $LEAKBENCH_CHROMIUM).")] = False,
 ) -> None:
     """Write a static HTML report (tables, plots, image grids) and CSV/Parquet exports of a results store.
 
     The store is opened read-only (it may sit on read-only media or belong to another user).
     """
+    if pdf and find_chromium() is None:  # before any work: the fix is one install away
+        raise ConfigError(NO_BROWSER.format(names=", ".join(BROWSERS)))
     store = Store(db, readonly=True)
     try:
         check_out_dir(out, "--out")
         files = write_report(store, out)
     finally:
         store.close()
+    if pdf:
+        console.print(clean(f"wrote {write_pdf(files.index)}"), highlight=False, soft_wrap=True)
     extra = f", {files.parquet.name}" if files.parquet else " (Parquet: install pandas and pyarrow)"
-    console.print(f"wrote {files.index}, {files.csv.name}, {files.strongest_csv.name}{extra}, "
-                  f"{len(files.plots)} plot(s), {len(files.grids)} grid(s)", highlight=False, soft_wrap=True)
+    console.print(clean(f"wrote {files.index}, {files.csv.name}, {files.strongest_csv.name}{extra}, "
+                        f"{len(files.plots)} plot(s), {len(files.grids)} grid(s)"), highlight=False, soft_wrap=True)

@@ -7,7 +7,7 @@ import typer
 from rich.table import Table
 
 from ..attacks import ATTACKS
-from ..attacks.trained.membership import MEMBERSHIP_ATTACKS
+from ..attacks.trained import MEMBERSHIP_ATTACKS
 from ..data import DATASETS
 from ..defenses import DEFENSES
 from ..errors import ConfigError

@@ -6,7 +6,8 @@
 (1, 16, 16)
 
 Offline datasets (no network, no files): ``digits``, ``photos``, ``sphere``,
-``gaussian-mixture``.  File datasets read a user-given ``root``: ``cifar10``,
+``gaussian-mixture``, ``text`` (standard-library docstring sentences,
+or your own text files with ``files=``; :mod:`.text`).  File datasets read a user-given ``root``: ``cifar10``,
 ``cifar100``, ``mnist``, ``fashion-mnist``, ``folder``, ``npz``.
 """
 from __future__ import annotations
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..registry import Registry
-from . import files, offline
+from . import files, offline, text as _text
 from .dataset import ImageDataset
+from .text import TextDataset
 
 DATASETS: Registry[ImageDataset] = Registry("dataset")
 
@@ -39,6 +41,7 @@ DATASETS.register("mnist", files.mnist, info=DatasetInfo(offline=False))
 DATASETS.register("fashion-mnist", files.fashion_mnist, info=DatasetInfo(offline=False))
 DATASETS.register("folder", files.folder, info=DatasetInfo(offline=False))
 DATASETS.register("npz", files.npz, info=DatasetInfo(offline=False))
+DATASETS.register("text", _text.text, info=DatasetInfo(offline=True))
 
 #: datasets that need neither files nor network (from the registry).
 OFFLINE = tuple(name for name in DATASETS.names() if DATASETS.info(name).offline)
@@ -64,4 +67,4 @@ def load(name: str, **opts: object) -> ImageDataset:
     return DATASETS.create(name, **opts)
 
 
-__all__ = ["ImageDataset", "DATASETS", "DatasetInfo", "load", "options", "OFFLINE"]
+__all__ = ["ImageDataset", "TextDataset", "DATASETS", "DatasetInfo", "load", "options", "OFFLINE"]

@@ -58,12 +58,17 @@ class ImageDataset:
 
     ``images``: float32, N×C×H×W in [0, 1] (or N×d for vector data);
     ``labels``: int64, N, class indices into ``classes``; ``name``: a short id.
+    ``labels_known``: False when the labels are stand-ins nobody knows (an unlabelled folder:
+    every sample label 0 of the one class "unknown"); a sweep then refuses to grant them to the
+    attacker (``labels_known: true``).  One class is allowed; a model with one output trained
+    with cross-entropy has a zero gradient, which :func:`leakbench.observe` refuses with the fix.
     """
 
     images: torch.Tensor
     labels: torch.Tensor
     classes: list[str]
     name: str = "dataset"
+    labels_known: bool = True
 
     def __post_init__(self) -> None:
         images = torch.as_tensor(self.images)
@@ -81,12 +86,6 @@ class ImageDataset:
         self.classes = [str(c) for c in self.classes]
         if not self.classes:
             raise ConfigError("expected at least one class name, got [] (field classes)")
-        if len(self.classes) < 2:
-            raise ConfigError(
-                f"expected at least 2 classes, got 1 ({self.classes[0]!r}) in dataset {self.name!r} (field classes): "
-                "a one-output classifier's loss and gradient are exactly 0; add a second class or name the "
-                "classes the labels come from (classes=[...])"
-            )
         if len(self.classes) > MAX_CLASSES:
             raise ConfigError(f"expected at most {MAX_CLASSES} classes, got {len(self.classes)} (field classes)")
         if images.is_floating_point() and images.numel() and not bool(torch.isfinite(images).all()):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import warnings
 import zipfile
 import zlib
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataNotFound
-from .checks import apply_limit, check_bytes, choice, int_option, set_channels
+from .checks import MAX_BYTES, apply_limit, check_bytes, choice, int_option, set_channels
 from .dataset import MAX_CLASSES, ImageDataset
 from .download import PathLike, data_root, default_root, extract_tar, fetch, md5_of  # noqa: F401  (default_root: public here too)
 
@@ -171,9 +172,17 @@ def _cifar_arrays(paths: Sequence[Path], label_key: str, limit: int | None) -> t
         batch = _read_cifar_pickle(path)
         if "data" not in batch or label_key not in batch:
             raise ConfigError(f"{path} lacks 'data' or {label_key!r}; it is not a CIFAR python batch")
-        data = np.asarray(batch["data"], dtype=np.uint8)
+        try:
+            data = np.asarray(batch["data"])
+            labels = np.asarray(batch[label_key])
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{path} is not a CIFAR python batch ({exc}); re-download it") from None
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or labels.ndim != 1 \
+                or not np.issubdtype(labels.dtype, np.integer) or labels.shape[0] != data.shape[0]:
+            raise ConfigError(f"expected CIFAR 'data' as uint8 N×3072 and {label_key!r} as N integers, got "
+                              f"{data.dtype} {data.shape} and {labels.dtype} {labels.shape} in {path}; re-download it")
         xs.append(data.reshape(data.shape[0], 3, 32, 32))
-        ys.append(np.asarray(batch[label_key], dtype=np.int64))
+        ys.append(labels.astype(np.int64))
         total += data.shape[0]
         if limit is not None and total >= limit:
             break
@@ -205,6 +214,9 @@ def cifar10(
     paths = _find_cifar("cifar10", data_root(root), train, download_)
     images, labels = _cifar_tensors(*_cifar_arrays(paths, "labels", limit), limit)
     classes = list(CIFAR10_CLASSES)
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= len(classes)):
+        raise ConfigError(f"expected CIFAR-10 labels 0..9, got range {int(labels.min())}..{int(labels.max())} in "
+                          f"{paths[0].parent}; re-download it")
     if binary == "vehicles-animals":
         vehicle = torch.tensor([c in CIFAR10_VEHICLES for c in CIFAR10_CLASSES], dtype=torch.int64)
         labels, classes = vehicle[labels], ["animal", "vehicle"]
@@ -237,25 +249,32 @@ def read_idx(path: PathLike) -> np.ndarray:
     """Read one IDX file (raw or ``.gz``) into an array of its declared shape and type."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    try:
+    try:  # the header first: the declared size is checked before the body is read (or inflated)
         with opener(path, "rb") as f:
-            data = f.read()
-    except (OSError, EOFError) as exc:  # includes gzip.BadGzipFile
+            magic = f.read(4)
+            if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] not in _IDX_DTYPES:
+                raise ConfigError(f"{path} is not an IDX file (bad magic number); re-download it")
+            ndim = magic[3]
+            dims = f.read(4 * ndim)
+            if len(dims) < 4 * ndim:
+                raise ConfigError(f"{path} is truncated (header of {ndim} dimensions incomplete); re-download it")
+            shape = tuple(int(s) for s in np.frombuffer(dims, dtype=">u4", count=ndim))
+            dtype = np.dtype(_IDX_DTYPES[magic[2]])
+            count = int(np.prod(shape, dtype=object))
+            expected = count * dtype.itemsize
+            if max(expected, 4 * count) > MAX_BYTES:
+                raise ConfigError(f"{path} declares shape {shape} ({max(expected, 4 * count) / 1024**3:,.1f} GiB in "
+                                  f"memory), more than the {MAX_BYTES / 1024**3:.0f} GiB cap; use a real IDX file "
+                                  "or a smaller one")
+            data = f.read(expected + 1)  # one byte more tells a longer body from an exact one
+    except ConfigError:
+        raise
+    except (OSError, EOFError, zlib.error) as exc:  # includes gzip.BadGzipFile
         raise ConfigError(f"cannot read IDX file {path} ({exc}); re-download it") from None
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
-        raise ConfigError(f"{path} is not an IDX file (bad magic number); re-download it")
-    ndim = data[3]
-    header = 4 + 4 * ndim
-    if len(data) < header:
-        raise ConfigError(f"{path} is truncated (header of {ndim} dimensions incomplete); re-download it")
-    shape = tuple(int(s) for s in np.frombuffer(data, dtype=">u4", count=ndim, offset=4))
-    dtype = np.dtype(_IDX_DTYPES[data[2]])
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if len(data) - header != expected:
-        raise ConfigError(
-            f"{path} holds {len(data) - header} data bytes, expected {expected} for shape {shape}; re-download it"
-        )
-    return np.frombuffer(data, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+    if len(data) != expected:
+        got = f"{len(data)}" if len(data) <= expected else f"more than {expected}"
+        raise ConfigError(f"{path} holds {got} data bytes, expected {expected} for shape {shape}; re-download it")
+    return np.frombuffer(data, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
 
 
 def _find_idx(which: str, root: Path, stems: Sequence[str], download_: bool) -> list[Path]:
@@ -351,6 +370,54 @@ def fashion_mnist(
 
 
 # ------------------------------------------------------------------ image folder
+#: the largest image (pixels) the folder loader decodes; a bigger one is refused from its header.
+MAX_PIXELS = 4096 * 4096
+#: image modes read as what they are (grey, palette, RGB, with or without alpha); CMYK, YCbCr, LAB, HSV... are not.
+_MODES = ("1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "I;16", "I;16B", "I;16L", "I", "F")
+
+
+def image_pixels(path: Path) -> int:
+    """Width × height of the image at ``path`` from its header, refusing what the loader would read wrongly.
+
+    Refused with the fix: anything but a regular file (a FIFO would block), animated or multi-frame
+    images (GIF, TIFF stacks), channel orders other than grey/RGB(A) (CMYK, YCbCr, LAB), and images
+    over :data:`MAX_PIXELS` (decoding and resizing them takes minutes).
+    """
+    import stat
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ConfigError(f"cannot read image {path} ({exc.strerror or exc}); remove or replace it") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"expected a regular image file, got a {'FIFO' if stat.S_ISFIFO(mode) else 'special file'}"
+                          f" at {path} (field root); remove it from the class folder")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                frames = int(getattr(img, "n_frames", 1) or 1)
+                width, height = img.size
+                kind = img.mode
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise ConfigError(f"cannot read image {path} ({' '.join(str(exc).split())[:200]}); remove or replace "
+                          "it") from None
+    except Image.DecompressionBombError:
+        width = height = MAX_PIXELS  # refused below with the fix
+        frames, kind = 1, "RGB"
+    if frames > 1:
+        raise ConfigError(f"expected single-frame images, got {frames} frames in {path} (field root); keep one frame "
+                          "(e.g. save the first frame as PNG)")
+    if kind not in _MODES:
+        raise ConfigError(f"expected grey or RGB(A) images, got mode {kind} in {path} (field root); convert it to "
+                          "RGB first (e.g. PIL: Image.open(p).convert('RGB').save(...))")
+    if width * height > MAX_PIXELS or width * height == 0:
+        raise ConfigError(f"expected images of at most {MAX_PIXELS:,} pixels, got {width}×{height} in {path} (field "
+                          "root); downscale it before loading")
+    return width * height
+
 def folder(
     *,
     root: PathLike,
@@ -359,6 +426,12 @@ def folder(
     limit: int | None = None,
 ) -> ImageDataset:
     """Images under ``root/<class name>/`` (png, jpg, ...); classes are the sorted sub-folder names.
+
+    One class folder is one class.  A flat folder (images directly in ``root``, no class
+    folders) is unlabelled: every image gets label 0 of the one class ``"unknown"`` and the
+    dataset says ``labels_known=False`` — the labels are unknown to everyone, so a sweep refuses to
+    grant them to the attacker.  A model needs ≥ 2 outputs to share a cross-entropy gradient:
+    use your own class with its ``num_classes`` (docs/data.md).
 
     ``size`` resizes every image to size×size (anti-aliased); without it all images
     must share one shape.  ``channels`` 1 or 3 (default: 3 if any image is colour).
@@ -383,6 +456,15 @@ def folder(
         for f in sorted(d.iterdir())
         if f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith(".")
     ]
+    loose = sorted(f for f in base.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith(".")
+                   and not f.is_dir()) if base.is_dir() else []
+    if loose and files:
+        raise ConfigError(f"expected class sub-folders or a flat folder of images in {base}, got both ({len(loose)} "
+                          f"image(s) such as {loose[0].name} beside class folders {[d.name for d in class_dirs][:3]}) "
+                          "(field root); move the loose images into a class folder, or the class folders away")
+    labels_known = True
+    if loose:  # unlabelled: one class, "unknown", label 0 for every image
+        files, class_dirs, labels_known = [(0, f) for f in loose], [Path("unknown")], False
     present = {label for label, _ in files}
     empty = [d.name for label, d in enumerate(class_dirs) if files and label not in present]
     if empty:
@@ -390,12 +472,18 @@ def folder(
                           f"put images in it or remove it{f' (also empty: {empty[1:4]})' if len(empty) > 1 else ''}")
     if not files:
         raise DataNotFound(
-            f"no images found: looked for {', '.join(IMAGE_SUFFIXES)} files in the sub-folders of {base}. "
-            f"Put one folder per class there ({base}/<class name>/<image>.png)."
+            f"no images found: looked for {', '.join(IMAGE_SUFFIXES)} files in {base} and its sub-folders. "
+            f"Put one folder per class there ({base}/<class name>/<image>.png), or the images themselves "
+            "(unlabelled)."
         )
     files = files[:limit] if limit is not None else files
     if size is not None:
         check_bytes(len(files), 3 * size * size, field="size", value=size, fix="use a smaller size or limit=...")
+    total = 0
+    for _, f in files:  # headers only: the kind of file, frames, channel order and size, before any decoding
+        total += 3 * image_pixels(f)
+    if size is None:
+        check_bytes(1, total, field="root", value=str(base), fix="pass size=... or limit=...")
     arrays = []
     for _, f in files:
         try:
@@ -404,6 +492,9 @@ def folder(
             raise ConfigError(f"cannot read image {f} ({exc}); remove or replace it") from None
         if img.ndim == 2:
             img = img[..., None]
+        if img.ndim != 3 or img.shape[-1] not in (1, 2, 3, 4):
+            raise ConfigError(f"expected one grey, grey+alpha, RGB or RGBA image in {f}, got an array of shape "
+                              f"{img.shape} (field root); save it as a single-frame PNG")
         img = img[..., :3] if img.shape[-1] >= 3 else img[..., :1]  # drop alpha
         if size is not None and img.shape[:2] != (size, size):
             img = resize(img, (size, size), anti_aliasing=True, preserve_range=True)
@@ -417,7 +508,8 @@ def folder(
     want = channels if channels is not None else (3 if any(a.shape[0] == 3 for a in arrays) else 1)
     images = torch.cat([set_channels(torch.from_numpy(a).unsqueeze(0), want) for a in arrays])
     labels = torch.tensor([label for label, _ in files], dtype=torch.int64)
-    return ImageDataset(images.contiguous(), labels, [d.name for d in class_dirs], base.name or "folder")
+    return ImageDataset(images.contiguous(), labels, [d.name for d in class_dirs], base.name or "folder",
+                        labels_known=labels_known)
 
 
 # ------------------------------------------------------------------ npz
@@ -448,15 +540,26 @@ def npz(
     if not file.is_file():
         raise DataNotFound(f"npz file not found: looked for {file}; put the file there or pass path=...")
     try:
+        declared = npz_declared(file)  # shapes from the headers: nothing is decompressed before its size is known
+        for name in ("x", "y", "classes"):
+            if name in declared:
+                shape, dtype = declared[name]
+                count = int(np.prod(shape, dtype=object))
+                if max(count * 4, count * dtype.itemsize) > MAX_BYTES:
+                    raise ConfigError(f"expected arrays of at most {MAX_BYTES / 1024**3:.0f} GiB in memory, got "
+                                      f"{name} of shape {shape} {dtype} declared in {file} (field {name}); store "
+                                      "fewer or smaller samples, or split the file")
         with np.load(file, allow_pickle=False) as archive:
-            stored = {k: archive[k] for k in archive.files}
+            stored = {k: archive[k] for k in ("x", "y", "classes") if k in archive.files}  # only what is used
+    except ConfigError:
+        raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:  # truncated, not a zip, pickled
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ConfigError(f"cannot read {file} as .npz ({reason}); expected arrays x and y "
                           "(np.savez(path, x=..., y=...)); re-create or re-download it") from None
     missing = [k for k in ("x", "y") if k not in stored]
     if missing:
-        raise ConfigError(f"expected arrays 'x' and 'y' in {file}, got {sorted(stored)} (missing {missing})")
+        raise ConfigError(f"expected arrays 'x' and 'y' in {file}, got {sorted(declared)} (missing {missing})")
     x, y = stored["x"], stored["y"]
     if limit is not None:
         x, y = x[:limit], y[:limit]
@@ -476,6 +579,31 @@ def npz(
     return ImageDataset(images, labels, names, file.stem)
 
 
+def npz_declared(file: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """name → (shape, dtype) of every array of an ``.npz`` file, read from the ``.npy`` headers only.
+
+    A compressed member is inflated only as far as its header (a few hundred bytes), so a small file
+    that expands to gigabytes is sized before any of it is decompressed.  Object (pickled) arrays are
+    refused here.
+    """
+    out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    with zipfile.ZipFile(file) as archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                reader = {(1, 0): np.lib.format.read_array_header_1_0,
+                          (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                if reader is None:
+                    raise ValueError(f"unsupported .npy format version {version} in {info.filename}")
+                shape, _, dtype = reader(member, max_header_size=10_000)
+            if dtype.hasobject:
+                raise ValueError(f"{info.filename} holds Python objects (allow_pickle=False)")
+            out[info.filename[:-4]] = (tuple(int(n) for n in shape), dtype)
+    return out
+
+
 def _npz_images(x: np.ndarray, layout: str | None, file: Path) -> torch.Tensor:
     if x.dtype == np.uint8:
         arr = x.astype(np.float32) / 255.0
@@ -489,6 +617,11 @@ def _npz_images(x: np.ndarray, layout: str | None, file: Path) -> torch.Tensor:
         arr = arr[:, None]
     elif arr.ndim == 4:
         nhwc = layout == "nhwc" or (layout is None and arr.shape[3] in (1, 3, 4))
+        square_nhwc = arr.shape[1] == arr.shape[2] != arr.shape[3]
+        if layout is None and nhwc and arr.shape[1] in (1, 3, 4) and not square_nhwc:
+            raise ConfigError(  # (N, 3, 4, 4): 4×4 RGB images or 3×4 RGBA ones; reading one as the other is silent
+                f"cannot tell the channel axis of x with shape {x.shape} in {file} (both axis 1 and axis 3 could "
+                "hold channels); pass layout='nhwc' or 'nchw'")
         if layout is None and not nhwc and arr.shape[1] not in (1, 3):
             raise ConfigError(
                 f"cannot tell the channel axis of x with shape {x.shape} in {file}; pass layout='nhwc' or 'nchw'"

@@ -26,6 +26,8 @@ def _absent(trial: TrialSpec) -> tuple[str, ...]:
     """Rule keys a trial of this kind does not have (utility trials have no attack, batch size or seed)."""
     if trial.kind == "utility":
         return ("attack", "seed") if trial.batch_size else ("attack", "batch_size", "seed")
+    if trial.kind == "membership" and trial.membership.get("form") == "reference":
+        return ("batch_size",)  # trained with each defense: rules on defenses apply
     return {"bound": ("attack",), "weights": ("batch_size", "defense"),
             "membership": ("batch_size", "defense")}.get(trial.kind, ())
 
@@ -70,8 +72,8 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
     """The trials of ``spec`` in run order (utility trials first), without duplicates."""
     trials: dict[str, TrialSpec] = {}
     defenses = spec.defense_specs()
-    common = dict(device=spec.device, threads=spec.threads, trial_seconds=spec.budget.trial_seconds,
-                  save_images=spec.save_images)
+    common = dict(device=spec.device, threads=spec.threads, stack=spec.stack,
+                  trial_seconds=spec.budget.trial_seconds, save_images=spec.save_images)
     for d in spec.datasets:
         for m in spec.models:
             base = dict(dataset=d.name, data_options=dict(d.options), dataset_key=d.key, model=m.spec,
@@ -83,10 +85,11 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
                 sizes = spec.batch_sizes if spec.utility.per_batch_size else [0]
                 for defense in defenses:
                     for size in sizes:
-                        t = TrialSpec(kind="utility", defense=defense, batch_size=size,
-                                      utility=spec.utility.model_dump(), **base, **common)
-                        if keep(t, spec.include, spec.exclude):
-                            trials.setdefault(t.key, t)
+                        for seed in spec.utility.seed_list():
+                            t = TrialSpec(kind="utility", defense=defense, batch_size=size,
+                                          utility=spec.utility.for_seed(seed), **base, **common)
+                            if keep(t, spec.include, spec.exclude):
+                                trials.setdefault(t.key, t)
             for defense in defenses:
                 for size in spec.batch_sizes:
                     for seed in spec.seeds:
@@ -107,7 +110,9 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
                                     trials.setdefault(t.key, t)
     for section, kind in (("weights", "weights"), ("membership", "membership")):
         for entry in getattr(spec, section):
-            for t in _published(entry, kind, common):
+            made = (_reference(entry, spec, common) if kind == "membership" and entry.reference
+                    else _published(entry, kind, common))
+            for t in made:
                 if keep(t, spec.include, spec.exclude):
                     trials.setdefault(t.key, t)
     ordered = sorted(trials.values(), key=lambda t: t.kind != "utility")  # stable: utility first
@@ -130,8 +135,9 @@ def _published(entry, kind: str, common: dict) -> list[TrialSpec]:
                 model=str(t.options.get("model", "mlp:1000-1000")), model_key=t.key, target=target, **common)
     settings = entry.settings if kind == "membership" else [None]
     out = []
+    attacks = entry.attack_list if kind == "membership" else entry.attacks
     for seed in entry.seeds:
-        for a in entry.attacks:
+        for a in attacks:
             for setting in settings:
                 extra = {}
                 if setting is not None:
@@ -141,6 +147,26 @@ def _published(entry, kind: str, common: dict) -> list[TrialSpec]:
                                                                                    else ""),
                                      preset=a.preset, preset_revision=preset_revision(a.name, a.preset),
                                      options=dict(a.options), **extra, **base))
+    return out
+
+
+def _reference(entry, spec: SweepSpec, common: dict) -> list[TrialSpec]:
+    """The trials of a reference-model ``membership`` entry: seeds × attacks × defenses.
+
+    Attack-major (every defense of one attack before the next attack): two workers then train different
+    defenses' reference models at once, and the later attacks of a setting find them cached."""
+    d, m = entry.dataset, entry.model
+    recipe = entry.recipe(spec.utility).model_dump()
+    setup = {"form": "reference", "pool": entry.pool, "reference_models": entry.reference_models,
+             "recipe": recipe, **({"canaries": entry.canaries} if entry.canaries else {})}
+    base = dict(kind="membership", dataset=d.name, data_options=dict(d.options), dataset_key=d.key, model=m.spec,
+                model_key=m.key, model_options=m.build_options(), membership=setup, **common)
+    out = []
+    for seed in entry.seeds:
+        for a in entry.attack_list:
+            for defense in entry.defense_specs(spec.defense_specs()):
+                out.append(TrialSpec(seed=seed, defense=defense, attack=a.name, attack_key=a.key,
+                                     options=dict(a.options), **base))
     return out
 
 

@@ -11,7 +11,13 @@ then fails every trial at run time:
 - every model is built once on every dataset's shape with its ``act``, ``init`` and options
   (``act: relux``, ``cnn:99-1-1-0`` on 8×8 images) and one client round is observed on the
   smallest batch under the spec's threat settings (a ±1 loss on a 10-class dataset);
-- the plan is not empty.
+- the plan is not empty;
+- the work a user value sizes (:func:`check_work`): an attack's iterations × restarts × ... (bounded at run
+  time by ``budget.trial_seconds`` when it is set, else refused past :data:`MAX_ATTACK_WORK`), any single
+  loop option past :data:`MAX_LOOP`, and training (model ``training.epochs``, ``utility.epochs``, a
+  published target's ``steps``) past :data:`MAX_TRAIN_SAMPLES` samples, refused here with the estimate; below
+  it, ``budget.sweep_minutes`` (every trial) and ``budget.trial_seconds`` (a utility trial) stop training at
+  run time (:mod:`leakbench.budget`).
 
 Errors are :class:`~leakbench.errors.ConfigError` lines naming the spec field
 (``datasets[0].options``, ``models[1] on datasets[0]``, ``threat``...).
@@ -27,7 +33,8 @@ import torch
 
 from ..errors import ConfigError, LeakbenchError
 from ..models.files import load_weights
-from .spec import MAX_TRIALS, SweepSpec
+from .spec import SweepSpec
+from .speccheck import MAX_TRIALS
 
 
 @dataclass
@@ -54,7 +61,8 @@ def _upper_bound(spec: SweepSpec) -> int:
     batches = sum(max(1, spec.images // b) for b in spec.batch_sizes) * len(spec.seeds)
     per_batch = len(spec.attacks) + (1 if spec.bounds is not None and spec.bounds.cramer_rao else 0)
     published = sum(len(e.attacks) * len(e.seeds) for e in spec.weights)
-    published += sum(len(e.attacks) * len(e.seeds) * len(e.settings) for e in spec.membership)
+    published += sum(len(e.attack_list) * len(e.seeds) * (len(e.defense_specs(spec.defense_specs())) if e.reference
+                                                           else len(e.settings)) for e in spec.membership)
     return settings * (batches * per_batch + (len(spec.batch_sizes) if spec.utility is not None else 0)) + published
 
 
@@ -94,6 +102,80 @@ def check_size(spec: SweepSpec, *, yes: bool = False) -> int:
                       f"{total} in the spec (or leakbench evaluate --yes)")
 
 
+#: loop options of attacks that repeat the whole optimisation, and those that count its steps.
+REPEAT_OPTIONS = ("restarts", "runs", "candidates", "trials", "tensor_trials", "directions")
+STEP_OPTIONS = ("iterations", "inversion_iterations", "lbfgs_max_iter", "iters_rest", "refine", "tensor_refine")
+#: the largest value of any one loop option (the papers' settings stay below 10⁵).
+MAX_LOOP = 10**7
+#: the largest product of an attack's loop options without ``budget.trial_seconds`` (the largest preset: 10⁸).
+MAX_ATTACK_WORK = 10**9
+#: the most samples one training run may pass over (epochs × samples), budget or not.
+MAX_TRAIN_SAMPLES = 10**9
+
+
+def attack_work(name: str, preset: str | None, options: dict[str, Any], where: str) -> int:
+    """The product of attack ``name``'s loop options (its preset's values with ``options``); one too large
+    single loop option is refused here, naming it."""
+    from ..attacks import ATTACKS, create
+
+    if name not in ATTACKS:
+        return 1
+    chosen = create(name, preset=preset, **options).options
+    work = 1
+    for option in (*REPEAT_OPTIONS, *STEP_OPTIONS):
+        value = getattr(chosen, option, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value > MAX_LOOP:
+                field = f"{where} {option}=" if where.startswith("--") else f"field {where}.options.{option}"
+                raise ConfigError(f"{field}: expected at most {MAX_LOOP:,}, got {value:,}; lower it")
+            work *= max(1, value)
+    return work
+
+
+def check_work(spec: SweepSpec) -> None:
+    """Refuse attacks whose loops no budget bounds (see the module docstring), with the estimate."""
+    entries = [(f"attacks[{i}]", a) for i, a in enumerate(spec.attacks)]
+    entries += [(f"weights[{i}].attacks[{j}]", a) for i, w in enumerate(spec.weights) for j, a in enumerate(w.attacks)]
+    for where, entry in entries:
+        work = attack_work(entry.name, entry.preset, dict(entry.options), where)
+        if work > MAX_ATTACK_WORK and spec.budget.trial_seconds is None:
+            raise ConfigError(f"field {where}.options: about {work:,} optimisation steps per trial (the product of "
+                              f"{', '.join(o for o in (*REPEAT_OPTIONS, *STEP_OPTIONS))} that apply), more than "
+                              f"{MAX_ATTACK_WORK:,} with no budget; lower them or set budget.trial_seconds")
+    for i, entry in enumerate(spec.membership):
+        if entry.reference:  # the target and its reference models, each on half the pool, per defense and seed
+            recipe = entry.recipe(spec.utility)
+            samples = (entry.reference_models + 1) * recipe.epochs * (entry.pool // 2)
+            if samples > MAX_TRAIN_SAMPLES:
+                raise ConfigError(f"field membership[{i}].reference_models: training the target and its reference "
+                                  f"models would pass about {samples:,} samples per defense ((reference_models + 1) "
+                                  f"× {recipe.epochs:,} epochs × {entry.pool // 2:,}), more than "
+                                  f"{MAX_TRAIN_SAMPLES:,}; lower reference_models, epochs or pool")
+    for i, entry in enumerate([*spec.weights, *spec.membership]):
+        if entry.target is None:  # a reference-model membership entry (checked above)
+            continue
+        steps = entry.target.options.get("steps")
+        samples = entry.target.per_class * max(2, len(entry.target.classes or ()))
+        if isinstance(steps, int) and not isinstance(steps, bool) and steps * samples > MAX_TRAIN_SAMPLES:
+            section = "weights" if i < len(spec.weights) else "membership"
+            k = i if i < len(spec.weights) else i - len(spec.weights)
+            raise ConfigError(f"field {section}[{k}].target.options.steps: training would pass about "
+                              f"{steps * samples:,} samples ({steps:,} steps × {samples:,}), more than "
+                              f"{MAX_TRAIN_SAMPLES:,}; lower steps")
+
+
+def _check_training(spec: SweepSpec, i: int, n: int, key: str) -> None:
+    """Refuse training runs on dataset ``i`` (``n`` samples) past :data:`MAX_TRAIN_SAMPLES`, with the estimate."""
+    runs = [(f"models[{j}].training.epochs", m.training.epochs) for j, m in enumerate(spec.models)]
+    if spec.utility is not None:
+        runs.append(("utility.epochs", spec.utility.epochs))
+    for field_name, epochs in runs:
+        if epochs * n > MAX_TRAIN_SAMPLES:
+            raise ConfigError(f"field {field_name}: training on datasets[{i}] ({key}) would pass about "
+                              f"{epochs * n:,} samples ({epochs:,} epochs × {n:,}), more than {MAX_TRAIN_SAMPLES:,}; "
+                              "lower epochs or the dataset's limit")
+
+
 def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
     """Check what every trial of ``spec`` needs (see the module docstring); one line per problem found first."""
     from ..data import load
@@ -106,6 +188,7 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
     if total == 0:
         raise ConfigError("field include/exclude: the spec plans no trial (the rules exclude everything); "
                           "loosen the include/exclude rules")
+    check_work(spec)
     report = Preflight(trials=total, kinds=kinds or {"trials (upper bound)": total})
     device = torch.device(spec.device)
     smallest = min(spec.batch_sizes)
@@ -120,12 +203,17 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
             raise ConfigError(f"{where}: holds {len(data)} samples, the spec draws {need} (images: {spec.images}, "
                               f"batch_sizes: {list(spec.batch_sizes)}); lower them or load more samples")
         report.datasets[d.key] = (data.shape, len(data), data.num_classes)
+        if not getattr(data, "labels_known", True) and any(t.get("labels_known") for t in _threat_variants(spec)):
+            raise ConfigError(f"{where}: its labels are unknown (an unlabelled folder: every image carries label 0, which means nothing), but the "
+                              "threat grants them (labels_known: true); remove labels_known from threat and attacks")
+        _check_training(spec, i, len(data), d.key)
         x, y = data.batch(smallest, seed=0)
         for j, m in enumerate(spec.models):
             where = f"models[{j}] ({m.key}) on datasets[{i}] ({d.key}, shape {'×'.join(map(str, data.shape))})"
             try:
                 model = build(m.spec, input_shape=data.shape, classes=data.num_classes, act=m.act, init=m.init,
-                              seed=m.seed, device=device, **dict(m.options))
+                              seed=m.seed, device=device, normalize=m.build_options().get("normalize"),
+                              **dict(m.options))
                 if m.file:
                     load_weights(model, m.file, field=f"models[{j}].file")
             except Exception as err:  # noqa: BLE001
@@ -140,9 +228,26 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
                     raise ConfigError(f"threat with {where}: one client round fails: {_first_line(err)}") from None
     for section in ("weights", "membership"):
         for i, entry in enumerate(getattr(spec, section)):
-            _check_target_data(entry.target, f"{section}[{i}].target")
+            if entry.target is not None:
+                _check_target_data(entry.target, f"{section}[{i}].target")
+            else:
+                _check_pool(entry, f"membership[{i}]")
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _check_pool(entry, where: str) -> None:
+    """A reference-model membership entry's dataset loads and holds its pool."""
+    from ..data import load
+
+    try:
+        n = len(load(entry.dataset.name, **dict(entry.dataset.options)))
+    except Exception as err:  # noqa: BLE001
+        raise ConfigError(f"field {where}.dataset: cannot load {entry.dataset.key!r}: {_first_line(err)}") from None
+    if entry.pool > n:
+        raise ConfigError(f"field {where}.pool: expected a pool of at most {n} points (dataset {entry.dataset.key!r} "
+                          f"holds {n}), got {entry.pool}; lower pool or use a larger dataset (e.g. photos with "
+                          "scale: 1 holds 3 617)")
 
 
 def _threat_variants(spec: SweepSpec) -> list[dict[str, Any]]:
@@ -199,4 +304,5 @@ def _first_line(err: BaseException) -> str:
     return text if isinstance(err, LeakbenchError) else f"{type(err).__name__}: {text}"
 
 
-__all__ = ["Preflight", "preflight", "count_trials", "check_size"]
+__all__ = ["Preflight", "preflight", "count_trials", "check_size", "check_work", "attack_work", "MAX_LOOP",
+           "MAX_ATTACK_WORK", "MAX_TRAIN_SAMPLES"]

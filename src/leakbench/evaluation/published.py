@@ -178,15 +178,17 @@ def weights_trial(spec, clock, cache_dir) -> Any:
 
 
 def _residual(target) -> float | None:
+    from ..analysis.stationarity import kkt_residual
+
     try:
-        return float(target.kkt_residual().residual)
+        return float(kkt_residual(target.model, target.inputs, target.y).residual)
     except (ConfigError, ValueError, RuntimeError):  # the residual is defined for linear + ReLU stacks only
         return None
 
 
 def membership_trial(spec, clock, cache_dir) -> Any:
     """Membership inference against a binary target in one margin-knowledge setting."""
-    from ..attacks.trained.membership import MEMBERSHIP_ATTACKS
+    from ..attacks.trained import MEMBERSHIP_ATTACKS
     from ..metrics.membership import membership_scores
     from ..threat import observe_weights
     from .trial import TrialResult

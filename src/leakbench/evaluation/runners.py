@@ -9,17 +9,33 @@
 ``runner.run(trials)`` pulls trials from an iterable only when it has room, so the sweep claims a trial in
 the store just before it is submitted, and yields :class:`~.trial.TrialResult` objects in completion order.
 Short trials travel in chunks of one shape (as many as fill ``chunk_seconds``, from the mean time of the
-trials of that shape so far: :class:`ChunkSizer`);
+trials of that shape so far: :class:`ChunkSizer`), and trials that batch (:func:`~.chunks.batch_group`: the
+gradient-matching attacks, utility seeds) in chunks of at least a stack (:func:`~.chunks.stack_size`), which
+the worker solves as one batched call (:func:`~.chunks.run_chunk`; a pool shares a stack out evenly among
+its workers with room);
 a pool worker still sends each result back the moment it finishes, a Ray actor returns a chunk at once —
-either way the sweep commits one trial per transaction.  Every trial runs :func:`~.trial.run_trial`, which
+either way the sweep commits one trial per transaction.  Every trial runs :func:`~.run.run_trial`, which
 fixes its seeds and thread count, so all executors give the same results.
+
+The pool is hand-made rather than ``concurrent.futures.ProcessPoolExecutor`` or loky because it streams each
+trial's result back the moment it finishes (not per submitted chunk), keeps long-lived spawned workers whose
+imports, datasets and trained models stay warm, and when a worker dies fails only the trial it was running,
+re-queues the rest of its chunk to the others and spawns a replacement (a broken ``ProcessPoolExecutor``
+fails every pending future).
+
+Spawned workers re-run the main script's top-level code (``multiprocessing``'s spawn start method), so a
+script that calls :func:`~.sweep.evaluate` with ``workers > 1`` outside ``if __name__ == "__main__":`` is
+refused before any worker starts (:func:`unguarded_main_call`); should one slip through, its workers exit
+with :data:`UNGUARDED_EXIT` and the pool raises the same :class:`~leakbench.errors.ConfigError`.
 """
 from __future__ import annotations
 
 import abc
+import ast
 import collections
 import multiprocessing
 import os
+import sys
 import threading
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
@@ -27,8 +43,79 @@ from typing import Any
 from collections.abc import Callable, Iterable, Iterator
 
 from ..errors import ConfigError
-from .trial import TrialResult, TrialSpec, run_trial
-from .workers import TrialActor, serve
+from .chunks import batch_group, run_chunk, stack_size
+from .trial import TrialResult, TrialSpec
+from .workers import TrialActor, parent_marked, serve
+
+#: the exit code of a spawned worker that found itself re-running an unguarded ``evaluate`` call of the script
+UNGUARDED_EXIT = 79
+
+
+def _guard_message(where: str) -> str:
+    return (f"evaluate(..., workers > 1) is called from top-level code of the script ({where}), which every "
+            "spawned worker re-runs; wrap the call in `if __name__ == \"__main__\":` (or use workers=1)")
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (either operand order)."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
+            and isinstance(node.test.ops[0], ast.Eq)):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return (any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
+            and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
+
+
+def unguarded_main_call() -> str | None:
+    """``"script.py line 12"`` when this call comes from top-level code of the ``__main__`` script outside
+    ``if __name__ == "__main__":`` (code a spawned worker re-runs), else None (a guarded call, a function
+    called later, an interactive session or notebook, whose main module spawned workers do not re-run)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path:
+        return None
+    outer = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):
+            outer = frame
+        frame = frame.f_back
+    if outer is None:
+        return None
+    line = outer.f_lineno
+    try:
+        tree = ast.parse(Path(outer.f_code.co_filename).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    for node in tree.body:
+        if node.lineno <= line <= (node.end_lineno or node.lineno):
+            if _is_main_guard(node) and any(b.lineno <= line <= (b.end_lineno or b.lineno) for b in node.body):
+                return None
+            return f"{os.path.basename(path)} line {line}"
+    return None
+
+
+def in_spawned_main() -> bool:
+    """True inside a spawned child while it re-runs the parent's main script as ``__mp_main__`` (its start-up,
+    before ``multiprocessing.parent_process()`` is even set)."""
+    if "__mp_main__" not in sys.modules:
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def refuse_unguarded_main() -> None:
+    """Refuse to start worker processes from unguarded top-level code of the main script: a
+    :class:`ConfigError` here, or (in a worker re-running that code) exit at once with :data:`UNGUARDED_EXIT`."""
+    if in_spawned_main():
+        raise SystemExit(UNGUARDED_EXIT)
+    where = unguarded_main_call()
+    if where is not None:
+        raise ConfigError(_guard_message(where))
 
 
 class Runner(abc.ABC):
@@ -60,16 +147,28 @@ class Runner(abc.ABC):
 
 
 class InProcessRunner(Runner):
-    """Trials one after the other in this process."""
+    """Trials in this process: those that batch (:func:`~.chunks.batch_group`) in chunks of
+    :func:`~.chunks.stack_size` solved together, the others one after the other."""
 
     name = "local"
 
     def run(self, trials: Iterable[TrialSpec]) -> Iterator[TrialResult]:
-        for trial in trials:
-            self.submitted += 1
-            result = run_trial(trial, cache_dir=self.cache_dir)
-            self.finished += 1
-            yield result
+        source = iter(trials)
+        ahead: TrialSpec | None = None  # pulled (so claimed) by the last fill, heads the next chunk
+        while True:
+            ahead = ahead or next(source, None)  # a full chunk pulls nothing ahead: a kill loses only the chunk
+            if ahead is None:
+                return
+            chunk, ahead = _fill(ahead, stack_size(ahead), lambda: next(source, None), _batch_key)
+            self.submitted += len(chunk)
+            for result in run_chunk(chunk, cache_dir=self.cache_dir):
+                self.finished += 1
+                yield result
+
+
+def _batch_key(trial: TrialSpec) -> object:
+    """A trial's batch group (a trial that runs alone is a group of its own)."""
+    return batch_group(trial) or ("alone", trial.key)
 
 
 class ChunkSizer:
@@ -103,11 +202,14 @@ class ChunkSizer:
         self.recent.setdefault(shape, collections.deque(maxlen=self.window)).append(max(result.seconds, 1e-4))
 
     def size(self, trial: TrialSpec | None = None) -> int:
+        """Trials to send at once: enough to fill ``seconds``, and at least a stack of trials that batch."""
         recent = self.recent.get(self.shape(trial))
         if not recent or self.seconds <= 0:
             self.last = 1
         else:
             self.last = max(1, min(self.most, int(self.seconds / (sum(recent) / len(recent)))))
+        if trial is not None:
+            self.last = max(self.last, stack_size(trial))
         return self.last
 
 
@@ -137,7 +239,8 @@ class _Worker:
         kernel = threading.current_thread() is threading.main_thread()
         self.process = ctx.Process(target=serve, args=(child, parent_pid, cache_dir, kernel), daemon=True,
                                    name=f"leakbench-worker-{index}")
-        self.process.start()
+        with parent_marked(parent_pid if kernel else None):  # dies with us even while it still imports torch
+            self.process.start()
         child.close()
         self.pending: list[TrialSpec] = []
         self.ready = False
@@ -172,6 +275,13 @@ class _Worker:
         self.conn.close()
 
 
+def _check_exit(worker: _Worker) -> None:
+    """A worker that exited re-running the script's unguarded ``evaluate`` call: refuse the sweep."""
+    if worker.process.exitcode == UNGUARDED_EXIT:
+        main = getattr(sys.modules.get("__main__"), "__file__", None)
+        raise ConfigError(_guard_message(os.path.basename(main) if main else "the main script"))
+
+
 class PoolRunner(Runner):
     """Trials in ``workers`` long-lived spawned processes; each holds about two chunks (one running)."""
 
@@ -194,6 +304,8 @@ class PoolRunner(Runner):
 
     def start(self, *, wait: bool = False) -> PoolRunner:
         """Start the workers (they warm up in parallel); with ``wait``, until each has said it is ready."""
+        if len(self._pool) < self.workers:
+            refuse_unguarded_main()
         while len(self._pool) < self.workers:
             self._pool.append(self._spawn())
         while wait and not all(w.ready for w in self._pool):
@@ -201,6 +313,7 @@ class PoolRunner(Runner):
             for w in self._pool:
                 w.receive()
                 if not w.ready and not w.process.is_alive():
+                    _check_exit(w)
                     raise ConfigError(f"a pool worker failed to start (exit code {w.process.exitcode})")
         return self
 
@@ -235,15 +348,20 @@ class PoolRunner(Runner):
                     n = self.sizer.size(ahead)
                     if len(worker.pending) > n:
                         break
-                    chunk, ahead = _fill(ahead, n, pull, self.sizer.shape)
-                    try:
-                        worker.send(chunk)
-                    except OSError:  # the worker died while idle: a fresh one takes the chunk
-                        worker.pending.clear()
-                        worker.kill()
-                        worker = self._pool[self._pool.index(worker)] = self._spawn()
-                        worker.send(chunk)
-                    self.sizer.sent(chunk)
+                    # trials that batch: up to a stack for every worker with room; a group larger than one stack,
+                    # or the sweep's last, is shared out evenly, a smaller one stays whole (a stack of its own)
+                    free = sorted((w for w in self._pool if len(w.pending) <= n), key=lambda w: len(w.pending))
+                    if batch_group(ahead) is None:
+                        free = [worker]
+                    chunk, ahead = _fill(ahead, n * len(free), pull, self.sizer.shape)
+                    last = ahead is None and exhausted and not self._requeued
+                    if len(chunk) <= n and not last:
+                        free = [worker]
+                    parts = min(len(free), len(chunk))
+                    for w, i in zip(free, range(parts)):
+                        part = chunk[len(chunk) * i // parts:len(chunk) * (i + 1) // parts]
+                        self._send(w, part)
+                        self.sizer.sent(part)
                     self.submitted += len(chunk)
                 busy = [w for w in self._pool if w.pending]
                 if not busy:
@@ -259,9 +377,19 @@ class PoolRunner(Runner):
                 self._terminate()
             raise
 
+    def _send(self, worker: _Worker, chunk: list[TrialSpec]) -> None:
+        try:
+            worker.send(chunk)
+        except OSError:  # the worker died while idle: a fresh one takes the chunk
+            worker.pending.clear()
+            worker.kill()
+            worker = self._pool[self._pool.index(worker)] = self._spawn()
+            worker.send(chunk)
+
     def _collect(self, index: int, worker: _Worker) -> list[TrialResult]:
         results = worker.receive()
         if worker.pending and not worker.process.is_alive():  # died mid-trial: that trial failed, not lost
+            _check_exit(worker)
             code = worker.process.exitcode
             results.append(_failed(worker.pending[0], f"worker process died (exit code {code}) in this trial"))
             self._requeued.extend(worker.pending[1:])  # queued behind it, never started: run elsewhere
@@ -301,6 +429,27 @@ def _ray_module():
         raise ConfigError("the Ray executor needs the ray extra: pip install 'leakbench[ray]' "
                           "(or run without --ray)") from None
     return ray
+
+
+#: seconds a cluster address gets to accept a connection before ``--ray ADDRESS`` is refused.
+CONNECT_SECONDS = 10.0
+
+
+def _probe(address: str, timeout: float = CONNECT_SECONDS) -> None:
+    """Refuse in at most ``timeout`` seconds a cluster address nothing listens on (Ray itself retries for minutes)."""
+    import socket
+
+    hostport = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"expected --ray auto, local or HOST:PORT (ray://HOST:PORT), got {address!r}")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError, OverflowError) as err:
+        raise ConfigError(f"cannot connect to the Ray cluster at {address!r} within {timeout:g} s "
+                          f"({getattr(err, 'strerror', None) or err}); start the cluster, or use --ray auto or "
+                          "--ray local") from None
 
 
 class RayRunner(Runner):
@@ -346,6 +495,7 @@ class RayRunner(Runner):
                 ray.init(**local)
                 self._started = True
         else:
+            _probe(self.address)
             try:
                 ray.init(address=self.address, **options)
             except (ConnectionError, RuntimeError, ValueError) as err:
@@ -481,14 +631,34 @@ class RayRunner(Runner):
                 "actors": sum(len(a) for a in self._actors.values())}
 
 
+def cores() -> int:
+    """CPU cores this process may run on (its affinity where the platform tells it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def capped_workers(workers: int, trials: int | None = None) -> tuple[int, str | None]:
+    """``workers`` capped at the cores (and at ``trials``), and the line saying so (None when not capped)."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ConfigError(f"expected --workers ≥ 1, got {workers!r}")
+    limit = cores() if trials is None else max(1, min(cores(), trials))
+    if workers <= limit:
+        return workers, None
+    why = f"{cores()} core(s)" + (f" and {trials} trial(s) to run" if trials is not None else "")
+    return limit, f"--workers {workers} capped at {limit} ({why}): more processes only compete for the same cores"
+
+
 def make_runner(*, workers: int = 1, ray: str | None = None, cache_dir: str | Path | None = None,
                 num_cpus: int | None = None) -> Runner:
-    """The executor for ``--workers``/``--ray``: Ray when ``ray`` is given, else a pool for ``workers > 1``."""
+    """The executor for ``--workers``/``--ray``: Ray when ``ray`` is given, else a pool for ``workers > 1``
+    (never more processes than cores: :func:`capped_workers`)."""
     if ray is not None:
         return RayRunner(ray, num_cpus=num_cpus, cache_dir=cache_dir)
-    if not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"expected --workers ≥ 1, got {workers!r}")
+    workers, _ = capped_workers(workers)
     return InProcessRunner(cache_dir=cache_dir) if workers == 1 else PoolRunner(workers, cache_dir=cache_dir)
 
 
-__all__ = ["Runner", "InProcessRunner", "PoolRunner", "RayRunner", "ChunkSizer", "make_runner"]
+__all__ = ["Runner", "InProcessRunner", "PoolRunner", "RayRunner", "ChunkSizer", "make_runner", "capped_workers",
+           "cores", "refuse_unguarded_main", "unguarded_main_call", "UNGUARDED_EXIT"]

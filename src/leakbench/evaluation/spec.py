@@ -37,12 +37,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
-from .speccheck import MAX_SPEC_NODES, MAX_TRIALS
+from .specnames import check_names
 from .specsource import Source as _Source
 from .specsource import pydantic_message, read_spec
 
 #: keys an include/exclude rule may name.
-RULE_KEYS = ("dataset", "model", "batch_size", "attack", "defense", "seed")
+#: seeds are stored as SQLite 64-bit integers: 0 ≤ seed < 2**63.
+MAX_SEED = 2**63
+#: torch threads a trial may ask for (a larger value is a typo, not a machine).
+MAX_THREADS = 1024
+#: the most trials a spec's ``stack`` may solve as one batched call
+MAX_STACK = 4096
 
 
 class _Strict(BaseModel):
@@ -76,14 +81,13 @@ class TrainingEntry(_Strict):
     epochs: int = Field(0, ge=0)
     lr: float = Field(0.05, gt=0)
     batch_size: int = Field(32, ge=1)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, lt=MAX_SEED)
 
 
 #: what a malicious server can ship in place of the model, and the function that builds it.
 SERVER_MOVES = {"imprint": "leakbench.models.malicious.imprint",
                 "random_head": "leakbench.models.malicious.random_head"}
 #: arguments of those functions the trial sets itself (the model, its shape, the public sample).
-SERVER_SET_BY_TRIAL = ("model", "calibration", "input_shape")
 
 
 class ServerEntry(_Strict):
@@ -121,15 +125,35 @@ class ServerEntry(_Strict):
         return f"{name}({','.join(f'{k}={v}' for k, v in sorted(options.items()))})"
 
 
+class NormalizeEntry(_Strict):
+    """The input normalisation x̃ = (x − mean) / std the model expects, one value per channel."""
+
+    mean: list[float] = Field(min_length=1)
+    std: list[float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _per_channel(self) -> NormalizeEntry:
+        if len(self.mean) != len(self.std) or not all(s > 0 for s in self.std):
+            raise ValueError(f"expected mean and std with one value per channel and std > 0, got {len(self.mean)} "
+                             f"means and std {self.std}")
+        return self
+
+
 class ModelEntry(_Strict):
     """A model spec (``cnn:3-8-2-1``, ``convnet-16``...) with build options, training state and server move;
-    ``file``: its weights, a state dict read as tensors only (relative paths from where the sweep runs)."""
+    ``file``: its weights, a state dict read as tensors only (relative paths from where the sweep runs).
+
+    ``spec`` may name your own ``nn.Module`` class, ``my_pkg.nets:ResNet`` (imported: your choice to run
+    its code; ``options`` are its constructor's keyword arguments, see :mod:`leakbench.models.custom`);
+    its trials are keyed on the digest of the class's source file.  ``normalize: {mean: [...], std:
+    [...]}`` puts the input normalisation in front of the model, so attacks work on pixels in [0, 1]."""
 
     spec: str
     file: str | None = None
+    normalize: NormalizeEntry | None = None
     act: str | None = None
     init: str = "default"
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, lt=MAX_SEED)
     options: dict[str, Any] = Field(default_factory=dict)
     training: TrainingEntry = Field(default_factory=TrainingEntry)
     server: ServerEntry | None = None
@@ -155,6 +179,13 @@ class ModelEntry(_Strict):
         """The trial's ``model_options``: build arguments, and the weights file with its digest (a changed file is a
         new trial)."""
         options: dict[str, Any] = {"act": self.act, "init": self.init, "seed": self.seed, "options": dict(self.options)}
+        if self.normalize is not None:
+            options["normalize"] = [list(self.normalize.mean), list(self.normalize.std)]
+        from ..models import MODELS
+        from ..models.custom import class_digest, is_class_spec
+
+        if is_class_spec(self.spec, MODELS.names()):  # an edited class is a new trial
+            options["source_digest"] = class_digest(self.spec, field="spec")
         if self.file:
             from ..models.files import file_digest
 
@@ -271,16 +302,54 @@ class WeightsEntry(_Strict):
 MEMBERSHIP_SETTINGS = ("known", "leaked", "bounded")
 
 
-class MembershipEntry(_Strict):
-    """Membership inference against ``target``: each attack in each margin-knowledge setting.
+#: the reference-model attacks a ``membership`` entry with a ``model`` runs when it names none (labels in tables).
+REFERENCE_ATTACKS = ({"name": "membership-loss", "label": "loss"},
+                     {"name": "membership-lira", "options": {"online": True}, "label": "lira-online"},
+                     {"name": "membership-lira", "options": {"online": False}, "label": "lira-offline"},
+                     {"name": "membership-rmia", "label": "rmia"})
+#: the largest population pool and reference-model count an entry may ask for (each model trains on half the pool).
+MAX_POOL = 100_000
+MAX_REFERENCE_MODELS = 256
 
-    ``leaked`` gives the attacker a set of ``leaked_size`` queried points holding one member;
-    ``bounded`` gives γ ∈ [γ·(1 − ``bound_width``), γ·(1 + ``bound_width``)].
+
+class RecipeEntry(_Strict):
+    """How the membership target (and every reference model) is trained: the utility section's fields."""
+
+    epochs: int = Field(5, ge=1, le=10_000)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.05, gt=0)
+    loss: str = "ce"
+
+
+class MembershipEntry(_Strict):
+    """Membership inference, in one of two forms.
+
+    **Margin** (``target``): the margin attack of the provable-attacks paper against a trained two-layer
+    ``target``, each attack in each margin-knowledge setting.  ``leaked`` gives the attacker a set of
+    ``leaked_size`` queried points holding one member; ``bounded`` gives γ ∈ [γ·(1 − ``bound_width``),
+    γ·(1 + ``bound_width``)].
+
+    **Reference models** (``model`` and ``dataset``): a target built from ``model`` is trained with ``training``
+    (default: the sweep's ``utility`` epochs, batch size and learning rate) and each defense of ``defenses``
+    (default: the sweep's ``defenses``) on a seeded half of a ``pool`` of points drawn from ``dataset``; the
+    other half are its non-members.  ``reference_models`` models trained the same way on halves of the pool
+    (:mod:`leakbench.evaluation.reference`) give LiRA and RMIA their IN/OUT statistics.  ``attacks`` (default:
+    loss, LiRA online and offline, RMIA) are the membership attacks; ``membership-margin`` applies to
+    one-output binary models only (``n/a`` otherwise).  ``canaries``: for DP-SGD settings, the one-run audit
+    (:func:`~leakbench.evaluation.audit.one_run_audit`) on one more training run holding that many canaries.
     """
 
-    target: TargetEntry
-    attacks: list[AttackEntry] = Field(default_factory=lambda: [AttackEntry(name="membership-margin")],
-                                       min_length=1)
+    target: TargetEntry | None = None
+    dataset: DatasetEntry | None = None
+    model: ModelEntry | None = None
+    training: RecipeEntry | None = None
+    pool: int = Field(2000, ge=4, le=MAX_POOL)
+    reference_models: int = Field(4, ge=1, le=MAX_REFERENCE_MODELS)
+    #: DP-SGD settings only: one more training run with this many random-label canaries, each included by a fair
+    #: coin, audited in one run (Steinke, Nasr & Jagielski 2023); 0: none
+    canaries: int = Field(0, ge=0, le=10_000)
+    defenses: list[DefenseEntry] | None = Field(None, min_length=1)
+    attacks: list[AttackEntry] | None = Field(None, min_length=1)
     settings: list[str] = Field(default_factory=lambda: list(MEMBERSHIP_SETTINGS), min_length=1)
     leaked_size: int = Field(10, ge=1)
     bound_width: float = Field(0.2, ge=0, lt=1)
@@ -293,6 +362,57 @@ class MembershipEntry(_Strict):
         if bad:
             raise ValueError(f"expected settings among {', '.join(MEMBERSHIP_SETTINGS)}, got {bad[0]!r}")
         return values
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, values: list[int]) -> list[int]:
+        bad = [v for v in values if v < 0 or v >= 2**31]
+        if bad:
+            raise ValueError(f"expected seeds in [0, 2**31), got {bad[0]}")
+        return values
+
+    @model_validator(mode="after")
+    def _one_form(self) -> MembershipEntry:
+        if self.target is not None and (self.model is not None or self.dataset is not None):
+            raise ValueError("expected either target: (the margin attack on a trained two-layer net) or model: and "
+                             "dataset: (reference-model attacks), got both")
+        if self.target is None and (self.model is None or self.dataset is None):
+            raise ValueError("expected target: (the margin attack on a trained two-layer net) or both model: and "
+                             "dataset: (reference-model attacks: loss, LiRA, RMIA), e.g. "
+                             "{dataset: digits, model: 'mlp:64', reference_models: 4}")
+        return self
+
+    @property
+    def reference(self) -> bool:
+        """The reference-model form (``model`` and ``dataset``), not the margin form (``target``)."""
+        return self.target is None
+
+    @property
+    def attack_list(self) -> list[AttackEntry]:
+        """``attacks``, or the form's default: the margin attack, or :data:`REFERENCE_ATTACKS`."""
+        if self.attacks is not None:
+            return list(self.attacks)
+        if self.reference:
+            return [AttackEntry.model_validate(a) for a in REFERENCE_ATTACKS]
+        return [AttackEntry(name="membership-margin")]
+
+    def recipe(self, utility: UtilityEntry | None) -> RecipeEntry:
+        """The training recipe: ``training``, else the sweep's utility section's, else the defaults."""
+        if self.training is not None:
+            return self.training
+        if utility is not None:
+            return RecipeEntry(epochs=utility.epochs, batch_size=utility.batch_size, lr=utility.lr)
+        return RecipeEntry()
+
+    def defense_specs(self, sweep_defenses: list[str]) -> list[str]:
+        """Every defense setting of this entry (``defenses``, else the sweep's), in order, without repeats."""
+        if self.defenses is None:
+            return list(sweep_defenses)
+        seen: dict[str, None] = {}
+        for entry in self.defenses:
+            for spec in entry.expand():
+                seen.setdefault(spec, None)
+        return list(seen)
 
 
 class ThreatEntry(_Strict):
@@ -319,8 +439,32 @@ class UtilityEntry(_Strict):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0)
     test_fraction: float = Field(0.2, gt=0, lt=1)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, lt=MAX_SEED)
+    #: training seeds per setting (default: three, from ``seed``): the utility loss is paired by seed and given
+    #: with its interval over them
+    seeds: list[int] | None = Field(None, min_length=1, max_length=64)
     per_batch_size: bool = True
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, values: list[int] | None) -> list[int] | None:
+        if values is not None:
+            bad = [v for v in values if v < 0 or v >= 2**31]
+            if bad:
+                raise ValueError(f"expected seeds in [0, 2**31), got {bad[0]}")
+            if len(set(values)) != len(values):
+                raise ValueError("expected distinct seeds, got a repeat")
+        return values
+
+    def seed_list(self) -> list[int]:
+        """The training seeds: ``seeds``, else three from ``seed``."""
+        return list(self.seeds) if self.seeds else [self.seed, self.seed + 1, self.seed + 2]
+
+    def for_seed(self, seed: int) -> dict[str, Any]:
+        """The utility options of one training run (what a utility trial's key holds)."""
+        out = self.model_dump(exclude={"seeds"})
+        out["seed"] = int(seed)
+        return out
 
 
 class BoundsEntry(_Strict):
@@ -328,6 +472,19 @@ class BoundsEntry(_Strict):
 
     cramer_rao: bool = True
     options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ReplicateEntry(_Strict):
+    """Adaptive replication: after the planned trials, add ``step`` batches at a time to the cells whose verdict
+    is still undecided (a tie that is not exact, or fewer than MIN_N batches), until each is decided,
+    ``max_batches`` per cell is reached, or ``max_trials`` added trials / ``max_minutes`` of replication rounds
+    (counted from the end of the planned trials) are spent."""
+
+    auto: bool = False
+    step: int = Field(4, ge=1, le=256)
+    max_batches: int = Field(48, ge=1, le=4096)
+    max_trials: int = Field(2000, ge=1, le=1_000_000)
+    max_minutes: float | None = Field(None, gt=0)
 
 
 class BudgetEntry(_Strict):
@@ -355,10 +512,14 @@ class SweepSpec(_Strict):
     utility: UtilityEntry | None = None
     bounds: BoundsEntry | None = None
     budget: BudgetEntry = Field(default_factory=BudgetEntry)
+    replicate: ReplicateEntry = Field(default_factory=ReplicateEntry)
     include: list[dict[str, Any]] = Field(default_factory=list)
     exclude: list[dict[str, Any]] = Field(default_factory=list)
     device: str = "cpu"
-    threads: int = Field(1, ge=1)
+    threads: int = Field(1, ge=1, le=MAX_THREADS)
+    #: the most trials of one shape solved as one batched call (None: measured per device, see
+    #: ``evaluation.chunks``; 1: every trial alone, as before batching)
+    stack: int | None = Field(None, ge=1, le=MAX_STACK)
     save_images: bool = True
     max_trials: int | None = Field(None, ge=1)  # the largest sweep this spec may plan (default MAX_TRIALS)
 
@@ -373,9 +534,9 @@ class SweepSpec(_Strict):
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, values: list[int]) -> list[int]:
-        bad = [v for v in values if v < 0]
+        bad = [v for v in values if v < 0 or v >= MAX_SEED]
         if bad:
-            raise ValueError(f"expected non-negative seeds, got {bad[0]}")
+            raise ValueError(f"expected seeds in 0..2**63-1 (non-negative, stored as 64-bit integers), got {bad[0]}")
         return values
 
     @model_validator(mode="after")
@@ -405,12 +566,18 @@ def load_spec(source: str | Path | Mapping | SweepSpec, *, check: bool = True) -
         if check:
             check_names(source, _Source("spec", {}))
         return source
-    data, where = read_spec(source)
+    try:
+        data, where = read_spec(source)
+    except RecursionError:
+        raise ConfigError("spec: nested too deeply to read (RecursionError); a sweep spec is a few levels of "
+                          "mappings and lists — flatten it") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where.name}: expected a mapping with datasets, models, batch_sizes, attacks..., "
                           f"got {type(data).__name__}")
     try:
         spec = SweepSpec.model_validate(data)
+    except RecursionError:
+        raise ConfigError(f"{where.name}: nested too deeply to validate (RecursionError); flatten it") from None
     except ValidationError as err:
         problems = [pydantic_message(e, SweepSpec) for e in err.errors()]
         path, msg = problems[0]
@@ -421,19 +588,13 @@ def load_spec(source: str | Path | Mapping | SweepSpec, *, check: bool = True) -
     return spec
 
 
-def check_names(spec: SweepSpec, where: _Source | None = None) -> None:
-    """Resolve every name of ``spec`` through the registries (see :mod:`.specnames`)."""
-    from .specnames import check_names as check
-
-    check(spec, where)
-
-
 def dump_spec(spec: SweepSpec) -> str:
     """The spec as YAML text (stored with the results so a sweep is reproducible from its store)."""
     return yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=False), sort_keys=False)
 
 
-__all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "ServerEntry", "TargetEntry", "WeightsEntry",
+__all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "RecipeEntry", "REFERENCE_ATTACKS", "MAX_POOL",
+           "MAX_REFERENCE_MODELS", "NormalizeEntry", "ServerEntry", "TargetEntry", "WeightsEntry",
            "MembershipEntry", "MEMBERSHIP_SETTINGS", "SERVER_MOVES", "TrainingEntry", "AttackEntry", "DefenseEntry",
-           "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "RULE_KEYS", "load_spec",
-           "check_names", "dump_spec", "MAX_SPEC_NODES", "MAX_TRIALS"]
+           "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "ReplicateEntry", "load_spec", "dump_spec",
+           "MAX_SEED", "MAX_THREADS", "MAX_STACK"]

@@ -1,29 +1,28 @@
-"""Limits and consistency checks of sweep specs (used by :mod:`.spec`): UTF-8, alias expansion, rules, options.
+"""Limits of sweep specs and the checks of their text (used by :mod:`.specsource`, :mod:`.spec` and :mod:`.specnames`).
 
+- :data:`MAX_SPEC_NODES`, :data:`MAX_TRIALS`, :data:`RULE_KEYS`, :data:`SERVER_SET_BY_TRIAL`;
 - :func:`read_text`: the spec file as UTF-8, or one line naming the line and the byte;
 - :func:`check_size`: refuse a YAML document that expands to more than :data:`MAX_SPEC_NODES`
-  values (an alias bomb) or refers to itself, measured without expanding it;
-- :func:`check_rule`: an include/exclude rule whose value matches nothing in the spec is a typo;
-- :func:`attack_culprit`: the field of an attack entry that its attack refuses (an option or the preset).
+  values (an alias bomb) or refers to itself, measured without expanding it.
+
+The spec files import one way: speccheck ← specsource ← specnames ← spec.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from collections.abc import Mapping
 
 import yaml
 
-from ..defenses import family_of
-from ..errors import ConfigError, LeakbenchError
-
-if TYPE_CHECKING:
-    from .spec import AttackEntry, SweepSpec, _Source
+from ..errors import ConfigError
 
 #: most YAML nodes a spec may expand to (aliases counted at every use): an alias bomb is refused before expansion.
 MAX_SPEC_NODES = 100_000
 #: most trials a spec may plan unless it raises ``max_trials`` (or ``leakbench evaluate --yes``).
 MAX_TRIALS = 10_000
+#: the keys an include/exclude rule may name
+RULE_KEYS = ("dataset", "model", "batch_size", "attack", "defense", "seed")
+#: the options of a server move that the trial sets (never the spec)
+SERVER_SET_BY_TRIAL = ("model", "calibration", "input_shape")
 
 
 def read_text(path: Path) -> str:
@@ -73,55 +72,4 @@ def check_size(node: yaml.Node | None, name: str, limit: int = MAX_SPEC_NODES) -
                           f"got more (an alias bomb?); write the lists out or use fewer nested aliases")
 
 
-def attack_culprit(a: AttackEntry) -> tuple:
-    """The field of an attack entry that :func:`create` refuses: ``("options", key)``, ``("preset",)`` or ``()``."""
-    from ..attacks import create as create_attack
-    from .specnames import _attack_fields
-
-    unknown = next((k for k in a.options if k not in _attack_fields(a.name)), None)
-    if unknown is not None:
-        return ("options", unknown)
-    if a.preset is not None:
-        try:
-            create_attack(a.name, preset=a.preset)
-        except (LeakbenchError, ValueError, TypeError):
-            return ("preset",)
-    for key, value in a.options.items():  # the first option that fails on its own (with the preset)
-        try:
-            create_attack(a.name, preset=a.preset, **{key: value})
-        except (LeakbenchError, ValueError, TypeError):
-            return ("options", key)
-    return ("options",) if a.options else ()
-
-
-def rule_values(spec: SweepSpec) -> dict[str, set[str]]:
-    """Per rule key, the values a rule can match in ``spec`` (names and labels, as text)."""
-    defenses = spec.defense_specs()
-    families = {family_of(d)[0] for d in defenses}
-    return {"dataset": {v for d in spec.datasets for v in (d.name, d.key)},
-            "model": {v for m in spec.models for v in (m.spec, m.key)},
-            "attack": {v for a in spec.attacks for v in (a.name, a.key)},
-            "defense": set(defenses) | families,
-            "batch_size": {str(b) for b in spec.batch_sizes},
-            "seed": {str(s) for s in spec.seeds}}
-
-
-def check_rule(spec: SweepSpec, rule: Mapping[str, Any], kind: str, i: int, where: _Source) -> None:
-    """Every value an include/exclude rule names must match something in the spec (a typo selects nothing)."""
-    from .spec import RULE_KEYS
-
-    known = rule_values(spec)
-    if not rule:
-        raise ConfigError(f"{where.where((kind, i))}: an empty rule {{}} matches every trial; name at least one of "
-                          f"{', '.join(RULE_KEYS)}")
-    for key, wanted in rule.items():
-        values = wanted if isinstance(wanted, list) else [wanted]
-        if not values:
-            raise ConfigError(f"{where.where((kind, i, key))}: an empty list matches no trial; give a value")
-        for value in values:
-            if str(value) not in known.get(key, set()):
-                raise ConfigError(f"{where.where((kind, i, key))}: {kind} rule value {value!r} matches no {key} of "
-                                  f"this spec, so the rule selects nothing; known: {', '.join(sorted(known[key]))}")
-
-
-__all__ = ["MAX_SPEC_NODES", "MAX_TRIALS", "read_text", "check_size", "check_rule", "rule_values", "attack_culprit"]
+__all__ = ["MAX_SPEC_NODES", "MAX_TRIALS", "RULE_KEYS", "SERVER_SET_BY_TRIAL", "read_text", "check_size"]

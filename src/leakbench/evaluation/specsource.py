@@ -62,8 +62,40 @@ def line_map(node: yaml.Node, path: tuple, out: dict[tuple, int], source: str) -
             line_map(item, path + (i,), out, source)
 
 
+#: deepest nesting of mappings and lists a spec may have (a real one has fewer than ten levels).
+MAX_DEPTH = 64
+
+
+def check_depth(text: str, name: str) -> None:
+    """Refuse YAML nested deeper than :data:`MAX_DEPTH` from the parser's events (iterative: no recursion)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = event.start_mark
+                raise ConfigError(f"{name} line {mark.line + 1}: nested more than {MAX_DEPTH} levels deep; a sweep "
+                                  "spec is a few levels of mappings and lists — flatten it")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
+def check_nesting(value: Any, name: str) -> None:
+    """Refuse mappings and lists nested deeper than :data:`MAX_DEPTH` (walked with a stack: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (Mapping, list, tuple)):
+            if depth > MAX_DEPTH:
+                raise ConfigError(f"{name}: nested more than {MAX_DEPTH} levels deep; a sweep spec is a few levels "
+                                  "of mappings and lists — flatten it")
+            children = item.values() if isinstance(item, Mapping) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
 def read_spec(source: str | Path | Mapping) -> tuple[Any, Source]:
     if isinstance(source, Mapping):
+        check_nesting(source, "spec")
         return dict(source), Source("spec", {})
     if isinstance(source, BaseModel):
         return source.model_dump(), Source("spec", {})
@@ -76,6 +108,7 @@ def read_spec(source: str | Path | Mapping) -> tuple[Any, Source]:
     else:
         text, name = str(source), "spec"
     try:
+        check_depth(text, name)
         node = yaml.compose(text)
         check_size(node, name)
         data = yaml.safe_load(text)

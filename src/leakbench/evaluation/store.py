@@ -3,7 +3,9 @@
 - ``trials``: one row per trial (its spec as JSON, the columns tables group by,
   ``status`` pending / running / done / failed / timed out / n/a, error, attempts, worker).
 - ``results``: the metrics of a finished trial (mean columns + JSON per sample and timings).
-- ``images``: files written next to the store for a trial (``npz``, ``png``).
+- ``images``: files written next to the store for a trial (``npz``, ``png``), their paths relative to the
+  store's folder, so a store can be moved and reported from anywhere.  :meth:`Store.rows` resolves them
+  against that folder and refuses (``images_refused``, with the reason) a path that leaves it.
 - ``meta``: the sweep spec and the schema version.
 
 Each finished trial is committed in its own transaction, so an interrupted sweep
@@ -32,6 +34,10 @@ from ..metrics.scores import score_columns
 from .trial import TrialResult, TrialSpec, threat_model
 
 SCHEMA_VERSION = 1
+#: statuses ``retry_failed`` runs again (a timed-out trial may finish under a larger budget).
+RETRYABLE = ("failed", "timed out")
+#: the columns of ``images`` that :meth:`Store.rows` returns (resolved against the store's folder).
+IMAGE_KINDS = ("npz", "png")
 #: the batch scores stored as columns of ``results`` (from the metrics' registry, :data:`leakbench.metrics.SCORES`).
 MEAN_COLUMNS = score_columns()
 
@@ -64,6 +70,43 @@ def _real(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+#: columns of :meth:`Store.rows` by the type every reader may assume (a hand-edited store may hold anything).
+_INT_COLUMNS = ("batch_size", "seed", "batch", "attempts")
+_TEXT_COLUMNS = ("key", "kind", "dataset", "model", "attack", "defense", "status", "error", "traceback", "worker",
+                 "npz", "png")
+
+
+def _typed(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with integer, real and text columns of those types (None where a value does not convert)."""
+    for name in _INT_COLUMNS:
+        v = row.get(name)
+        if v is not None and not (isinstance(v, int) and not isinstance(v, bool)):
+            f = _real(v)
+            row[name] = int(f) if f is not None and f.is_integer() else None
+    for name in (*MEAN_COLUMNS, "seconds", "created", "started", "finished"):
+        if name in row:
+            row[name] = _real(row[name])
+    for name in _TEXT_COLUMNS:
+        v = row.get(name)
+        if v is not None and not isinstance(v, str):
+            row[name] = v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+    return row
+
+
+def _decoded(text: Any, name: str, key: Any, row: dict[str, Any]) -> dict[str, Any]:
+    """A JSON column of a row as a dict; ``{}`` (and ``row["damaged"]`` saying which) when it is not valid JSON."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        row["damaged"] = ", ".join(filter(None, [row.get("damaged"), name]))
+        return {}
+    return value
 
 
 def _pid_alive(pid: int) -> bool:
@@ -268,7 +311,7 @@ class Store:
 
     def claim(self, keys: Sequence[str], worker: str, *, retry_failed: bool = False) -> list[str]:
         """Mark the claimable ``keys`` as running for ``worker``; returns the ones claimed, in order."""
-        states = ("pending", "failed", "timed out") if retry_failed else ("pending",)
+        states = ("pending", *RETRYABLE) if retry_failed else ("pending",)
         got = []
         now = time.time()
         with self._tx() as c:
@@ -297,7 +340,38 @@ class Store:
                        _json(result.per_sample), _json(result.timings), time.time()))
             c.execute("DELETE FROM images WHERE key = ?", (result.key,))
             c.executemany("INSERT INTO images VALUES (?, ?, ?)",
-                          [(result.key, kind, str(p)) for kind, p in (files or {}).items()])
+                          [(result.key, kind, self._relative(p, kind)) for kind, p in (files or {}).items()])
+
+    def _relative(self, path: str | Path, kind: str) -> str:
+        """``path`` relative to the store's folder (POSIX form); a file outside that folder is refused."""
+        base = self.path.parent.resolve()
+        full = Path(path) if Path(path).is_absolute() else Path.cwd() / path
+        try:
+            return full.resolve().relative_to(base).as_posix()
+        except ValueError:
+            raise ConfigError(f"refused {kind} file {path}: it lies outside the store's folder {base} (images); "
+                              f"write it under {self.images_dir}") from None
+
+    def resolve_file(self, stored: str | None, key: str, kind: str) -> tuple[Path | None, str | None]:
+        """(path, None) for a file the store names inside its folder, (None, reason) for one it refuses.
+
+        Paths are relative to the store's folder; absolute ones (stores written by older versions) are
+        accepted inside it.  A relative path that does not exist falls back to ``<images>/<key>.<kind>``
+        (older stores kept paths relative to where ``evaluate`` ran).
+        """
+        if not stored:
+            return None, None
+        base = self.path.parent.resolve()
+        raw = Path(str(stored))
+        full = (raw if raw.is_absolute() else base / raw).resolve()
+        if not full.is_relative_to(base):
+            return None, (f"refused {kind} file {str(stored)!r}: it lies outside the store's folder {base} "
+                          f"(a store only names its own files; re-run the trial to write it again)")
+        if not full.exists() and not raw.is_absolute():
+            own = (self.images_dir / f"{key}.{kind}").resolve()
+            if own.is_file() and own.is_relative_to(base):
+                return own, None
+        return full, None
 
     # ------------------------------------------------------------------ queries
     def status(self, keys: Iterable[str] | None = None) -> dict[str, str]:
@@ -327,9 +401,17 @@ class Store:
                + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY t.rowid")
         out = []
         for row in self._conn.execute(sql, args):
-            d = dict(row)
+            d = _typed(dict(row))
             for name in ("spec", "metrics", "per_sample", "timings"):
-                d[name] = json.loads(d[name]) if d.get(name) else {}
+                d[name] = _decoded(d.get(name), name, d.get("key"), d)
+            refused = []
+            for kind in IMAGE_KINDS:
+                path, reason = self.resolve_file(d.get(kind), str(d.get("key")), kind)
+                d[kind] = None if path is None else str(path)
+                if reason:
+                    refused.append(reason)
+            if refused:
+                d["images_refused"] = "; ".join(refused)
             d["threat_model"] = threat_model(d["spec"]) if d["spec"] else "eavesdropper"
             out.append(d)
         return out
@@ -338,4 +420,4 @@ class Store:
         return {"path": str(self.path), "schema_version": SCHEMA_VERSION, "counts": self.counts()}
 
 
-__all__ = ["Store", "SCHEMA_VERSION", "MEAN_COLUMNS"]
+__all__ = ["Store", "SCHEMA_VERSION", "MEAN_COLUMNS", "RETRYABLE", "IMAGE_KINDS"]

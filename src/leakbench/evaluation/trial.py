@@ -11,9 +11,14 @@ result in-process, in a process pool or on a Ray worker.
 A trial never raises for a problem of its own: an attack whose requirements
 the observation does not meet is ``"n/a"`` with the reason, anything else that
 goes wrong is ``"failed"`` with the error and its traceback.
+
+This module holds the spec, the result and the kinds ``attack``, ``utility`` and ``bound``;
+:func:`leakbench.evaluation.run.run_trial` runs a trial of any kind (``weights`` and
+``membership`` are in :mod:`.published`, which imports this module, never the reverse).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -22,15 +27,16 @@ import math
 import os
 import socket
 import time
-import traceback as tb
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import LeakbenchError, UnsupportedThreatModel
+from ..budget import check_time, time_limit
+from ..errors import BudgetExceeded, LeakbenchError, UnsupportedThreatModel
 
 KINDS = ("attack", "utility", "bound", "weights", "membership")
 #: the threat models a trial can assume (the usual taxonomy; :func:`threat_model` says which one a trial has).
@@ -39,7 +45,8 @@ THREAT_MODELS = ("eavesdropper", "informed-eavesdropper", "malicious-server", "p
 BOUND_ARGUMENTS = {"noise": ("sigma", "sigma"), "clip": ("clip", "C"), "prune": ("prune", "p")}
 STATUSES = ("pending", "running", "done", "failed", "timed out", "n/a")
 #: fields of a :class:`TrialSpec` that do not change its result (labels and execution settings).
-NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "trial_seconds", "save_images")
+NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "stack", "trial_seconds",
+                "save_images", "deadline")
 
 
 #: fields added after the first store format; empty values leave a trial's key as it was.
@@ -69,7 +76,18 @@ def threat_model(spec: dict[str, Any]) -> str:
     return "eavesdropper"
 
 
-class TrialTimeout(LeakbenchError):
+#: what a loop cut by the sweep's end names (:func:`run_trial`); the sweep puts such a trial back to pending
+SWEEP_BUDGET = "budget.sweep_minutes"
+
+
+@contextlib.contextmanager
+def trial_budget(deadline: float | None, seconds: float | None, what: str = "budget.trial_seconds") -> Iterator[None]:
+    """Every loop inside stops at the sweep's end (``deadline``, wall-clock) and after ``seconds`` (``what``)."""
+    with time_limit(until=deadline, what=SWEEP_BUDGET), time_limit(seconds, what):
+        yield
+
+
+class TrialTimeout(BudgetExceeded):
     """A trial ran past the spec's ``budget.trial_seconds``."""
 
 
@@ -105,8 +123,11 @@ class TrialSpec:
     attack_key: str = ""
     device: str = "cpu"
     threads: int = 1
+    stack: int | None = None  # the most trials solved as one batched call (None: the device's default)
     trial_seconds: float | None = None
     save_images: bool = True
+    #: the sweep's end (``time.time()``, from ``budget.sweep_minutes``): every loop of the trial stops there
+    deadline: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -140,7 +161,10 @@ class TrialSpec:
         """A one-line human description."""
         if self.kind == "utility":
             at = f" B={self.batch_size}" if self.batch_size else ""
-            return f"utility {self.dataset_key} {self.model_key} {self.defense}{at}"
+            return f"utility {self.dataset_key} {self.model_key} {self.defense}{at} seed {self.utility.get('seed', 0)}"
+        if self.kind == "membership" and self.membership.get("form") == "reference":
+            return (f"{self.attack_key} vs {self.defense} on {self.dataset_key} {self.model_key} "
+                    f"({self.membership.get('reference_models')} reference models) seed {self.seed}")
         if self.kind in ("weights", "membership"):
             return f"{self.attack_key} on published {self.model_key} seed {self.seed}"
         if self.kind == "bound":
@@ -206,7 +230,12 @@ def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Path | Non
     opts = dict(spec.model_options)
     model = build(spec.model, input_shape=data.shape, classes=data.num_classes, act=opts.get("act"),
                   init=opts.get("init", "default"), seed=int(opts.get("seed", 0)), device=device,
-                  **dict(opts.get("options") or {}))
+                  normalize=opts.get("normalize"), **dict(opts.get("options") or {}))
+    if opts.get("source_digest"):
+        from ..models.custom import class_digest
+
+        if class_digest(spec.model) != opts["source_digest"]:
+            raise LeakbenchError(f"the source of {spec.model!r} changed since the trial was planned; re-plan it")
     if opts.get("file"):
         from ..models.files import file_digest, load_weights
 
@@ -252,7 +281,7 @@ def batch_for(spec: TrialSpec, data) -> tuple[torch.Tensor, torch.Tensor]:
 # ----------------------------------------------------------------------------- running
 
 
-class _Clock:
+class Clock:
     """Named timings and the attack's deadline (checked at every progress report of the attack).
 
     The budget counts the attack alone: it starts at :meth:`start_budget`, after the data,
@@ -266,6 +295,9 @@ class _Clock:
         self.timings: dict[str, float] = {}
         self._mark = self.start
         self._budget_start = self.start
+        #: what a batched call (:mod:`.chunks`) already computed for this trial: its reconstruction or utility
+        #: result, or the exception that stopped it
+        self.prepared: Any = None
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
@@ -278,61 +310,12 @@ class _Clock:
     def progress(self, done: int, total: int, loss: float) -> None:
         if self.report is not None:
             self.report(done, total, loss)
+        check_time(f"the attack ran {done} of {total} steps")
         if self.limit is not None and time.perf_counter() - self._budget_start > self.limit:
             raise TrialTimeout(f"ran {done} of {total} steps: the attack exceeded budget.trial_seconds={self.limit:g}")
 
     def total(self) -> dict[str, float]:
         return {**self.timings, "total": time.perf_counter() - self.start}
-
-
-def run_trial(spec: TrialSpec, *, cache_dir: str | Path | None = None, progress=None,
-              strict: bool = False) -> TrialResult:
-    """Run one trial; never raises for a problem of the trial itself (see the module docstring).
-
-    ``progress(done, total, loss)`` receives the attack's progress.  ``strict=True`` (the CLI's
-    ``attack`` command) lets errors propagate instead of recording them as ``failed``/``n/a``.
-    """
-    clock = _Clock(spec.trial_seconds, progress)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(spec.threads)))
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(spec.seed)
-            run = _runner(spec.kind)
-            result = run(spec, clock, cache_dir)
-            if result.status == "done":
-                bad = non_finite(result.metrics)
-                if bad:
-                    result = TrialResult(key=spec.key, status="failed",
-                                         error=f"non-finite result: {', '.join(bad)} (a diverged run is a failure, "
-                                               "not a score)", timings=result.timings)
-    except UnsupportedThreatModel as err:
-        if strict:
-            raise
-        result = TrialResult(key=spec.key, status="n/a", error=str(err))
-    except TrialTimeout as err:  # the wall-clock guard: shown as "timed out", never silently dropped from S_D
-        result = TrialResult(key=spec.key, status="timed out", error=str(err))
-    except Exception as err:  # recorded with the trial, the sweep goes on
-        if strict:
-            raise
-        result = TrialResult(key=spec.key, status="failed", error=f"{type(err).__name__}: {err}",
-                             traceback=tb.format_exc())
-    finally:
-        torch.set_num_threads(threads)
-    result.timings = {**result.timings, **clock.total()}
-    result.worker = worker_id()
-    return result
-
-
-def _runner(kind: str):
-    """The function running trials of ``kind`` (the table of :data:`KINDS`)."""
-    from . import published
-
-    table = {"attack": _attack_trial, "utility": _utility_trial, "bound": _bound_trial,
-             "weights": published.weights_trial, "membership": published.membership_trial}
-    if kind not in table:
-        raise LeakbenchError(f"expected a trial kind in {KINDS}, got {kind!r}")
-    return table[kind]
 
 
 #: metrics whose non-finite value makes a trial ``failed`` (a NaN reconstruction or loss is no result).
@@ -355,9 +338,23 @@ def chance_scores(x: torch.Tensor, data) -> dict[str, float]:
     An attack whose RMSE is not below ``chance_rmse`` has learnt nothing about the batch
     that the dataset's average colour does not already say.
     """
-    grey = float(data.images.mean())
-    mse = float((x.double() - grey).pow(2).mean())
-    return {"chance_rmse": math.sqrt(mse), "chance_psnr": 10 * math.log10(1.0 / mse) if mse > 0 else math.inf}
+    from ..metrics.compare import flat_chance
+
+    chance = flat_chance(x, float(data.images.mean()))
+    return {"chance_rmse": chance["chance_rmse"], "chance_psnr": chance["chance_psnr"]}
+
+
+def chance_per_sample(x: torch.Tensor, data) -> list[float]:
+    """Each image's own chance RMSE (the flat image at the dataset's mean pixel value), original order."""
+    from ..metrics.compare import flat_chance
+
+    return flat_chance(x, float(data.images.mean()))["per_sample"]
+
+
+def constant_output(images: torch.Tensor) -> bool:
+    """True when a reconstruction is one flat value everywhere: an attack's fallback, not a reconstruction."""
+    return images.numel() > 1 and bool((images.amax() - images.amin()).abs() <= 1e-12 * max(1.0, float(
+        images.abs().amax())))
 
 
 def draw_excluding(images: torch.Tensor, exclude: torch.Tensor, count: int, *, seed: int) -> torch.Tensor:
@@ -402,7 +399,7 @@ def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Modu
     return getattr(malicious, name)(model, input_shape=data.shape, **options)
 
 
-def run_attack(spec: TrialSpec, obs, clock: _Clock) -> Any:
+def run_attack(spec: TrialSpec, obs, clock: Clock) -> Any:
     """The spec's attack run on ``obs`` under the trial's budget, or the ``n/a`` result saying why it cannot run."""
     from ..attacks import create
 
@@ -410,13 +407,18 @@ def run_attack(spec: TrialSpec, obs, clock: _Clock) -> Any:
     reasons = attack.requirements(obs)
     if reasons:
         return TrialResult(key=spec.key, status="n/a", error="; ".join(reasons))
+    if clock.prepared is not None:  # solved in a batched call with the trial's chunk-mates
+        if isinstance(clock.prepared, BaseException):
+            raise clock.prepared
+        clock.lap("attack")
+        return clock.prepared
     clock.start_budget()
     rec = attack(obs, seed=spec.seed, progress=clock.progress)
     clock.lap("attack")
     return rec
 
 
-def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
+def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     from ..metrics import compare
     from ..threat import observe
 
@@ -436,19 +438,26 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
     if isinstance(rec, TrialResult):
         return rec
     images = rec.images.detach().to("cpu", torch.float32)
+    if constant_output(images):
+        # a constant image carries nothing about the batch: scoring it would rank a defense by a grey image
+        return TrialResult(key=spec.key, status="failed",
+                           error=f"the attack returned one flat value ({float(images.flatten()[0]):.3g}) for every "
+                                 "pixel: it determined nothing from this observation, so there is nothing to score",
+                           timings={"attack_reported": float(rec.trace.get("seconds", 0.0))})
     labels = None if rec.labels is None else rec.labels.detach().cpu()
     if labels is not None and labels.ndim == 2:
         labels = labels.argmax(dim=1)
     x, y = x.cpu(), y.cpu()
     # the whole reconstruction, so attacks that flag exact samples are scored with their flags (confident-first)
     confidence = None if rec.confidence is None else rec.confidence.detach().cpu()
-    scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x, y)
+    # the chance level: a flat image at the data mean; labels nobody knows (an unlabelled folder) score no accuracy
+    scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x,
+                     y if getattr(data, "labels_known", True) else None, chance_level=float(data.images.mean()))
     clock.lap("score")
     per_sample = scores.pop("per_sample")
     order = scores.pop("order")
     metrics = {k: v for k, v in scores.items() if v is None or isinstance(v, (int, float))}
     metrics["matching"] = str(scores.get("matching", "total-mse"))  # which pairing of Liu et al. eq. 1 scored it
-    metrics.update(chance_scores(x, data))
     arrays = {}
     if spec.save_images:
         arrays = {"x": x.numpy(), "y": y.numpy(), "reconstruction": images.numpy(),
@@ -460,27 +469,45 @@ def _attack_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
                        attack_options=dict(rec.options or {}))
 
 
-def _utility_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
-    from .utility import utility
-
+def utility_arguments(spec: TrialSpec, cache_dir) -> dict[str, Any]:
+    """The keyword arguments of :func:`~.utility.utility` for utility trial ``spec`` (``model_spec``, ``dataset``
+    and the options)."""
     u = dict(spec.utility)
     opts = dict(spec.model_options)
     model_options = {k: v for k, v in (("act", opts.get("act")), ("init", opts.get("init", "default"))) if v}
     model_options.update(dict(opts.get("options") or {}))
-    result = utility(spec.model, spec.dataset, defense=spec.defense, epochs=int(u["epochs"]),
-                     batch_size=int(spec.batch_size or u["batch_size"]), lr=float(u["lr"]), seed=int(u.get("seed", 0)),
-                     data_options=dict(spec.data_options) or None, model_options=model_options,
-                     test_fraction=float(u["test_fraction"]), loss=spec.threat.get("loss", "ce"),
-                     cache_dir=False if cache_dir is None else str(Path(cache_dir) / "utility"), device=spec.device,
-                     model_file=opts.get("file") or None)
+    if opts.get("normalize"):
+        model_options["normalize"] = opts["normalize"]
+    return dict(model_spec=spec.model, dataset=spec.dataset, defense=spec.defense, epochs=int(u["epochs"]),
+                batch_size=int(spec.batch_size or u["batch_size"]), lr=float(u["lr"]), seed=int(u.get("seed", 0)),
+                data_options=dict(spec.data_options) or None, model_options=model_options,
+                test_fraction=float(u["test_fraction"]), loss=spec.threat.get("loss", "ce"),
+                cache_dir=False if cache_dir is None else str(Path(cache_dir) / "utility"), device=spec.device,
+                model_file=opts.get("file") or None)
+
+
+def utility_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
+    from .utility import utility
+
+    if isinstance(clock.prepared, BaseException):  # trained in a batched call (:mod:`.chunks`), and it failed
+        raise clock.prepared
+    result = clock.prepared if clock.prepared is not None else utility(**utility_arguments(spec, cache_dir))
     clock.lap("train")
     metrics = {k: _number(getattr(result, k, None))
-               for k in ("train_loss", "train_accuracy", "test_accuracy", "epsilon", "samples_seen", "steps")}
+               for k in ("train_loss", "train_accuracy", "test_accuracy", "epsilon", "samples_seen", "steps",
+                         "initial_loss")}
+    start, loss = metrics.get("initial_loss"), metrics.get("train_loss")
+    if loss is None or not math.isfinite(loss):
+        # a diverged run is a finding about the defense (no utility number), not a failed trial
+        metrics.update(diverged="non-finite training loss", train_loss=None, train_accuracy=None,
+                       test_accuracy=None)
+    elif start is not None and math.isfinite(start) and loss > start:
+        metrics["diverged"] = f"final training loss {loss:.3g} above the untrained model's {start:.3g}"
     return TrialResult(key=spec.key, status="done", metrics=metrics,
                        timings={"train_reported": float(getattr(result, "seconds", 0.0) or 0.0)})
 
 
-def _bound_trial(spec: TrialSpec, clock: _Clock, cache_dir) -> TrialResult:
+def bound_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     """Cramér–Rao bound on the RMSE of unbiased estimators for the trial's batch (Liu et al. 2024, Sec. 3)."""
     from ..analysis.bounds import cramer_rao
 
@@ -517,6 +544,7 @@ def _number(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-__all__ = ["TrialSpec", "TrialResult", "TrialTimeout", "run_trial", "batch_for", "model_for", "dataset_for",
-           "worker_id", "apply_server", "public_sample", "draw_excluding", "chance_scores", "non_finite", "threat_model", "KINDS", "STATUSES",
+__all__ = ["TrialSpec", "TrialResult", "TrialTimeout", "batch_for", "model_for", "dataset_for",
+           "worker_id", "apply_server", "public_sample", "draw_excluding", "chance_scores", "chance_per_sample",
+           "constant_output", "non_finite", "threat_model", "KINDS", "STATUSES",
            "THREAT_MODELS"]

@@ -3,7 +3,8 @@
 A pool worker (:func:`serve`) and a Ray actor (:class:`TrialActor`) are long-lived: they import torch and
 everything a trial imports lazily once (:func:`warm_up`), and keep the datasets and trained models that
 :mod:`.trial` caches per process between trials.  A pool worker takes trials in chunks from a pipe and
-sends each result back the moment it finishes, so the parent still commits one trial at a time.
+sends each result back the moment it finishes, so the parent still commits one trial at a time; trials of
+one batch group run as one batched call (:func:`~.chunks.run_chunk`), their results sent as it ends.
 
 A pool worker dies with its parent, even after ``kill -9`` of the parent: on Linux the kernel sends it
 SIGKILL (``prctl(PR_SET_PDEATHSIG)``); everywhere a watchdog thread exits when the parent pid changes
@@ -11,6 +12,7 @@ SIGKILL (``prctl(PR_SET_PDEATHSIG)``); everywhere a watchdog thread exits when t
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import os
@@ -20,8 +22,10 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from collections.abc import Iterator
 
-from .trial import TrialResult, TrialSpec, run_trial, worker_id
+from .chunks import run_chunk
+from .trial import TrialResult, TrialSpec, worker_id
 
 #: ``PR_SET_PDEATHSIG`` from ``<linux/prctl.h>``.
 PR_SET_PDEATHSIG = 1
@@ -56,6 +60,31 @@ def die_with_parent(parent_pid: int, *, kernel: bool = True, interval: float = 0
     return armed
 
 
+@contextlib.contextmanager
+def parent_marked(parent_pid: int | None) -> Iterator[None]:
+    """Processes started inside carry ``LEAKBENCH_PARENT_PID``: :mod:`leakbench._startup` arms their death
+    with the parent before the first heavy import, so a worker still starting never outlives its sweep
+    (``None``: no mark, for a process started off the main thread, where the kernel signal misfires)."""
+    from .._startup import PARENT_ENV
+
+    if parent_pid is None:
+        yield
+        return
+    with _ENV_LOCK:
+        before = os.environ.get(PARENT_ENV)
+        os.environ[PARENT_ENV] = str(parent_pid)
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(PARENT_ENV, None)
+            else:
+                os.environ[PARENT_ENV] = before
+
+
+_ENV_LOCK = threading.Lock()
+
+
 def warm_up() -> None:
     """Import what the first trial would import lazily (several seconds that every worker pays once)."""
     for name in WARM_MODULES:
@@ -85,12 +114,11 @@ def serve(conn, parent_pid: int, cache_dir: str | None, kernel: bool = True) -> 
             return
         if chunk is None:
             return
-        for trial in chunk:
-            result = run_trial(trial, cache_dir=cache_dir)
+        for result in run_chunk(chunk, cache_dir=cache_dir):  # trials of one batch group solved together
             try:
                 _send(conn, ("result", result))
             except Exception as err:  # the result does not pickle: the trial failed, the worker goes on
-                _send(conn, ("result", TrialResult(key=trial.key, status="failed", worker=worker_id(),
+                _send(conn, ("result", TrialResult(key=result.key, status="failed", worker=worker_id(),
                                                    error=f"result not sendable: {type(err).__name__}: {err}")))
 
 
@@ -114,7 +142,7 @@ class TrialActor:
         return worker_id()
 
     def run(self, trials: list[TrialSpec]) -> list[TrialResult]:
-        return [run_trial(ray_device(t), cache_dir=self.cache_dir) for t in trials]
+        return list(run_chunk([ray_device(t) for t in trials], cache_dir=self.cache_dir))
 
 
 __all__ = ["die_with_parent", "warm_up", "serve", "TrialActor", "ray_device", "WARM_MODULES"]

@@ -7,6 +7,8 @@
 - :mod:`.compare` — :func:`compare`, the entry point used by the API, the
   sweeps and the report.
 - :mod:`.perceptual` — optional LPIPS, only when its weights are on disk.
+- :mod:`.text_metrics` — text: token accuracy after matching, ROUGE-1/2/L, exact-sequence rate, and
+  their unigram chance level.
 
 ``METRICS`` maps metric names to the per-sample functions, so sweep specs and
 the CLI name metrics the same way; each entry carries its :class:`MetricInfo`
@@ -24,6 +26,7 @@ from .matching import match, pairwise_mse
 from .membership import MembershipScores, accuracy_at, membership_scores, roc_auc, tpr_at_fpr
 from .perceptual import lpips_available, lpips_distance
 from .scores import SCORES, MetricInfo, score_columns
+from .text_metrics import TEXT_SCORES, text_scores, unigram_chance
 from .voting import VotingResult, ncc_matrix, scale_unit, vote
 
 METRICS: Registry = Registry("metric")
@@ -53,4 +56,5 @@ __all__ = [
     "span_basis",
     "MembershipScores", "accuracy_at", "membership_scores", "roc_auc", "tpr_at_fpr",
     "VotingResult", "ncc_matrix", "scale_unit", "vote",
+    "TEXT_SCORES", "text_scores", "unigram_chance",
 ]

@@ -14,6 +14,7 @@ an attack (or the caller) that wants box-constrained scores clamps first.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -25,7 +26,7 @@ from .matching import METHODS
 from .matching import match as _match
 from .perceptual import LPIPS_NETS, lpips_available, lpips_distance
 
-__all__ = ["compare", "exact_flags", "MATCHINGS"]
+__all__ = ["compare", "exact_flags", "flat_chance", "MATCHINGS"]
 
 #: Values of ``compare(..., matching=)``: "auto" and the methods of :func:`leakbench.metrics.match`.
 MATCHINGS = ("auto", *METHODS)
@@ -87,6 +88,20 @@ def _mean(values: torch.Tensor) -> float:
     return float(values.mean().item())
 
 
+def flat_chance(x: torch.Tensor, level: float, *, data_range: float = 1.0) -> dict[str, Any]:
+    """The chance level of a batch: the scores of a flat image at ``level`` (a sweep's is the dataset's mean pixel
+    value) — what an attack that learnt nothing about the batch still gets.
+
+    ``{"chance_rmse", "chance_psnr", "per_sample": [each image's own chance RMSE, original order]}``; the RMSE
+    over the batch is sqrt(mean((x − level)²)), PSNR = 10·log10(data_range² / that MSE) (inf for a flat batch).
+    """
+    err = (x.detach().double() - float(level)).pow(2)
+    mse_all = float(err.mean())
+    return {"chance_rmse": mse_all ** 0.5,
+            "chance_psnr": 10 * math.log10(data_range ** 2 / mse_all) if mse_all > 0 else math.inf,
+            "per_sample": err.flatten(1).mean(1).sqrt().tolist()}
+
+
 def compare(
     reconstruction: Any,
     x: torch.Tensor,
@@ -97,6 +112,7 @@ def compare(
     data_range: float = 1.0,
     cost: str = "mse",
     matching: str = "auto",
+    chance_level: float | None = None,
 ) -> dict[str, Any]:
     """Score ``reconstruction`` against the original batch ``x`` (labels ``y``).
 
@@ -133,8 +149,14 @@ def compare(
     - ``"lpips"``: mean LPIPS distance when ``lpips=True`` and LPIPS can run
       offline, else None; when it was asked for but cannot run,
       ``"lpips_missing"`` holds the reason.
+    - ``"chance_rmse"``, ``"chance_psnr"``: the chance level (:func:`flat_chance`),
+      the scores of a flat image at ``chance_level``, by default the batch's
+      mean pixel value; a sweep and ``leakbench attack`` pass the dataset's
+      mean (``chance_level=float(data.images.mean())``).  An RMSE at or above
+      ``chance_rmse`` (a PSNR at or below ``chance_psnr``) means the attack
+      learnt nothing a flat image does not show — not that the data is safe.
     - ``"per_sample"``: lists of the per-original values of each metric that
-      is not None (label_acc as 1.0/0.0).
+      is not None (label_acc as 1.0/0.0), and each image's ``chance_rmse``.
     - ``"order"``: the matching, ``order[i]`` = index of the reconstruction
       paired with original i.
     - ``"matching"``: the matching used: "total-mse", "confident-first",
@@ -144,6 +166,12 @@ def compare(
     reconstruction containing NaN gives NaN scores (``json.dumps`` writes them
     as NaN).
     """
+    trace = getattr(reconstruction, "trace", None)
+    if (isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dim() == 2
+            or isinstance(trace, dict) and trace.get("modality") == "text"):
+        raise ConfigError("expected images, got token ids (a text batch): score text with "
+                          "leakbench.metrics.text_scores(rec.images, x, decode=data.tokenizer.decode, "
+                          "pad_id=data.pad_id, eos_id=data.tokenizer.eos_id) (docs/text.md)")
     rec, rec_labels = _unpack(reconstruction)
     x = _as_tensor(x, "x")
     if x.ndim < 2 or x.shape[0] == 0 or x[0].numel() == 0:
@@ -192,6 +220,12 @@ def compare(
         result["ssim"] = _mean(ss)
     else:
         result["ssim"] = None
+
+    if x.is_floating_point():
+        level = float(x.double().mean()) if chance_level is None else float(chance_level)
+        chance = flat_chance(x, level, data_range=data_range)
+        per_sample["chance_rmse"] = chance.pop("per_sample")
+        result.update(chance)
 
     result["label_acc"] = None
     result["label_count_acc"] = None

@@ -18,6 +18,7 @@ from .layers import ACTIVATIONS, DEFAULT_NEGATIVE_SLOPE, activation, activation_
 from .malicious import ImprintBlock, RandomFeatureHead, imprint, random_head
 from .targets import TargetConfig, TrainedTarget, train_target
 from .spec import MODELS, Family, LayerInfo, build, canonical_spec, count_parameters, describe, parse_spec
+from .transformers import TextTransformer
 from .zoo import CNN, MLP, BasicBlock, ConvLayerSpec, ConvNet, LeNet, ResNet18, TwoLayer, conv_output_size
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "ResNet18",
     "SMALL_INIT_STD",
     "TwoLayer",
+    "TextTransformer",
     "activation",
     "activation_name",
     "build",
@@ -53,12 +55,3 @@ __all__ = [
     "random_head",
     "TargetConfig", "TrainedTarget", "train_target",
 ]
-
-
-def __getattr__(name: str):
-    """``KKTResidual`` and ``kkt_residual`` live in :mod:`leakbench.analysis.stationarity`; still importable here."""
-    if name in ("KKTResidual", "kkt_residual"):
-        from ..analysis import stationarity as module
-
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,6 +22,11 @@ fresh running statistics.
   ~ N(0, σ²) with σ = ``init_scale`` (default 1e-4), the other layers Kaiming
   normal N(0, 2/fan_in) (He et al. 2015); biases 0.
 - ``"dlg"`` — the DLG code (Zhu et al. 2019): every weight and bias ~ U(−0.5, 0.5).
+- ``"gpt"`` — GPT-2's (Radford et al. 2019; the text transformers' default): Linear and
+  Embedding weights ~ N(0, 0.02²), biases 0.
+
+Embedding tables (text models) are drawn from the generator too: N(0, 1), PyTorch's default,
+under every scheme but ``"gpt"``; LayerNorm layers are reset to weight 1, bias 0.
 """
 from __future__ import annotations
 
@@ -43,7 +48,9 @@ InitScheme = Callable[..., None]
 INITS: Registry[None] = Registry("init")
 
 _WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm)
+#: GPT-2's initial standard deviation of weights and embeddings (Radford et al. 2019, the released code).
+GPT_INIT_STD = 0.02
 
 
 def weighted_layers(model: nn.Module) -> list[nn.Module]:
@@ -122,6 +129,17 @@ def init_dlg(model: nn.Module, *, generator: torch.Generator, init_scale: float 
         _uniform(layer.bias, 0.5, generator)
 
 
+@INITS.register("gpt")
+def init_gpt(model: nn.Module, *, generator: torch.Generator, init_scale: float | None = None) -> None:
+    """GPT-2: Linear and Embedding weights ~ N(0, 0.02²) (or N(0, init_scale²)), biases 0."""
+    std = GPT_INIT_STD if init_scale is None else init_scale
+    for layer in weighted_layers(model):
+        _normal(layer.weight, std, generator)
+        _zero(layer.bias)
+    for emb in (m for m in model.modules() if isinstance(m, nn.Embedding)):
+        _normal(emb.weight, std, generator)
+
+
 def _no_scale(scheme: str, init_scale: float | None) -> None:
     if init_scale is not None:
         raise ConfigError(
@@ -187,8 +205,13 @@ def initialize(
     if generator is None:
         generator, _ = make_generator(seed)
     devices = {p.device for p in model.parameters()} | {b.device for b in model.buffers()}
+    if devices == {torch.device("meta")}:  # a model sized without memory (load_model's check): nothing to draw
+        return model
     on_cpu = devices <= {torch.device("cpu")}
     target = model if on_cpu else _cpu_copy(model)
+    if name != "gpt":
+        for emb in (m for m in target.modules() if isinstance(m, nn.Embedding)):
+            _normal(emb.weight, 1.0, generator)
     INITS.get(name)(target, generator=generator, init_scale=init_scale)
     for m in target.modules():
         if isinstance(m, _NORMS):

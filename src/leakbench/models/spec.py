@@ -14,6 +14,11 @@ Spec grammar (whitespace and case are ignored)::
     convnet | convnet-W               ConvNet of Inverting Gradients (Geiping et al. 2020)
     resnet18                          CIFAR ResNet-18 (option width=64)
     twolayer:M                        f(x) = Σ_j a_j σ(w_jᵀx + b_j), M hidden units
+    gpt:layers=L,width=W,heads=H      causal text decoder (next-token logits; classes = vocabulary,
+                                      input_shape = (context,)); keys optional (2, 64, 4)
+    bert:layers=L,width=W,heads=H,vocab=V
+                                      text encoder with a classification head (:mod:`.transformers`)
+    module.path:ClassName             your own nn.Module subclass, imported (:mod:`.custom`)
 
 The families live in the registry :data:`MODELS`; the CLI, sweeps and the
 Python API all resolve names through it.
@@ -30,8 +35,10 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..registry import Registry
+from .custom import build_class, import_class, is_class_spec, normalized
 from .init import check_init_scale, initialize, make_generator, resolve_init
 from .layers import activation_factory, canonical_activation
+from .transformers import TextTransformer
 from .zoo import CNN, MLP, ConvLayerSpec, ConvNet, LeNet, ResNet18, TwoLayer, flat_size
 
 __all__ = [
@@ -119,6 +126,50 @@ def _parse_twolayer(argstr: str | None, spec: str) -> tuple[int]:
     return (m,)
 
 
+_TEXT_KEYS = {"gpt": {"layers": 2, "width": 64, "heads": 4}, "bert": {"layers": 2, "width": 64, "heads": 4, "vocab": 0}}
+
+
+def _parse_text(name: str) -> Callable[[str | None, str], tuple]:
+    """``gpt:layers=2,width=64,heads=4`` → ((key, value), ...) in the family's key order, defaults filled."""
+    defaults = _TEXT_KEYS[name]
+
+    def parse(argstr: str | None, spec: str) -> tuple:
+        given: dict[str, int] = {}
+        for part in (argstr or "").split(","):
+            if not part:
+                continue
+            key, _, value = part.partition("=")
+            if key not in defaults:
+                raise _bad(spec, f"keys {', '.join(defaults)} like {name}:layers=2,width=64,heads=4", part)
+            number = _int(value)
+            if number is None or number < 1:
+                raise _bad(spec, f"a positive integer for {key}", part)
+            given[key] = number
+        values = {**defaults, **given}
+        if values.get("vocab") == 0:
+            raise _bad(spec, f"the vocabulary size, e.g. {name}:vocab=2000", argstr or "")
+        return tuple(values.items())
+
+    return parse
+
+
+def _format_text(name: str) -> Callable[[tuple], str]:
+    return lambda args: f"{name}:" + ",".join(f"{k}={v}" for k, v in args)
+
+
+def _make_text(causal: bool):
+    def make(args, *, input_shape, classes, act, bias, pad_id):
+        values = dict(args)
+        if len(input_shape) != 1:
+            raise ConfigError(f"expected input_shape (context,) for a text model, got {tuple(input_shape)} "
+                              "(field input_shape; pass input_shape=data.shape of a text dataset)")
+        vocab = classes if causal else values["vocab"]
+        return TextTransformer(vocab, input_shape[0], classes, layers=values["layers"], width=values["width"],
+                               heads=values["heads"], causal=causal, pad_id=pad_id, act=act)
+
+    return make
+
+
 # --------------------------------------------------------------------------- families
 
 
@@ -153,8 +204,9 @@ class Family:
                 if not isinstance(value, bool):
                     raise ConfigError(f"expected True or False for {key}, got {value!r} (model {spec!r})")
             elif isinstance(default, int):
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ConfigError(f"expected a positive integer for {key}, got {value!r} (model {spec!r})")
+                if isinstance(value, bool) or not isinstance(value, int) or value < min(default, 1):
+                    low = "a non-negative" if default == 0 else "a positive"
+                    raise ConfigError(f"expected {low} integer for {key}, got {value!r} (model {spec!r})")
         return merged
 
 
@@ -215,6 +267,14 @@ _FAMILIES = (
         "twolayer", "two-layer net sum_j a_j act(w_j.x + b_j), twolayer:M, no output bias",
         _parse_twolayer, lambda a: f"twolayer:{a[0]}", _make_twolayer,
     ),
+    Family(
+        "gpt", "causal text decoder, gpt:layers=2,width=64,heads=4 (classes = vocabulary, input_shape = (T,))",
+        _parse_text("gpt"), _format_text("gpt"), _make_text(True), options={"pad_id": 0},
+    ),
+    Family(
+        "bert", "text encoder + classification head, bert:layers=2,width=64,heads=4,vocab=V",
+        _parse_text("bert"), _format_text("bert"), _make_text(False), options={"pad_id": 0},
+    ),
 )
 for _family in _FAMILIES:
     MODELS.register(_family.name, _family, help=_family.help)
@@ -232,10 +292,15 @@ def parse_spec(spec: str) -> tuple[str, tuple]:
 
     ``"mlp:1000-1000"`` → ``("mlp", (1000, 1000))``;
     ``"cnn:3-6-1-0"`` → ``("cnn", (ConvLayerSpec(3, 6, 1, 0),))``;
-    ``"convnet"`` → ``("convnet", (32,))``; ``"lenet"`` → ``("lenet", ())``.
+    ``"convnet"`` → ``("convnet", (32,))``; ``"lenet"`` → ``("lenet", ())``;
+    ``"my_pkg.nets:ResNet"`` → ``("class", ("my_pkg.nets:ResNet",))`` after importing the class
+    (:mod:`.custom`: naming a class is the user's choice to run its module).
     """
     if not isinstance(spec, str):
         raise ConfigError(f"expected a model spec string like 'mlp:1000-1000', got {type(spec).__name__}")
+    if is_class_spec(spec, MODELS.names()):
+        import_class(spec)
+        return "class", (spec.strip(),)
     text = "".join(spec.split()).lower()
     if not text:
         raise ConfigError(f"expected a model spec like 'mlp:1000-1000', got {spec!r}; known families: "
@@ -255,7 +320,7 @@ def parse_spec(spec: str) -> tuple[str, tuple]:
 def canonical_spec(spec: str) -> str:
     """The canonical spelling of ``spec`` (``" MLP: 10-10"`` → ``"mlp:10-10"``)."""
     name, args = parse_spec(spec)
-    return _family(name, spec).format(args)
+    return args[0] if name == "class" else _family(name, spec).format(args)
 
 
 # --------------------------------------------------------------------------- build
@@ -318,6 +383,7 @@ def build(
     seed: int | None = None,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    normalize: tuple | list | None = None,
     **family_options: Any,
 ) -> nn.Module:
     """Make the model ``spec`` for samples of shape ``input_shape`` and ``classes`` outputs.
@@ -336,6 +402,12 @@ def build(
     global RNG is left alone); ``None`` draws one, recorded in ``model.seed``.
     Family options: ``norm`` (convnet, resnet18), ``width`` (resnet18).
 
+    ``spec`` may name your own class, ``"module.path:ClassName"``: it is imported and built with
+    ``family_options`` as its constructor's keyword arguments (:func:`~.custom.build_class`; ``act``,
+    ``bias`` and ``init`` do not apply).  ``normalize=(mean, std)`` (per channel) puts
+    :class:`~.custom.Normalize` in front of the model, so attacks work on pixels in [0, 1]
+    (:func:`~.custom.normalized`; weights files still load into the inner model).
+
     The model carries ``spec`` (canonical), ``family``, ``input_shape``,
     ``classes``, ``act``, ``init``, ``seed`` and ``build_options`` such that
     ``build(m.spec, m.input_shape, m.classes, **m.build_options)`` makes an
@@ -343,9 +415,15 @@ def build(
     """
     dtype, dev = _check_dtype_device(dtype, device)
     if isinstance(spec, nn.Module):
+        if normalize is not None:
+            raise ConfigError("normalize applies to spec strings only, got a module; wrap it yourself with "
+                              "leakbench.models.custom.normalized(module, (mean, std))")
         return _adopt(spec, input_shape, classes, act=act, bias=bias, init=init, seed=seed,
                       options=family_options, dtype=dtype, device=dev)
     name, args = parse_spec(spec)
+    if name == "class":
+        return _build_class(args[0], input_shape, classes, act=act, bias=bias, init=init, seed=seed,
+                            options=family_options, dtype=dtype, device=dev, normalize=normalize)
     family = _family(name, spec)
     canonical = family.format(args)
     if input_shape is None or classes is None:
@@ -385,7 +463,42 @@ def build(
     model.init = scheme
     model.seed = seed_used
     model.build_options = rebuild
-    return model
+    return _normalized(model, normalize)
+
+
+def _normalized(model: nn.Module, normalize) -> nn.Module:
+    """``model`` behind :class:`~.custom.Normalize` when ``normalize`` is given, carrying the same attributes."""
+    if normalize is None:
+        return model
+    wrapped = normalized(model, normalize)
+    for name in ("spec", "family", "input_shape", "classes", "act", "init", "seed"):
+        if hasattr(model, name):
+            setattr(wrapped, name, getattr(model, name))
+    norm = wrapped.normalize
+    wrapped.build_options = {**getattr(model, "build_options", {}),
+                             "normalize": [norm.mean.tolist(), norm.std.tolist()]}
+    return wrapped
+
+
+def _build_class(spec: str, input_shape, classes, *, act, bias, init, seed, options, dtype, device,
+                 normalize) -> nn.Module:
+    given = [name for name, value in (("act", act), ("bias", None if bias is True else bias),
+                                      ("init", None if init == "default" else init)) if value is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} apply to leakbench's model families, not to your class {spec!r}; "
+                          "set them up in the class (or pass them in its options)")
+    if input_shape is None or classes is None:
+        raise ConfigError(f"model {spec!r} needs input_shape and classes (e.g. input_shape=(3, 32, 32), classes=10)")
+    shape = _check_input_shape(input_shape)
+    classes = _check_classes(classes)
+    seed_used = seed if seed is not None else int(make_generator(None)[1])
+    model = build_class(spec, shape, classes, seed=seed_used, options=options, dtype=dtype, device=device)
+    recorded = {"spec": spec, "family": "class", "input_shape": shape, "classes": classes, "seed": seed_used,
+                "build_options": {"seed": seed_used, **dict(options)}}
+    for name, value in recorded.items():
+        if not hasattr(model, name):  # never over the class's own attributes
+            setattr(model, name, value)
+    return _normalized(model, normalize)
 
 
 def _adopt(model: nn.Module, input_shape, classes, *, act, bias, init, seed, options, dtype, device) -> nn.Module:

@@ -26,7 +26,7 @@ trained shallow neural networks", Sec. 5) attack:
 - inputs optionally centred by the training mean (Haim et al.: "mean-subtracted").
 
 The distance of a trained target to a KKT point of the max-margin problem is
-:func:`leakbench.analysis.stationarity.kkt_residual` (``TrainedTarget.kkt_residual``); measurements of
+:func:`leakbench.analysis.stationarity.kkt_residual` (``kkt_residual(t.model, t.inputs, t.y)``); measurements of
 what the first-layer scale does are in ``docs/trained.md``.
 """
 from __future__ import annotations
@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..budget import check_time
 from ..errors import ConfigError, expect
 from ..losses import LOSSES, get_loss
 from .init import weighted_layers
@@ -151,13 +152,6 @@ class TrainedTarget:
     def margins(self) -> torch.Tensor:
         """Per-sample margins of the training set (y·Φ, or Φ_y − max_{j≠y} Φ_j)."""
         return margins(self.outputs(), self.y)
-
-    def kkt_residual(self, *, kink_tol: float = 0.0):
-        """Distance of the weights to a KKT point of the max-margin problem on the training set
-        (:func:`leakbench.analysis.stationarity.kkt_residual`; returns its ``KKTResidual``)."""
-        from ..analysis.stationarity import kkt_residual  # the analysis reads models: imported when used
-
-        return kkt_residual(self.model, self.inputs, self.y, kink_tol=kink_tol)
 
     def save(self, path: str | Path) -> Path:
         """Write model weights, training set, config and history with ``torch.save`` (tensors and plain data only,
@@ -404,6 +398,7 @@ def _record(history: list[tuple[int, float]], step: int, log_value: float, log_t
             progress: Any, *, final: bool = False) -> bool:
     """Log the loss every ``every`` steps (and at the end, or when ``final``); raise on divergence; True when
     training is done."""
+    check_time(f"training the target ({step:,} of {steps:,} steps)")
     value = math.exp(min(log_value, 700.0))
     done = final or log_value < log_tol or step >= steps
     if step % every == 0 or done:
@@ -475,12 +470,3 @@ def margins(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     own = outputs.gather(1, y.long().reshape(-1, 1)).squeeze(1)
     others = outputs.scatter(1, y.long().reshape(-1, 1), float("-inf"))
     return own - others.max(dim=1).values
-
-
-def __getattr__(name: str):
-    """``KKTResidual`` and ``kkt_residual`` moved to :mod:`leakbench.analysis.stationarity`; still importable here."""
-    if name in ("KKTResidual", "kkt_residual"):
-        from ..analysis import stationarity as module
-
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,17 +16,17 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from ..evaluation.plan import defense_family
-from ..evaluation.strongest import (BUDGETS, AttackScore, PrivacyUtilityPoint, Strongest, Verdict, batch_size,
-                                    beats_chance, finite, npz_path, threat_model, usable, utility_for, utility_loss, verdicts)
+from ..evaluation.strongest import (BUDGETS, AttackScore, PrivacyUtilityPoint, Strongest, batch_size, finite,
+                                    npz_path, threat_model, usable, utility_for, utility_loss, verdicts)
 from .grid import save_grid
 from .markup import MISSING, esc, figure, hover, muted, num, slug, table
+from .navigation import METRIC_NAMES, PICKABLE, collapsible, metric_labels, per_metric
+from .score_table import defense_header, metric_means, metric_table, ordered_defenses
 from .plots import CRAMER_RAO, pareto_plot, sd_heatmap
+from .verdict_text import SUMMARY_BUDGET, ci, ci_n, summary_sentence, verdict_table
 
-#: the budget whose verdict the report's summary quotes.
-SUMMARY_BUDGET = 0.1
-GAIN_NOTE = ("lower training loss than without a defense: both runs train on the same samples, so the "
-             "difference is within run-to-run noise, not a benefit; shown as 0")
+GAIN_NOTE = ("a negative utility loss: the defended run ended with a lower training loss than the undefended run of "
+             "the same seed; where its interval spans 0 the difference is within run-to-run noise")
 
 
 @dataclass
@@ -37,93 +37,6 @@ class Drawn:
     grids: list[Path] = field(default_factory=list)
 
 
-def budget_text(u: float) -> str:
-    return "at any utility cost" if math.isinf(u) else f"at a utility loss ≤ {u:g}"
-
-
-def _at_b(pairs: Sequence[tuple[int, float | None]]) -> str:
-    parts = [f"{num(v)}" + (f" at B = {b}" if len(pairs) > 1 else "") for b, v in pairs]
-    return ", ".join(parts)
-
-
-def verdict_sentence(found: Sequence[Verdict], *, upto: float | None = None) -> str:
-    """One plain sentence (HTML) for the verdicts of one budget over the batch sizes of a dataset and model."""
-    found = sorted(found, key=lambda v: v.batch_size)
-    if not found:
-        return "No setting to judge."
-    u = found[0].budget
-    head = budget_text(u)
-    if upto is not None and upto != u:
-        head += f" (the same up to {'any cost' if math.isinf(upto) else f'{upto:g}'})"
-    picked = [v for v in found if v.defense is not None]
-    blind = [v for v in found if beats_chance(v.baseline_rmse, v.baseline_chance) is False]
-    if found and len(blind) == len(found):
-        return (f"{head[0].upper()}{head[1:]}, the strongest attack does not beat chance even without a defense "
-                f"(RMSE {_at_b([(v.batch_size, v.baseline_rmse) for v in found])} against a flat image's "
-                f"{_at_b([(v.batch_size, v.baseline_chance) for v in found])}), so the attacks as run cannot rank "
-                "the defenses here.")
-    if not picked:
-        answer = "no defense setting with a usable attack result fits this budget"
-    else:
-        names = list(dict.fromkeys(v.defense for v in picked))
-
-        def name(d: str) -> str:
-            if d == "none":
-                return "no defense (every setting within the budget leaks as much or more)"
-            eps = sorted({f"{v.epsilon:.2f}" for v in picked if v.defense == d and finite(v.epsilon)})
-            return f"<b>{esc(d)}</b>" + (f" (ε = {' / '.join(eps)})" if eps else "")
-
-        def cost(vs: Sequence[Verdict]) -> str:
-            losses = sorted({num(v.utility_loss) for v in vs if v.utility_loss is not None})
-            gain = " — its measured loss was lower than without a defense, within noise" if any(
-                v.gain for v in vs) else ""
-            return f"; utility loss {' / '.join(losses)}{gain}" if losses and names != ["none"] else ""
-
-        if len(names) == 1:
-            answer = (f"the defense that leaks least against the strongest attack is {name(names[0])} "
-                      f"(RMSE {_at_b([(v.batch_size, v.rmse) for v in picked])}{cost(picked)})")
-        else:
-            answer = "the defense that leaks least against the strongest attack is " + "; ".join(
-                f"{name(v.defense)} at B = {v.batch_size} (RMSE {num(v.rmse)}{cost([v])})" for v in picked)
-    if picked and all(beats_chance(v.rmse, v.chance_rmse) is False for v in picked) and names != ["none"]:
-        answer += " — no better than chance there: no attack run here recovers anything under it"
-    base = [(v.batch_size, v.baseline_rmse) for v in found if v.baseline_rmse is not None]
-    tail = (f"; without a defense the strongest attack reaches {_at_b(base)}" if base
-            else "; the sweep ran no undefended setting to compare with")
-    if blind:
-        where = " at B = " + ", ".join(str(v.batch_size) for v in blind)
-        flat = _at_b([(v.batch_size, v.baseline_chance) for v in blind])
-        tail += (f" — not below chance{where} (a flat image scores {flat}): the attacks as run learn nothing "
-                 "even without a defense, so they cannot rank the defenses there")
-    return f"{head[0].upper()}{head[1:]}, {answer}{tail}."
-
-
-def verdict_lines(found: Sequence[Verdict]) -> list[str]:
-    """One sentence per budget (consecutive budgets with the same answers merged)."""
-    by_budget: dict[float, list[Verdict]] = {}
-    for v in found:
-        by_budget.setdefault(v.budget, []).append(v)
-    budgets = sorted(by_budget)
-    lines, i = [], 0
-    while i < len(budgets):
-        j = i
-        answer = [(v.batch_size, v.defense) for v in sorted(by_budget[budgets[i]], key=lambda v: v.batch_size)]
-        while j + 1 < len(budgets) and [(v.batch_size, v.defense) for v in
-                                         sorted(by_budget[budgets[j + 1]], key=lambda v: v.batch_size)] == answer:
-            j += 1
-        lines.append(verdict_sentence(by_budget[budgets[i]], upto=budgets[j] if j > i else None))
-        i = j + 1
-    return lines
-
-
-def _ordered_defenses(defenses: Sequence[str]) -> list[tuple[str, list[str]]]:
-    """Defense settings grouped by family, families and settings in first-seen order (``none`` first)."""
-    groups: dict[str, list[str]] = {}
-    for d in sorted(dict.fromkeys(defenses), key=lambda d: d != "none"):
-        groups.setdefault(defense_family(d)[0], []).append(d)
-    return list(groups.items())
-
-
 def _score_cell(a: AttackScore | None, best: bool) -> Any:
     if a is None:
         return (hover("·", "not run: the spec made no trial of this attack here"), "na")
@@ -132,14 +45,14 @@ def _score_cell(a: AttackScore | None, best: bool) -> Any:
     if not a.trials:
         why = "; ".join(a.reasons) or "failed"
         return (hover("failed", f"{a.failed} trial(s): {why}"), "na")
-    text = num(a.rmse) + (f" ± {num(a.rmse_std)}" if a.rmse_std is not None else "")
+    text = ci_n(a.ci) if a.ci.n else num(a.rmse)
     if a.failed:
         text = hover(f"{text} †", f"{a.failed} of {a.failed + a.trials} trials not usable (averaged over the "
                                   f"rest): {'; '.join(a.reasons)}")
-    chance = beats_chance(a.rmse, a.chance_rmse) is False
+    chance = not a.below_chance
     if chance:
-        text = hover(text, f"not below chance ({num(a.chance_rmse)}, a flat image at the data mean): the attack "
-                           "learnt nothing about the batch")
+        text = hover(text, f"not significantly below chance ({num(a.chance_rmse)}, a flat image at the data mean; "
+                           f"chance − RMSE = {ci_n(a.margin)}): no evidence the attack learnt anything here")
     return (text, " ".join(c for c in ("best" if best else "", "chance" if chance else "") if c))
 
 
@@ -149,12 +62,10 @@ def table4(best: Sequence[Strongest], size: int, bounds: Mapping[tuple, float] |
     ``bounds``: (threat model, dataset, model, defense, B) → Cramér–Rao value, shown as a last row.
     """
     here = {s.defense: s for s in best if s.batch_size == size}
-    groups = _ordered_defenses(list(here))
+    groups = ordered_defenses(list(here))
     columns = [d for _, ds in groups for d in ds]
     attacks = sorted({a.attack for s in here.values() for a in s.scores})
-    head = ('<tr><th class="l" rowspan="2">attack</th>'
-            + "".join(f'<th colspan="{len(ds)}">{esc(fam)}</th>' for fam, ds in groups) + "</tr><tr>"
-            + "".join(f"<th>{esc(defense_family(d)[1] or MISSING)}</th>" for d in columns) + "</tr>")
+    head = defense_header(groups)
     rows = []
     for name in attacks:
         row: list[Any] = [esc(name)]
@@ -163,6 +74,13 @@ def table4(best: Sequence[Strongest], size: int, bounds: Mapping[tuple, float] |
             row.append(_score_cell(next((a for a in s.scores if a.attack == name), None), s.attack == name))
         rows.append(row)
     footer = [["<b>strongest</b>"] + [esc(here[d].attack or "none ran") for d in columns]]
+    footer.append([hover("<b>S<sub>D</sub></b> (capped)", "the strongest attack's RMSE per batch, capped at the "
+                         "batch's chance RMSE (an attacker can always output the flat image), mean ± 95 % bootstrap "
+                         "interval over batches")]
+                  + [(ci_n(here[d].sd), "stops" if here[d].stops else "") for d in columns])
+    footer.append([hover("per-image strongest", "for each image the lowest RMSE any attack reached (capped at "
+                         "chance), mean ± 95 % interval over batches: the bound of an adversary who picks the best "
+                         "attack per image")] + [ci_n(here[d].per_image) for d in columns])
     chance = [here[d].chance_rmse for d in columns]
     if any(finite(v) for v in chance):
         footer.append([hover("chance", "RMSE of a flat image at the data mean: an attack not below it learnt "
@@ -186,7 +104,8 @@ def _eps_label(defense: str, eps: Sequence[tuple[int, float | None]]) -> str:
 
 def table5(util: Mapping[tuple, Mapping[str, Any]], dataset: str, model: str, defenses: Sequence[str],
            sizes: Sequence[int]) -> str:
-    """Utility per defense setting and batch size: final train loss, test accuracy, utility loss (Table 5)."""
+    """Utility per defense setting and batch size (Table 5): final train loss, test accuracy and utility loss,
+    each mean ± 95 % t-interval over the training seeds (n), or ``diverged`` with the reason."""
     keys = [k for k in util if k[:2] == (dataset, model)]
     if not keys:
         return muted("No utility trials for this dataset and model (add a <code>utility:</code> section to the "
@@ -194,29 +113,41 @@ def table5(util: Mapping[tuple, Mapping[str, Any]], dataset: str, model: str, de
     if all(k[3] == 0 for k in keys):
         sizes = [0]  # an old store: one utility per defense, for every batch size
     all_defs = list(dict.fromkeys([*defenses, *(k[2] for k in keys)]))
-    columns = [d for _, ds in _ordered_defenses(all_defs) for d in ds]
+    columns = [d for _, ds in ordered_defenses(all_defs) for d in ds]
     head = ('<tr><th class="l" rowspan="2">defense</th>'
             + "".join(f'<th colspan="3">{"every B" if b == 0 else f"B = {b}"}</th>' for b in sizes)
             + "</tr><tr>" + "<th>train loss</th><th>test acc.</th><th>utility loss</th>" * len(sizes) + "</tr>")
-    rows, gains = [], False
+    rows, gains, seeds = [], False, set()
     for d in columns:
         row: list[Any] = []
         eps = []
         for b in sizes:
             u = utility_for(util, dataset, model, d, b) or {}
             eps.append((b, u.get("epsilon")))
-            increase, loss, gain = utility_loss(util, dataset, model, d, b)
-            seen = u.get("samples_seen")
-            loss_text = num(loss)
-            if gain:
+            if u.get("diverged"):
+                row += [(hover("diverged", u["diverged"]), "chance"), MISSING, (MISSING, "na")]
+                continue
+            cost = utility_loss(util, dataset, model, d, b)
+            seeds.add(int(u.get("trials") or 0))
+            loss_text = ci(cost.interval) if d != "none" else ("0" if u else MISSING)
+            if cost.gain:
                 gains = True
-                loss_text = hover(f"{num(loss)} *", f"measured {num(increase)}: {GAIN_NOTE}")
-            train = num(u.get("train_loss"))
+                loss_text = hover(f"{loss_text} *", GAIN_NOTE)
+            train = ci(u.get("train_loss_ci")) if u.get("train_loss_ci") is not None and u.get(
+                "train_loss_ci").n else num(u.get("train_loss"))
+            seen = u.get("samples_seen")
             if finite(seen):
                 train = hover(train, f"{seen:.0f} samples seen in training")
-            row += [train, num(u.get("test_accuracy")), (loss_text, "gain" if gain else "")]
+            acc = u.get("test_accuracy_ci")
+            row += [train, ci(acc) if acc is not None and acc.n else num(u.get("test_accuracy")),
+                    (loss_text, "gain" if cost.gain else "")]
         rows.append([_eps_label(d, eps), *row])
-    note = muted(f"* {GAIN_NOTE[0].upper()}{GAIN_NOTE[1:]}.") if gains else ""
+    n = ", ".join(str(k) for k in sorted(seeds - {0})) or "0"
+    note = muted(f"Mean ± 95 % Student-t interval over {n} training seed(s) per cell; utility loss = final "
+                 "training-loss increase over the undefended run of the same seed (paired). "
+                 + (f"* {GAIN_NOTE[0].upper()}{GAIN_NOTE[1:]}. " if gains else "")
+                 + "<i>diverged</i>: the training loss was not finite or ended above the untrained model's — no "
+                 "utility number, never within a budget, never on Figure 3.")
     return table([], rows, head_html=head) + note
 
 
@@ -246,6 +177,17 @@ def _grid(rows: Sequence[Mapping[str, Any]], s: Strongest, out: Path) -> tuple[P
     return path, caption
 
 
+def grid_rows(grids: Sequence[tuple[int, tuple[Path, str]]], out: Path) -> str:
+    """Image grids laid out by batch size: one row per B, headed by it, each caption directly under its grid."""
+    parts = [muted("One row per batch size; in each grid the originals are on top and the best attack's "
+                   "reconstructions under them, with each image's PSNR.")]
+    for b in sorted(dict.fromkeys(b for b, _ in grids)):
+        figures = "".join(figure(p, out, c) for size, (p, c) in grids if size == b)
+        parts.append(f'<div class="grid-row" data-batch-size="{b}"><h5>B = {b}</h5><div class="grids">{figures}'
+                     "</div></div>")
+    return "".join(parts)
+
+
 def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequence[Strongest],
                    points: Sequence[PrivacyUtilityPoint], util: Mapping[tuple, Mapping[str, Any]],
                    out: Path, drawn: Drawn, bounds: Mapping[tuple, float] | None = None) -> str:
@@ -260,21 +202,36 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
         name = f"{dataset} · {model}"
         parts.append(f"<h3>{esc(name)}</h3>")
         measured = any(finite(p.utility_loss) for p in pts if p.defense != "none")
-        lines = verdict_lines([v for v in found if (v.dataset, v.model) == (dataset, model)
-                               and (measured or math.isinf(v.budget))])
+        mine_v = [v for v in found if (v.dataset, v.model) == (dataset, model) and (measured or math.isinf(v.budget))]
+        budget = SUMMARY_BUDGET if measured else math.inf
+        lines = [summary_sentence([v for v in mine_v if v.budget == budget])]
         if not measured:
             lines.append("Utility was not measured for any defense here, so the ranking ignores its cost.")
         parts.append('<ul class="verdict">' + "".join(f"<li>{line}</li>" for line in lines) + "</ul>")
-        parts.append(muted("Utility loss = increase of the final training loss over the undefended run at the "
-                           f"same batch size (nats); budgets {', '.join(f'{u:g}' for u in BUDGETS if finite(u))} "
-                           "and any cost. RMSE is the strongest attack's mean over the attacked images (higher = "
-                           "leaks less)."))
+        parts.append("<details><summary>The verdict per batch size and budget</summary>" + verdict_table(mine_v)
+                     + "</details>")
+        if any(s.incomplete for s in here):
+            why = next(s.incomplete for s in here if s.incomplete)
+            parts.append(muted(esc(why[0].upper() + why[1:]) + "."))
+        parts.append(muted("A defense <i>stops every attack run here</i> when no attack's RMSE is significantly "
+                           "below chance (paired over batches); otherwise the pick has the highest S<sub>D</sub> and "
+                           "every defense not significantly below it (paired bootstrap over the same batches) is "
+                           "<i>tied</i>. Within a budget = the upper end of the utility loss's 95 % interval ≤ the "
+                           f"budget (nats); budgets {', '.join(f'{u:g}' for u in BUDGETS if finite(u))} and any "
+                           "cost. RMSE: higher = leaks less."))
         parts.append("<h4>Every attack against every defense setting (Table 4)</h4>")
-        parts.append(muted("Mean RMSE over trials (± standard deviation when more than one); the strongest "
-                           "attack of each column is highlighted; hover n/a and failed cells for the reason; † = "
-                           "some trials were not usable."))
+        parts.append(f"<p>{metric_labels('show:')}</p>")
+        parts.append(per_metric({
+            "rmse": muted("Mean RMSE ± 95 % bootstrap interval over batches (n = batches); the strongest attack of "
+                          "each column is highlighted; grey = not significantly below chance; hover n/a and failed "
+                          "cells for the reason; † = some trials were not usable."),
+            **{m: muted(f"Mean {esc(METRIC_NAMES[m])} over the usable trials (n = trials); the best value of each "
+                        "column in bold. S<sub>D</sub> still ranks attacks by RMSE (the <i>strongest</i> row).")
+               for m in PICKABLE if m != "rmse"}}))
+        means = metric_means([r for r in rows if threat_model(r) == threat])
         for b in sizes:
-            parts.append(f"<h5>B = {b}</h5>" + table4(here, b, bounds))
+            parts.append(f"<h5>B = {b}</h5>" + per_metric(
+                {m: table4(here, b, bounds) if m == "rmse" else metric_table(here, b, means, m) for m in PICKABLE}))
         tag = slug(threat, dataset, model)
         heat = sd_heatmap(here, out / "plots" / f"sd-{tag}.png", title=f"S_D — {name}")
         if heat is not None:
@@ -289,15 +246,20 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
             bound_note = (f" Crosses: the {CRAMER_RAO} — box-clamped attacks can go below it, so it is not a "
                           "lower bound on what an attack achieves." if any(finite(p.bound) for p in pts) else "")
             parts.append("<h4>Privacy against utility (Figure 3)</h4>" + figure(fig3, out, f"Figure 3, {name}")
-                         + muted("One point per defense setting and batch size; the line of each batch size is its "
-                                 "Pareto front (no other setting leaks less at a lower utility loss)." + bound_note))
-        grids = [g for g in (_grid(rows, s, out) for s in here if s.attack) if g is not None]
-        drawn.grids += [p for p, _ in grids]
-        parts.append("<h4>Best reconstruction per setting</h4>")
-        parts.append('<div class="grids">' + "".join(figure(p, out, c) for p, c in grids) + "</div>" if grids else
-                     muted("No reconstructions saved."))
+                         + muted("One panel per batch size; one point per defense setting with 95 % intervals on "
+                                 "both axes; the line is the Pareto front (no other setting leaks less at a lower "
+                                 "utility loss), and only its points are labelled (the rest: marker = family). "
+                                 "Diverged settings are listed under the panel, not placed on the axis."
+                                 + bound_note))
+        grids = [(s.batch_size, g) for s in here if s.attack and (g := _grid(rows, s, out)) is not None]
+        drawn.grids += [p for _, (p, _c) in grids]
+        parts.append(collapsible("", "Best reconstruction per setting", grid_rows(grids, out), open=False, level=4)
+                     if grids else "<h4>Best reconstruction per setting</h4>" + muted("No reconstructions saved."))
+        refused = [r for r in rows if r.get("images_refused") and (r.get("dataset"), r.get("model")) == (dataset, model)]
+        if refused:
+            parts.append(muted(f"Images of {len(refused)} trial(s) not shown: {esc(refused[0]['images_refused'])}"
+                               f" (trial {esc(refused[0].get('key'))})."))
     return "".join(parts)
 
 
-__all__ = ["attack_section", "verdict_sentence", "verdict_lines", "table4", "table5", "budget_text", "Drawn",
-           "SUMMARY_BUDGET"]
+__all__ = ["attack_section", "table4", "table5", "grid_rows", "Drawn"]

@@ -53,6 +53,10 @@ def strongest_records(best: Sequence[Strongest]) -> list[dict[str, Any]]:
     return [{"dataset": s.dataset, "model": s.model, "defense": s.defense, "defense_family": s.family,
              "defense_parameter": s.parameter, "batch_size": s.batch_size, "strongest_attack": s.attack,
              "rmse": s.rmse, "psnr": s.psnr, "ssim": s.ssim,
+             "sd_capped": s.sd.mean if s.sd.n else None, "sd_ci_low": s.sd.low if s.sd.known else None,
+             "sd_ci_high": s.sd.high if s.sd.known else None, "n_batches": s.sd.n,
+             "per_image_strongest": s.per_image.mean if s.per_image.n else None, "chance_rmse": s.chance_rmse,
+             "stops_every_attack": s.stops, "incomplete_attack_set": bool(s.incomplete),
              "attacks_run": sum(1 for a in s.scores if a.trials),
              "attacks_not_applicable": sum(1 for a in s.scores if a.not_applicable)} for s in best]
 

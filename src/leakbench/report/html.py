@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,14 +27,19 @@ from collections.abc import Mapping, Sequence
 
 from .. import __version__
 from ..errors import ConfigError
+from ..evaluation.membership_verdict import membership_defenses
 from ..evaluation.store import Store
 from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, membership_table, privacy_utility,
-                                    strongest, threat_model, usable, utility_table, verdicts, weights_table)
-from .attack_section import SUMMARY_BUDGET, Drawn, attack_section, verdict_sentence
+                                    strongest, threat_model, usable, utility_table, weights_table)
+from .attack_section import Drawn, attack_section
+from .verdict_text import summaries
 from .federated_section import federated_section, federated_summary
 from .export import RESULT_COLUMNS, result_records, strongest_records, write_csv, write_parquet
 from .markup import esc, muted, table
+from .navigation import NAV_CSS, collapsible, contents_bar, metric_radios
+from .spec_text import readable_yaml
 from .plots import CRAMER_RAO
+from .membership_section import reference_section, reference_summary
 from .weights_section import (membership_section, membership_summary_line, weights_section,
                               weights_summary_line)
 
@@ -63,10 +67,13 @@ th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:right} th{background
 td.l,th.l{text-align:left} td.best{font-weight:700;background:#dff0df} td.na{color:#999}
 td.gain{background:#fff6e0} td.evidence{background:#dff0df} td.chance{color:#888} .eps{color:#555;font-size:.8rem}
 span[title]{text-decoration:underline dotted;cursor:help}
-img{max-width:100%;border:1px solid #eee} .grids figure{display:inline-block;margin:.4rem;vertical-align:top}
-.grids img{height:230px;width:auto}
+img{max-width:100%;border:1px solid #eee} .grids{display:flex;flex-wrap:wrap;align-items:flex-start;gap:.6rem}
+.grids figure{display:table;margin:.2rem 0} .grids figcaption{display:table-caption;caption-side:bottom}
+.grids img{height:230px;width:auto;max-width:none} .grid-row{margin:.4rem 0 1rem;border-top:1px dashed #ddd}
+pre.spec{white-space:pre-wrap;background:#f7f7f7;padding:.6rem;font-size:.8rem}
 figure{margin:.4rem 0} figcaption{font-size:.8rem;color:#555} .muted{color:#777;font-size:.85rem}
 code{background:#f5f5f5} ul.verdict li{margin:.25rem 0} section.threat{margin-bottom:2rem}
+.broken{color:#b00020;font-weight:700}
 """
 
 #: runs after load: counts images that decoded (``naturalWidth > 0``) and, per threat-model section, its table
@@ -174,28 +181,25 @@ def _server_moves(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, weights, members,
-             has_bounds: bool) -> str:
+             has_bounds: bool, references=()) -> str:
     covered = ", ".join(THREATS.get(t, (t,))[0] for t in threats) or "none"
     missing = [THREATS[t][0] for t in THREAT_MODELS if t not in threats]
     lines = []
-    found = verdicts(points, (SUMMARY_BUDGET, math.inf))
+    sentences = summaries(points)
     for t in threats:
         title = THREATS.get(t, (t, ""))[0]
         texts = []
         if t == "published-weights":
             texts.append(weights_summary_line(weights))
         elif t == "membership":
-            texts.append(membership_summary_line(members))
+            texts += reference_summary(references)
+            if members:
+                texts.append(membership_summary_line(members))
         else:
-            mine = [v for v in found if v.threat_model == t]
-            for dataset, model in dict.fromkeys((v.dataset, v.model) for v in mine):
-                measured = any(finite(p.utility_loss) for p in points if p.defense != "none" and (
-                    p.threat_model, p.dataset, p.model) == (t, dataset, model))
-                budget = SUMMARY_BUDGET if measured else math.inf
-                sentence = verdict_sentence([v for v in mine if (v.dataset, v.model) == (dataset, model)
-                                             and v.budget == budget])
-                texts.append(f"{esc(dataset)} · {esc(model)}: {sentence}"
-                             + ("" if measured else " (utility not measured)"))
+            for (threat, dataset, model), (sentence, measured) in sentences.items():
+                if threat == t:
+                    texts.append(f"{esc(dataset)} · {esc(model)}: {sentence}"
+                                 + ("" if measured else " (utility not measured)"))
         body = texts[0] if len(texts) == 1 else "<ul>" + "".join(f"<li>{x}</li>" for x in texts) + "</ul>"
         lines.append(f'<li><b><a href="#threat-{esc(t)}">{esc(title)}</a></b> — {body}</li>')
     parts = [f"<p>This sweep covers these threat models: <b>{esc(covered)}</b>"
@@ -216,6 +220,23 @@ def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, 
                            "their output to the pixel box are biased and can go below it, so it is not a lower "
                            "bound on what an attack achieves."))
     return "".join(parts)
+
+
+def _replication(store: Store) -> str:
+    """What ``replicate: auto`` did: trials added, rounds, why it stopped and the cells it left undecided."""
+    try:
+        state = json.loads(store.meta("replicate") or "null")
+    except (json.JSONDecodeError, TypeError):
+        return muted("The store's replication record is unreadable.")
+    if not isinstance(state, Mapping):
+        return ""
+    left = state.get("open") if isinstance(state.get("open"), Mapping) else {}
+    text = (f"Adaptive replication added {esc(state.get('added', 0))} trial(s) in {esc(state.get('rounds', 0))} "
+            f"round(s)" + (f"; it stopped because {esc(state['stopped'])}" if state.get("stopped") else
+                           "; it had not finished when this report was written"))
+    if left:
+        text += ". Cells left undecided: " + "; ".join(f"{esc(c)} ({esc(w)})" for c, w in left.items())
+    return f"<p>{text}.</p>"
 
 
 def _open(db: str | Path | Store) -> tuple[Store, bool]:
@@ -249,6 +270,7 @@ def _write(store: Store, out: Path) -> ReportFiles:
     points = privacy_utility(best, util, bounds)
     weights = weights_table(rows)
     members = membership_table(rows)
+    references = membership_defenses(rows)
 
     records = [{"threat_model": threat_model(r), **rec} for r, rec in zip(rows, result_records(rows))]
     columns = ["key", "kind", "threat_model", *(c for c in RESULT_COLUMNS if c not in ("key", "kind", "threat_model"))]
@@ -258,7 +280,7 @@ def _write(store: Store, out: Path) -> ReportFiles:
     files.parquet = write_parquet(records, out / "results.parquet")
 
     present = {s.threat_model for s in best} | ({"published-weights"} if weights else set()) \
-        | ({"membership"} if members else set())
+        | ({"membership"} if members or references else set())
     threats = [t for t in THREAT_MODELS if t in present] + sorted(present - set(THREAT_MODELS))
     drawn = Drawn()
     sections = []
@@ -269,45 +291,63 @@ def _write(store: Store, out: Path) -> ReportFiles:
             body.append(attack_section(t, rows, best, points, util, out, drawn, bounds))
         if t == "published-weights" and weights:
             body.append(weights_section(weights, out, drawn))
+        if t == "membership" and references:
+            body.append(reference_section(references, out, drawn))
         if t == "membership" and members:
-            body.append(membership_section(members, out, drawn))
+            body.append(("<h3>The margin attack on two-layer nets</h3>" if references else "")
+                        + membership_section(members, out, drawn))
         sections.append(f'<section class="threat" id="threat-{esc(t)}" data-threat="{esc(t)}">'
-                        f"<h2>{esc(title)}</h2><p><i>The attacker {esc(text)}</i></p>{''.join(body)}</section>")
+                        + collapsible("", title, f"<p><i>The attacker {esc(text)}</i></p>{''.join(body)}")
+                        + "</section>")
     federated = federated_section(rows, out, drawn)
-    summary = (_summary(threats, rows, points, weights, members, bool(bounds)) if sections or not federated
+    summary = (_summary(threats, rows, points, weights, members, bool(bounds), references)
+               if sections or not federated
                else federated_summary(rows))
     files.plots, files.grids, files.threats = drawn.plots, drawn.grids, threats
 
     status = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no trials"
     downloads = [f'<a href="{esc(p.relative_to(out).as_posix())}">{esc(p.name)}</a>'
                  for p in (files.csv, files.strongest_csv, files.parquet) if p is not None]
+    entries = [("summary", "Summary"), *((f"threat-{t}", THREATS.get(t, (t,))[0]) for t in threats),
+               *([("federated", "Federated runs")] if federated else []), ("problems", "Not applicable, failed"),
+               ("spec", "Sweep spec")]
+    intro = """<p>Following Liu et al. (2024, eq. (3)), a defense is judged by the strongest attack against it
+(S<sub>D</sub>: the attack with the lowest mean RMSE on that setting) at the utility it costs. Each threat model
+below is a separate question: an attack that needs a malicious server is never the strongest attack against an
+eavesdropper.</p>"""
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>leakbench report — {esc(name)}</title>
-<style>{CSS}</style></head>
-<body data-threats="{esc(' '.join(threats))}">
+<style>{CSS}{NAV_CSS}</style></head>
+<body data-threats="{esc(' '.join(threats))}">{metric_radios()}
+{contents_bar(entries, picker=any(s.threat_model in threats for s in best))}
+<main>
 <h1>leakbench report — {esc(name)}</h1>
 <p class=muted>{esc(store.path.name)} · {esc(status)} · generated {_dt.datetime.now():%Y-%m-%d %H:%M} by leakbench
 {esc(__version__)} · <span id="image-check">images not checked (JavaScript off)</span> · {' · '.join(downloads)}</p>
-
-<h2>Summary</h2>
-<p>Following Liu et al. (2024, eq. (3)), a defense is judged by the strongest attack against it (S<sub>D</sub>:
-the attack with the lowest mean RMSE on that setting) at the utility it costs. Each threat model below is a
-separate question: an attack that needs a malicious server is never the strongest attack against an
-eavesdropper.</p>
-{summary}
+{collapsible("summary", "Summary", intro + summary + _replication(store))}
 {''.join(sections) or ("" if federated else muted("No finished trials yet."))}
 {federated}
-
-<h2>Attacks that did not apply, failed trials</h2>
-{_problems_section(rows)}
-
-<h2>Sweep spec</h2>
-<details><summary>the spec this store was run with</summary><pre>{esc(spec_text)}</pre></details>
+{collapsible("problems", "Attacks that did not apply, failed trials", _problems_section(rows) + _refused_files(rows),
+             open=any(r.get("status") in ("failed", "timed out") for r in rows))}
+{collapsible("spec", "Sweep spec", muted("The spec this store was run with (YAML).")
+             + f'<pre class="spec">{esc(readable_yaml(spec_text))}</pre>', open=False)}
+</main>
 <script>{PAGE_CHECK}</script>
 </body></html>
 """
     files.index.write_text(page, encoding="utf-8")
     return files
+
+
+def _refused_files(rows: list[dict[str, Any]], limit: int = 20) -> str:
+    """The trials whose files the store names outside its folder (not read, not shown), with the reason."""
+    refused = [r for r in rows if r.get("images_refused")]
+    if not refused:
+        return ""
+    items = "".join(f"<li>{esc(r.get('key'))}: {esc(r['images_refused'])}</li>" for r in refused[:limit])
+    more = f"<li>… and {len(refused) - limit} more</li>" if len(refused) > limit else ""
+    return (f"<h3>Files refused</h3><p class=muted>{len(refused)} trial(s) name files outside the store's folder; "
+            f"they were not read.</p><ul>{items}{more}</ul>")
 
 
 __all__ = ["write_report", "ReportFiles", "THREATS", "PAGE_CHECK"]

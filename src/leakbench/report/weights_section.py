@@ -15,8 +15,10 @@ from typing import Any
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.stats import fisher_exact
 
 from ..errors import ConfigError
+from ..evaluation.stats import auc_interval, binomial, measurable_fpr
 from ..evaluation.strongest import SSIM_THRESHOLDS, MembershipScore, WeightsSummary, finite, npz_path, roc_curve
 from .attack_section import Drawn
 from .grid import save_grid
@@ -28,12 +30,28 @@ EVIDENCE_NOTE = ("A count is evidence that the attack recovered training data on
                  "thresholds alone are passed by random non-members.")
 
 
+def _proportion(k: int, n: int) -> str:
+    ci = binomial(k, n)
+    return f"{k} / {n} [{ci.low:.2f}, {ci.high:.2f}]" if ci.n else f"{k} / {n}"
+
+
+def excess(count: int, control: int, of: int, of_control: int) -> float:
+    """One-sided p-value of Fisher's exact test: the members' rate exceeds the control's (1.0 when undefined)."""
+    if of <= 0 or of_control <= 0:
+        return 1.0
+    table_ = [[count, of - count], [control, of_control - control]]
+    return float(fisher_exact(table_, alternative="greater")[1])
+
+
 def _versus(count: int, control: int, of: int, of_control: int) -> Any:
-    """"count / n vs control / n", bold where the count exceeds its control."""
-    text = f"{count} / {of} vs {control} / {of_control}"
-    if count > control:
-        return (f"<b>{esc(text)}</b>", "evidence")
-    return (hover(esc(text), "not above chance: no evidence"), "chance")
+    """"k / n [95 % Clopper–Pearson] vs control", bold where Fisher's exact test puts the count above its control
+    (one-sided p < 0.05)."""
+    text = f"{_proportion(count, of)} vs {_proportion(control, of_control)}"
+    p = excess(count, control, of, of_control)
+    if p < 0.05:
+        return (hover(f"<b>{esc(text)}</b>", f"above its control: Fisher's exact test p = {p:.3g}"), "evidence")
+    return (hover(esc(text), f"not significantly above chance at this n (Fisher's exact test p = {p:.2g})"),
+            "chance")
 
 
 def weights_summary_line(found: Sequence[WeightsSummary]) -> str:
@@ -41,12 +59,14 @@ def weights_summary_line(found: Sequence[WeightsSummary]) -> str:
     ran = [w for w in found if w.trials]
     if not ran:
         return "no weights attack produced a usable result."
-    w = max(ran, key=lambda w: (w.members_nn - w.nonmembers_nn, w.attack))
-    excess = w.members_nn - w.nonmembers_nn
-    verdict = "above chance" if excess > 0 else "not above chance: no evidence of reconstruction"
-    return (f"best: {esc(w.attack)} on {esc(w.dataset)} · {esc(w.model)} — {w.members_nn} of {w.n_train} training "
-            f"points are the nearest neighbour of a reconstruction, against {w.nonmembers_nn} of "
-            f"{w.n_nonmembers} non-members (chance): {verdict}.")
+    w = min(ran, key=lambda w: (excess(w.members_nn, w.nonmembers_nn, w.n_train, w.n_nonmembers),
+                                -(w.members_nn - w.nonmembers_nn), w.attack))
+    p = excess(w.members_nn, w.nonmembers_nn, w.n_train, w.n_nonmembers)
+    verdict = (f"above chance (Fisher's exact test p = {p:.2g})" if p < 0.05 else
+               f"not significantly above chance at this n (p = {p:.2g}): no evidence of reconstruction")
+    return (f"best: {esc(w.attack)} on {esc(w.dataset)} · {esc(w.model)} — {_proportion(w.members_nn, w.n_train)} "
+            f"training points are the nearest neighbour of a reconstruction, against "
+            f"{_proportion(w.nonmembers_nn, w.n_nonmembers)} non-members (chance; 95 % Clopper–Pearson): {verdict}.")
 
 
 def _weights_grid(w: WeightsSummary, out: Path) -> tuple[Path, str] | None:
@@ -99,8 +119,8 @@ def weights_section(found: Sequence[WeightsSummary], out: Path, drawn: Drawn) ->
     return "".join(parts)
 
 
-def _roc_arrays(score: MembershipScore) -> tuple[np.ndarray, np.ndarray] | None:
-    """The ROC of a setting from its trials' ``scores`` / ``is_member`` arrays, pooled; None when absent."""
+def _pooled(score: MembershipScore) -> tuple[np.ndarray, np.ndarray] | None:
+    """A setting's per-example ``scores`` / ``is_member`` arrays, pooled over its trials; None when absent."""
     s, m = [], []
     for r in score.rows:
         npz = npz_path(r)
@@ -115,10 +135,33 @@ def _roc_arrays(score: MembershipScore) -> tuple[np.ndarray, np.ndarray] | None:
             continue
     if not s:
         return None
+    return np.concatenate(s), np.concatenate(m)
+
+
+def _roc_arrays(score: MembershipScore) -> tuple[np.ndarray, np.ndarray] | None:
+    """The ROC of a setting from its pooled per-example arrays; None when absent."""
+    pooled = _pooled(score)
     try:
-        return roc_curve(np.concatenate(s), np.concatenate(m))
+        return None if pooled is None else roc_curve(*pooled)
     except ValueError:
         return None
+
+
+def _auc(score: MembershipScore):
+    pooled = _pooled(score)
+    try:
+        return None if pooled is None else auc_interval(*pooled)
+    except ValueError:
+        return None
+
+
+def _tpr(value: float | None, fpr: float, nonmembers: int) -> Any:
+    """TPR at ``fpr`` where ≥ 10 / fpr non-members resolve it; otherwise greyed with the reason."""
+    if measurable_fpr(fpr, nonmembers):
+        return pct(value)
+    need = math.ceil(10 / fpr - 1e-9)
+    return (hover("not measurable", f"at n = {nonmembers} non-members: TPR at {100 * fpr:g} % FPR needs at least "
+                                    f"{need} (ten false positives at that rate)"), "na")
 
 
 def membership_summary_line(found: Sequence[MembershipScore]) -> str:
@@ -126,13 +169,17 @@ def membership_summary_line(found: Sequence[MembershipScore]) -> str:
     if not ran:
         return "no membership attack produced a usable result."
     m = max(ran, key=lambda m: (m.auc, m.setting))
-    return (f"highest AUC {num(m.auc)} ({esc(m.setting)} on {esc(m.dataset)} · {esc(m.model)}), TPR "
-            f"{pct(m.tpr_at_1pct)} at 1 % FPR (chance: 1 %).")
+    auc = _auc(m)
+    auc_text = num(m.auc) + (f" [{auc.low:.2f}, {auc.high:.2f}]" if auc is not None and auc.known else "")
+    tpr = (f"TPR {pct(m.tpr_at_1pct)} at 1 % FPR (chance: 1 %)" if measurable_fpr(0.01, m.nonmembers) else
+           f"TPR at 1 % FPR not measurable with {m.nonmembers} non-members (needs 1000)")
+    return (f"highest AUC {auc_text} ({esc(m.setting)} on {esc(m.dataset)} · {esc(m.model)}; "
+            f"{m.members} members, {m.nonmembers} non-members), {tpr}.")
 
 
 def membership_section(found: Sequence[MembershipScore], out: Path, drawn: Drawn) -> str:
     defended = any(m.defense != "none" for m in found)
-    header = ["dataset", "model", *(["defense"] if defended else []), "setting", "AUC", "TPR at 1 % FPR",
+    header = ["dataset", "model", *(["defense"] if defended else []), "setting", "AUC [95 % CI]", "TPR at 1 % FPR",
               "TPR at 0.1 % FPR", "members", "non-members", "trials"]
     rows = []
     for m in found:
@@ -141,14 +188,16 @@ def membership_section(found: Sequence[MembershipScore], out: Path, drawn: Drawn
             rows.append([*lead, (hover("failed", "; ".join(m.reasons) or "failed"), "na"),
                          *[("", "na")] * (len(header) - len(lead) - 1)])
             continue
-        low = pct(m.tpr_at_01pct)
-        if m.nonmembers < 1000:
-            low = hover(f"{low} ‡", f"only {m.nonmembers} non-members: an FPR of 0.1 % is not resolved "
-                                    f"(the smallest non-zero FPR is 1/{m.nonmembers})")
+        auc = _auc(m)
+        auc_text = num(m.auc) + (f" [{auc.low:.2f}, {auc.high:.2f}]" if auc is not None and auc.known else "")
         trials = str(m.trials) + (hover(f" (+{m.failed} failed)", "; ".join(m.reasons)) if m.failed else "")
-        rows.append([*lead, num(m.auc), pct(m.tpr_at_1pct), low, str(m.members), str(m.nonmembers), trials])
-    parts = ["<p>Chance is AUC 0.5 and TPR = FPR (1 % at 1 % FPR). The setting says what the attacker knows of "
-             "the margin distribution (known / leaked / bounded).</p>", table(header, rows, left=3 + defended)]
+        rows.append([*lead, auc_text, _tpr(m.tpr_at_1pct, 0.01, m.nonmembers),
+                     _tpr(m.tpr_at_01pct, 0.001, m.nonmembers), str(m.members), str(m.nonmembers), trials])
+    parts = ["<p>Chance is AUC 0.5 and TPR = FPR (1 % at 1 % FPR). AUC with a 95 % stratified bootstrap interval "
+             "over the pooled examples; a TPR at an FPR is given only with at least 10 / FPR non-members (1 000 for "
+             "1 %, 10 000 for 0.1 %), otherwise it reads <i>not measurable</i>. The setting says what the attacker "
+             "knows of the margin distribution (known / leaked / bounded).</p>",
+             table(header, rows, left=3 + defended)]
     for dataset, model in dict.fromkeys((m.dataset, m.model) for m in found):
         curves = []
         for m in found:
@@ -161,7 +210,8 @@ def membership_section(found: Sequence[MembershipScore], out: Path, drawn: Drawn
         path = roc_plot(curves, out / "plots" / f"roc-{slug(dataset, model)}.png", title=f"{dataset} · {model}")
         if path is not None:
             drawn.plots.append(path)
-            parts.append(figure(path, out, f"ROC, {dataset} · {model} (log-scale FPR; dashed: chance)"))
+            parts.append(figure(path, out, f"ROC, {dataset} · {model} (log-scale FPR; grey dashed: chance"
+                                             + ("; below, one panel per setting)" if len(curves) > 1 else ")")))
     return "".join(parts)
 
 

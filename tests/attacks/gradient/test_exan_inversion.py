@@ -137,3 +137,16 @@ def test_requirements():
     nobias = lb.build("mlp:50", input_shape=data.shape, classes=10, bias=False, seed=0)
     with pytest.raises(UnsupportedThreatModel, match="bias"):
         lb.attack("exclusivity", lb.observe(nobias, x, y))
+
+
+def test_a_noised_gradient_determines_nothing_and_returns_no_image():
+    """Under strong noise no group of ExAN rows agrees: the attack says so instead of returning a grey batch."""
+    import leakbench as lb
+    from leakbench.errors import NothingRecovered
+
+    data = lb.load("digits", size=8)
+    x, y = data.batch(4, seed=0)
+    model = lb.build("mlp:64", input_shape=data.shape, classes=10, act="relu", seed=0).eval()
+    obs = lb.observe(model, x, y, defense="noise:1", seed=0)
+    with pytest.raises(NothingRecovered, match="determined nothing"):
+        lb.attack("exclusivity", obs)

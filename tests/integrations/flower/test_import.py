@@ -27,4 +27,4 @@ def test_leakbench_never_imports_flwr_and_the_integration_names_the_extra():
     lines = out.stdout.strip().splitlines()
     assert lines[0] == "flwr loaded: False"
     assert lines[1].startswith("error: leakbench.integrations.flower needs Flower")
-    assert "pip install 'leakbench[flower]'" in lines[1]
+    assert "pip install '.[flower]'" in lines[1]

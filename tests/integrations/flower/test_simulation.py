@@ -107,6 +107,14 @@ def run(tmp_path_factory):
     store.close()
 
 
+def _update_path(store: Store, key: str):
+    """The update file of a row: stored relative to the store's folder, resolved by the store."""
+    stored = store._conn.execute("SELECT path FROM images WHERE key = ? AND kind = 'update'", (key,)).fetchone()[0]
+    path, refused = store.resolve_file(stored, key, "update")
+    assert refused is None and path is not None
+    return path
+
+
 def test_one_audited_update_per_client_per_round(run):
     _, store, result = run
     rows = store.rows(kind="federated")
@@ -121,8 +129,7 @@ def test_one_audited_update_per_client_per_round(run):
 def test_stored_update_equals_the_clients_update(run):
     out, store, _ = run
     for r in store.rows(kind="federated"):
-        path = store._conn.execute("SELECT path FROM images WHERE key = ? AND kind = 'update'",
-                                   (r["key"],)).fetchone()[0]
+        path = _update_path(store, r["key"])
         stored = load_update(path)
         with np.load(out / f"r{r['spec']['round']}-c{r['spec']['client']}.npz") as sent:
             assert sorted(stored) == sorted(sent.files)
@@ -147,8 +154,7 @@ def test_client_mod_metric_equals_a_direct_attack(run):
         reported = r["metrics"]["reported"]
         assert set(reported) >= {"leakbench-rmse", "leakbench-psnr", "leakbench-seconds"}
         rnd, client = r["spec"]["round"], int(r["spec"]["client"])
-        path = store._conn.execute("SELECT path FROM images WHERE key = ? AND kind = 'update'",
-                                   (r["key"],)).fetchone()[0]
+        path = _update_path(store, r["key"])
         # the direct attack: the global model of that round rebuilt from the stored updates
         before = model_fn()
         state = dict(before.state_dict())

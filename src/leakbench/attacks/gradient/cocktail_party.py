@@ -49,6 +49,7 @@ from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..objectives import total_variation
 from ..feature_blocks import invert_features
+from ..linalg import lstsq
 from ..observed import attacker_model, block_input, shared_gradient
 
 DOMAINS = ("edges", "pixels")
@@ -165,11 +166,11 @@ def resolve_scale(sources: torch.Tensor, grad_w: torch.Tensor, grad_b: torch.Ten
     mix = gw @ torch.linalg.pinv(s)                      # n×B = Δ diag(a)
     means = gw.mean(dim=1)                               # Δ c
     if grad_b is not None:
-        inv_a = torch.linalg.lstsq(mix, grad_b.double().reshape(-1, 1)).solution.reshape(-1)
+        inv_a = lstsq(mix, grad_b.double().reshape(-1, 1)).reshape(-1)
         delta = mix * inv_a[None, :]
-        c = torch.linalg.lstsq(delta, means.reshape(-1, 1)).solution.reshape(-1)
+        c = lstsq(delta, means.reshape(-1, 1)).reshape(-1)
         return (s / inv_a[:, None] + c[:, None]).to(sources.dtype)
-    ratio = torch.linalg.lstsq(mix, means.reshape(-1, 1)).solution.reshape(-1)   # c / a
+    ratio = lstsq(mix, means.reshape(-1, 1)).reshape(-1)   # c / a
     z = s + ratio[:, None]
     if nonnegative:
         flip = (z.clamp_min(0).sum(1) < (-z).clamp_min(0).sum(1))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
+from ..batched_matching import solve_observations
 from ..gradient_matching import GradientMatcher, MatchingSettings
 
 DLG_PAPER = dict(distance="l2", optimizer="lbfgs", lr=1.0, iterations=300, soft_labels=True, init="randn",
@@ -22,6 +23,7 @@ class DLG(Attack):
     """Deep Leakage from Gradients: L-BFGS on the L2 gradient distance with dummy soft labels."""
 
     name = "dlg"
+    matching = True
     Options = MatchingSettings
     presets = {
         "default": DLG_PAPER,
@@ -38,3 +40,11 @@ class DLG(Attack):
         labels = None if self.options.soft_labels else recover_labels(obs, seed=seed)
         result = GradientMatcher(obs, self.options).run(labels, seed=seed, callback=callback, progress=progress)
         return Reconstruction(images=result.images, labels=result.labels, trace=result.trace)
+
+    def run_batch(self, observations, seeds, *, progress=None) -> list[Reconstruction | Exception]:
+        """Independent problems in one stacked optimisation (:mod:`..batched_matching`)."""
+        def prepare(obs, seed):
+            return GradientMatcher(obs, self.options), None if self.options.soft_labels else recover_labels(obs, seed=seed)
+
+        return [r if isinstance(r, Exception) else Reconstruction(images=r.images, labels=r.labels, trace=r.trace)
+                for r in solve_observations(observations, seeds, prepare, progress=progress)]

@@ -29,7 +29,8 @@ Per sample ``trace["unique"]`` says whether it was determined uniquely (then the
 reconstruction equals the input up to round-off), ``confidence`` is 1.0 for those and
 0.0 otherwise — 0/1 flags, so :func:`leakbench.metrics.compare` matches these slots to
 their originals first; ``trace["exans"]`` counts the ExANs found per sample and layer.
-Samples not identified at the output layer are returned as the data-range centre.
+Samples not identified at the output layer are returned as the data-range centre (flagged not unique);
+when no sample is identified at all the attack raises :class:`~leakbench.errors.NothingRecovered`.
 """
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ...errors import ConfigError
+from ...errors import ConfigError, NothingRecovered
 from ...models.matrices import layer_chain
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import label_counts
+from ..linalg import lstsq
 from ..analytic import analytic_reasons, chain_or_reason
 from ..observed import layer_gradients, param_index
 
@@ -205,6 +207,10 @@ class Exclusivity(Attack):
                             "members": [members_kept[a] for a in agree]})
         samples = samples[:M]
         identified = len(samples)
+        if identified == 0:
+            raise NothingRecovered("exclusivity identified no sample at the output layer (no group of exclusively "
+                                   "activated neurons agrees on an input; noise, pruning or dropped gradient "
+                                   "entries break the rank-one rows it reads): it determined nothing")
         for i, s in enumerate(samples):
             s["slot"] = i
             exans[i, H - 1] = s["exans_top"]
@@ -252,7 +258,7 @@ class Exclusivity(Attack):
             else:
                 for s in pending:  # cannot separate its contribution: invert the forward map only
                     rows = s["pattern"]
-                    s["next"] = torch.linalg.lstsq(W[k - 1][rows], (s["h"] - bias[k - 1])[rows, None]).solution[:, 0] \
+                    s["next"] = lstsq(W[k - 1][rows], (s["h"] - bias[k - 1])[rows, None])[:, 0] \
                         if rows.any() else torch.zeros(W[k - 1].shape[1], dtype=W[k - 1].dtype)
                     s["known"] = False
             for s in known:

@@ -152,6 +152,7 @@ class Hybrid(Attack):
     """Chen & Campbell's hybrid: R-GAP per layer, each conv solution corrected by gradient matching."""
 
     name = "hybrid"
+    matching = True
     Options = HybridOptions
     presets = {
         "quick": {"lr": 1e-1, "iters_1": 300, "iters_2": 200, "iters_rest": 100},

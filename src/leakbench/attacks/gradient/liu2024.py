@@ -60,6 +60,7 @@ from ...models.generator import UNetGenerator
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
+from ..batched_matching import solve_observations
 from ..gradient_matching import (
     SCHEDULES,
     STEP_UNITS,
@@ -166,6 +167,8 @@ class Liu2024Matcher(GradientMatcher):
         self.feature_weight, self.form = feature_weight, form
         self._seen: list[torch.Tensor] = []
         if self.features is not None and feature_weight > 0:
+            self.extra_terms = ("the tensor-feature term re-solves its slot assignment (Hungarian, scipy) at every "
+                                "step: this problem runs alone")
             block = find_block(self.model)
             block.feature_module.register_forward_pre_hook(lambda _m, inputs: self._seen.append(inputs[0]))
 
@@ -227,6 +230,7 @@ class Liu2024(Attack):
     """Liu et al. 2024: IG + BN prior + TV + tensor-feature matching, images from an untrained U-Net (deep image prior)."""
 
     name = "liu2024"
+    matching = True
     Options = Liu2024Options
     presets = {
         "paper": {"iterations": 10000, "lr": 1e-5},
@@ -246,7 +250,8 @@ class Liu2024(Attack):
             reasons.append("the TV prior needs image inputs C×H×W; set tv=0 for vector data")
         return reasons
 
-    def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
+    def _prepare(self, obs: Observation, seed: int) -> tuple[Liu2024Matcher, torch.Tensor, dict]:
+        """The matcher of one observation, its labels and the trace entries of its set-up (tensor features)."""
         o = self.options
         labels = recover_labels(obs, seed=seed)
         trace: dict = {}
@@ -275,6 +280,12 @@ class Liu2024(Attack):
                                     step_unit=o.step_unit, init_std=o.init_std, restarts=o.restarts,
                                     init="gaussian", box=True, trace_every=o.trace_every)
         matcher = Liu2024Matcher(obs, settings, features=features, feature_weight=o.feature, form=form)
+        trace["feature_form"] = form if features is not None else None
+        return matcher, labels, trace
+
+    def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
+        o = self.options
+        matcher, labels, trace = self._prepare(obs, seed)
         if o.generator:
             images, run_trace = matcher.run_generator(
                 labels, {"width": o.width, "depth": o.depth, "noise_channels": o.noise_channels},
@@ -282,5 +293,30 @@ class Liu2024(Attack):
         else:
             result = matcher.run(labels, seed=seed, callback=callback, progress=progress)
             images, run_trace = result.images, result.trace
-        trace.update(run_trace, feature_form=form if features is not None else None)
+        form = trace.pop("feature_form")
+        trace.update(run_trace, feature_form=form)
         return Reconstruction(images=images, labels=labels, trace=trace)
+
+    def run_batch(self, observations, seeds, *, progress=None) -> list[Reconstruction | Exception]:
+        """On pixels (``generator=False``), independent problems in one stacked optimisation
+        (:mod:`..batched_matching`; the tensor-feature term's per-step assignment keeps a problem alone);
+        the deep image prior's generators one after the other."""
+        if self.options.generator:
+            return super().run_batch(observations, seeds, progress=progress)
+        setups: dict[int, dict] = {}  # id(observation) → its set-up trace
+
+        def prepare(obs, seed):
+            matcher, labels, trace = self._prepare(obs, seed)
+            setups[id(obs)] = trace
+            return matcher, labels
+
+        out: list[Reconstruction | Exception] = []
+        for obs, r in zip(observations, solve_observations(observations, seeds, prepare, progress=progress)):
+            if isinstance(r, Exception):
+                out.append(r)
+                continue
+            trace = setups[id(obs)]
+            form = trace.pop("feature_form")
+            trace.update(r.trace, feature_form=form)
+            out.append(Reconstruction(images=r.images, labels=r.labels, trace=trace))
+        return out

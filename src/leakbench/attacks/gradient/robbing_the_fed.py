@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...errors import expect
+from ...errors import NothingRecovered, expect
 from ...losses import get_loss
 from ...models.malicious import ImprintBlock, find_module
 from ...threat import Observation
@@ -184,11 +184,9 @@ class RobbingTheFed(Attack):
         lone, labels, mismatch, how = self._lone(obs, block, occupied, images, grad_b, diff_b)
         confidence = lone.to(images.dtype).to(images.device)
         if n == 0:
-            lo, hi = obs.data_range
-            images = torch.full((obs.batch_size, images.shape[1]), (lo + hi) / 2, device=grad_w.device,
-                                dtype=grad_w.dtype)
-            confidence = torch.zeros(obs.batch_size, device=grad_w.device)
-        elif n < obs.batch_size:
+            raise NothingRecovered("robbing-the-fed found no occupied bin (no bin's bias gradient differs from the "
+                                   "next one's): it determined nothing from this observation")
+        if n < obs.batch_size:
             repeat = torch.arange(obs.batch_size - n, device=images.device) % n
             images = torch.cat([images, images[repeat]])
             confidence = torch.cat([confidence, torch.zeros(obs.batch_size - n, device=images.device)])

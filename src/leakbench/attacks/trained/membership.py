@@ -21,31 +21,16 @@ the same name; :class:`MarginMembership` carries the ``requirements`` check.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import torch
 
 from ...errors import ConfigError, UnsupportedThreatModel, expect
-from ...registry import Registry
 from ...threat import Observation
+from ..membership_base import MEMBERSHIP_ATTACKS, MembershipResult
 
-__all__ = ["MembershipResult", "MarginMembership", "membership_margin", "MEMBERSHIP_ATTACKS", "MARGIN_MODES"]
+__all__ = ["MarginMembership", "membership_margin", "MARGIN_MODES"]
 
 MARGIN_MODES = ("known", "leaked", "bounded")
-MEMBERSHIP_ATTACKS: Registry = Registry("membership attack")
-
-
-@dataclass
-class MembershipResult:
-    """Per-point scores (|f(x)| or y·f(x)), the threshold used, decisions, and the margin estimate."""
-
-    scores: torch.Tensor
-    threshold: float
-    members: torch.Tensor
-    margin: float | None
-    mode: str
-    signed: bool
-    info: dict = field(default_factory=dict)
 
 
 @MEMBERSHIP_ATTACKS.register("membership-margin",

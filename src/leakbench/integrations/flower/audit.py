@@ -1,7 +1,7 @@
 """The audit core (flwr-free): a client's update → a leakbench observation → the named attacks → scores.
 
 One update θ_after − θ_before of a client that ran local SGD (:class:`~.keys.LocalTraining`) becomes
-an ``update`` observation through :func:`leakbench.captured.from_update`; each attack named as in the
+an ``update`` observation through :meth:`leakbench.threat.Observation.from_update`; each attack named as in the
 CLI and sweep specs (registry name, ``preset``, ``options``, ``threat: {labels_known: true}``, ``label``)
 runs on it as :func:`leakbench.evaluation.trial.run_attack` runs it in a sweep trial.  With the client's
 real batch (simulation, or the client auditing itself) the reconstruction is scored after Hungarian
@@ -111,11 +111,51 @@ def best(outcomes: Sequence[Audited]) -> dict[str, float]:
     return {"rmse": min(rmse) if rmse else math.nan, "psnr": max(psnr) if psnr else math.nan}
 
 
+#: relative error within which an undefended update fits the replay of the reported training (float32 rounding).
+VERIFY_RTOL = 1e-3
+#: cosine a defended update must reach with the replay of the reported training on its batch.
+VERIFY_COSINE = 0.9
+
+
+def _trainable(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def replay_update(model_before: nn.Module, x: torch.Tensor, y: torch.Tensor, training: LocalTraining, *,
+                  loss: str = "ce", normalize: tuple | None = None, train: bool = False,
+                  device: torch.device | str = "cpu") -> list[torch.Tensor]:
+    """θ_after − θ_before of the reported local SGD on ``(x, y)`` (full-batch steps, or unshuffled minibatch
+    epochs), per trainable parameter: what an honest client with that batch would have sent."""
+    from ...captured import with_normalization
+    from ...losses import get_loss
+
+    model = with_normalization(model_before, normalize).to(device).train(train)
+    params = [p for p in model.parameters() if p.requires_grad]
+    start = [p.detach().clone() for p in params]
+    loss_fn = get_loss(loss)
+    x, y = x.to(device), y.to(device)
+    dtype = params[0].dtype if params else torch.float32
+    x = x.to(dtype) if x.is_floating_point() else x
+    if training.epochs is not None:
+        mb = training.minibatch or x.shape[0]
+        batches = [slice(i, i + mb) for _ in range(training.epochs) for i in range(0, x.shape[0], mb)]
+    else:
+        batches = [slice(None)] * training.steps
+    for part in batches:
+        value = loss_fn(model(x[part]), y[part])
+        grads = torch.autograd.grad(value, params, allow_unused=True)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                if g is not None:
+                    p -= training.lr * g
+    return [(p.detach() - s).double() for p, s in zip(params, start)]
+
+
 class Auditor:
     """Runs the named attacks on captured updates: ``Auditor(["fc-inversion"]).audit(obs, x, y)``.
 
     ``loss``, ``normalize``, ``input_shape`` and ``train`` are the threat-model arguments of
-    :func:`leakbench.captured.from_update`; ``seed`` seeds every attack.
+    :meth:`leakbench.threat.Observation.from_update`; ``seed`` seeds every attack.
     """
 
     def __init__(self, attacks: str | Mapping | Iterable[str | Mapping], *, seed: int = 0, device: str = "cpu",
@@ -128,23 +168,79 @@ class Auditor:
 
     def observe(self, model_before: nn.Module, model_after: nn.Module, training: LocalTraining, *,
                 labels: torch.Tensor | None = None, defense: str = "none"):
-        """The ``update`` observation of ``model_after − model_before`` (:func:`leakbench.captured.from_update`)."""
-        from ...captured import from_update
+        """The ``update`` observation of ``model_after − model_before``
+        (:meth:`leakbench.threat.Observation.from_update`)."""
+        from ...threat import Observation
 
-        return from_update(model_before.to(self.device), model_after.to(self.device), **training.options(),
-                           labels=labels, loss=self.loss, input_shape=self.input_shape, normalize=self.normalize,
-                           train=self.train, defense=defense)
+        return Observation.from_update(model_before.to(self.device), model_after.to(self.device),
+                                       **training.options(), labels=labels, loss=self.loss,
+                                       input_shape=self.input_shape, normalize=self.normalize, train=self.train,
+                                       defense=defense)
+
+    def verify(self, model_before: nn.Module, model_after: nn.Module, training: LocalTraining, x: torch.Tensor,
+               y: torch.Tensor, *, defense: str = "none") -> str | None:
+        """Why the update does not fit the batch ``(x, y)`` it would be scored against (None when it fits).
+
+        The client's partition id, example count and local steps are its own word.  The server replays the
+        reported local SGD from ``model_before`` on ``(x, y)`` and compares it with the update: with no
+        defense they must agree to :data:`VERIFY_RTOL` (relative error), with a defense (noise, clipping,
+        DP-SGD change the update) their cosine must reach :data:`VERIFY_COSINE`.
+        """
+        if y is None or x.shape[0] != training.batch_size or y.shape[0] != x.shape[0]:
+            return (f"the client reported {training.batch_size} example(s), its partition holds "
+                    f"{x.shape[0]} (x {tuple(x.shape)}, y {None if y is None else tuple(y.shape)}): the update "
+                    "cannot come from that batch")
+        delta = [a.detach().double() - b.detach().double() for (_, b), (_, a) in
+                 zip(_trainable(model_before), _trainable(model_after))]
+        replay = replay_update(model_before, x, y, training, loss=self.loss, normalize=self.normalize,
+                               train=self.train, device=self.device)
+        if [tuple(d.shape) for d in delta] != [tuple(r.shape) for r in replay]:
+            return "the update's parameter shapes do not fit the model"
+        d = torch.cat([t.reshape(-1) for t in delta]).cpu()
+        r = torch.cat([t.reshape(-1) for t in replay]).cpu()
+        norm = float(d.norm())
+        if not math.isfinite(norm) or norm == 0.0:
+            return f"the update is {'zero' if norm == 0.0 else 'not finite'}: nothing to check it against"
+        if (defense or "none") == "none":
+            error = float((d - r).norm()) / norm
+            if error <= VERIFY_RTOL:
+                return None
+            return (f"the update does not fit the batch it would be scored against (relative error {error:.3g} > "
+                    f"{VERIFY_RTOL:g} for the reported lr {training.lr:g}, {training.steps} step(s), "
+                    f"{training.batch_size} example(s)): the client's partition id or training report is wrong")
+        cosine = float(torch.dot(d, r) / (norm * float(r.norm()) + 1e-300))
+        if cosine >= VERIFY_COSINE:
+            return None
+        return (f"the defended update ({defense}) does not fit the batch it would be scored against (cosine "
+                f"{cosine:.3f} < {VERIFY_COSINE:g}): the client's partition id or training report is wrong")
 
     def audit(self, model_before: nn.Module, model_after: nn.Module, training: LocalTraining, *,
               x: torch.Tensor | None = None, y: torch.Tensor | None = None, defense: str = "none",
-              chance_mean: float | None = None) -> list[Audited]:
-        """Every attack on the update; scored against ``(x, y)`` when given (the batch behind the update)."""
-        if x is not None:
+              chance_mean: float | None = None, verify: bool = True) -> list[Audited]:
+        """Every attack on the update; scored against ``(x, y)`` when given (the batch behind the update) and
+        the update fits it (:meth:`verify`); otherwise every attack runs unscored and is ``unverified``
+        with the reason.  ``verify=False`` trusts ``(x, y)``: a client auditing its own update (``audit_mod``)."""
+        if x is not None and not verify:
             if y is None or x.shape[0] != training.batch_size or y.shape[0] != x.shape[0]:
                 raise ConfigError(f"expected the client's batch of {training.batch_size} samples (x, y) behind the "
-                                  f"update, got x of {None if x is None else tuple(x.shape)} and y of "
-                                  f"{None if y is None else tuple(y.shape)} (check the partition given to the "
-                                  "auditor and the num-examples the client reported)")
+                                  f"update, got x of {tuple(x.shape)} and y of {None if y is None else tuple(y.shape)}"
+                                  " (check data_fn and the num-examples the client reports)")
+        unverified = None if x is None or not verify else self.verify(model_before, model_after, training, x, y,
+                                                                      defense=defense)
+        if unverified is not None:
+            x = y = None
+        out = self._audit(model_before, model_after, training, x=x, y=y, defense=defense, chance_mean=chance_mean)
+        if unverified is not None:
+            for o in out:
+                if o.status == "done":
+                    o.status, o.error = "unverified", unverified
+                else:
+                    o.error = f"{o.error}; {unverified}" if o.error else unverified
+        return out
+
+    def _audit(self, model_before: nn.Module, model_after: nn.Module, training: LocalTraining, *,
+               x: torch.Tensor | None, y: torch.Tensor | None, defense: str,
+               chance_mean: float | None) -> list[Audited]:
         plain = self.observe(model_before, model_after, training, defense=defense)
         labelled = None
         out = []
@@ -218,4 +314,5 @@ class Auditor:
         return Audited(choice.key, choice.name, "done", True, metrics=metrics, per_sample=per_sample, arrays=arrays)
 
 
-__all__ = ["AttackChoice", "Audited", "Auditor", "attack_choices", "best", "chance", "THREAT_FIELDS"]
+__all__ = ["AttackChoice", "Audited", "Auditor", "attack_choices", "best", "chance", "replay_update", "THREAT_FIELDS",
+           "VERIFY_RTOL", "VERIFY_COSINE"]

@@ -1,21 +1,38 @@
 """Client mods: a self-audit of each update before it leaves the client, and leakbench defenses.
 
 A Flower mod wraps the ClientApp's train function: ``mod(msg, context, call_next) -> reply``
-(``flwr.clientapp.typing.Mod``).  ``ClientApp(mods=[audit_mod(...), defense_mod(...)])`` runs them
-outermost first, so the audit sees the defended update, as the server would.
+(``flwr.clientapp.typing.Mod``).  Flower nests ``ClientApp(mods=[m1, m2])`` as ``m1(m2(app))``
+(``flwr.client.mod.utils.make_ffn``): the first mod is the outermost, it sees the reply last, after every
+mod after it in the list has changed it.  So **a mod placed before the audit changes the update after the
+audit saw it; a mod placed after it, before**:
+
+- ``[audit_mod(...), defense_mod(...) | fixedclipping_mod | LocalDpMod(...)]``: the audit sees the defended
+  update, exactly what leaves the client (what the server receives);
+- ``[fixedclipping_mod | LocalDpMod(...), audit_mod(...)]``: the audit sees the update before that defense
+  (what would leak without it), and what leaves the client differs;
+- ``[audit_mod(...), secaggplus_mod]``: the update leaves as a SecAgg+ masked vector; the audit attacks
+  nothing and writes its verdict (``leakbench-verdict``: the server sees only the sum over the round's
+  clients);
+- ``[secaggplus_mod, audit_mod(...)]``: the audit sees the plaintext update the train function produced,
+  what leaks if the secure aggregation is circumvented (a server that isolates one client's update).
+
+Both mods read and write the Message API's records and the legacy ``FitIns``/``FitRes`` records of a
+``NumPyClient``/``Client`` app (:mod:`.records`), the layout Flower's ``fixedclipping_mod``, ``LocalDpMod``
+and ``secaggplus_mod`` use, so they compose with those on a legacy client.
 
 - :func:`audit_mod`: attacks the outgoing update with the client's own batch as ground truth and adds
-  the best RMSE/PSNR over the named attacks and the seconds spent to the reply metrics
-  (``leakbench-rmse``, ``leakbench-psnr``, ``leakbench-seconds``); with ``max_psnr`` an update whose best
-  PSNR exceeds it is not sent (an error reply instead, with one log line saying why).  A self-audit that
-  needs no trust in the server.
+  the best RMSE/PSNR over the named attacks, the seconds spent and the norm of the audited update to the
+  reply metrics (``leakbench-rmse``, ``leakbench-psnr``, ``leakbench-seconds``, ``leakbench-norm``); with
+  ``max_psnr`` an update whose best PSNR exceeds it is not sent (an error reply instead, with one log line
+  saying why).  A self-audit that needs no trust in the server.
 - :func:`defense_mod`: a leakbench defense spec.  Defenses of the update (``prune``, ``clip``,
   ``noise``, ``graddrop``, ``quantize``; Liu et al. 2024 Sec. 3) are applied to θ_after − θ_before by the
   mod; in-step defenses (``dpsgd``, ``dropout``) are asked of the train function through the train
   config (it runs :func:`~.train.local_train`), and the mod refuses to send an update whose metrics do
   not say they ran.  DP-SGD's ε over all the client's steps so far comes from Opacus's accountant
-  (``leakbench-epsilon``).  The spec is written into the reply's ``leakbench`` ConfigRecord so the
-  server's audit records it.
+  (``leakbench-epsilon``).  The spec is written into the reply's ``leakbench`` ConfigRecord (legacy
+  layout: the fit metric ``leakbench-defense``, the one record Flower's legacy mods keep) so the audit
+  records it.  Outside ``secaggplus_mod`` it refuses: a defense cannot act on masked vectors.
 """
 from __future__ import annotations
 
@@ -27,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Context, Error, Message, MessageType, MetricRecord
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.common.constant import ErrorCode
 from torch import nn
@@ -35,14 +52,19 @@ from torch import nn
 from ...errors import ConfigError
 from .audit import Auditor, best
 from .keys import FitKeys, local_training
-from .records import arrays_of, config_of, leakbench_record, metrics_of, model_from, one, set_leakbench_record, state_of
+from .records import (FITRES_METRICS, SECAGG_STATE, TrainReply, layout, leakbench_record, masked, model_from,
+                      positional_names, set_leakbench_record, set_reply_state, train_config_record, train_inputs,
+                      train_reply)
 from .train import RATE_KEY, STEPS_KEY
 
 log = logging.getLogger("flwr.leakbench")
 
-#: reply-metric keys of :func:`audit_mod`.
-AUDIT_KEYS = ("leakbench-rmse", "leakbench-psnr", "leakbench-seconds")
+#: reply-metric keys of :func:`audit_mod`: best RMSE and PSNR, seconds, and the L2 norm of the audited update
+#: (θ_after − θ_before over the trainable parameters), which says which update the audit saw.
+AUDIT_KEYS = ("leakbench-rmse", "leakbench-psnr", "leakbench-seconds", "leakbench-norm")
 EPSILON_KEY = "leakbench-epsilon"
+#: legacy fit-metric key of :func:`audit_mod`'s verdict on an update sent as SecAgg+ masked vectors.
+VERDICT_KEY = "leakbench-verdict"
 
 DataFn = Callable[[Context, int], tuple[torch.Tensor, torch.Tensor]]
 
@@ -56,9 +78,43 @@ def _refuse(msg: Message, reason: str) -> Message:
     return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
 
 
-def _server_round(config: dict[str, Any]) -> int:
-    value = config.get("server-round", 0)
-    return int(value) if isinstance(value, (int, float)) else 0
+def _server_round(config: dict[str, Any], msg: Message | None = None) -> int:
+    """The round: the train config's ``server-round`` (Message API), else the message's group id, which
+    Flower's workflows set to the round (``DefaultWorkflow``, ``SecAggPlusWorkflow``), else 0."""
+    value = config.get("server-round")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return int(value)
+    group = msg.metadata.group_id if msg is not None else ""
+    return int(group) if group.isdigit() else 0
+
+
+def _update_norm(before: nn.Module, after: nn.Module) -> float:
+    """‖θ_after − θ_before‖₂ over the trainable parameters."""
+    pairs = zip(before.named_parameters(), after.named_parameters())
+    return math.sqrt(sum(float((a.detach().double() - b.detach().double()).pow(2).sum())
+                         for (_, b), (_, a) in pairs if b.requires_grad))
+
+
+def _defense_of(reply: Message, out: TrainReply, keys: FitKeys) -> str:
+    """The leakbench defense a ``defense_mod`` inside reported (its record, or the legacy fit metric)."""
+    if out.layout == "legacy":
+        return str(out.metrics.get(keys.defense, "none"))
+    return str(leakbench_record(reply, keys.record).get("defense", "none"))
+
+
+def _secagg_verdict(reply: Message, context: Context, server_round: int) -> Message:
+    """The audit of an update that leaves as SecAgg+ masked vectors: no attack, the verdict in the fit metrics."""
+    state = dict(context.state.config_records[SECAGG_STATE]) if SECAGG_STATE in context.state.config_records else {}
+    clients, threshold = state.get("sample_num"), state.get("threshold")
+    verdict = (f"secure aggregation: the server sees only this update's SecAgg+ masked vector (uniform mod "
+               f"{state.get('mod_range', '2^32')}); only the sum over the round's {clients} clients (threshold "
+               f"{threshold}) can be unmasked, so no single update is attacked — place audit_mod inside "
+               "secaggplus_mod to audit the plaintext update")
+    if FITRES_METRICS not in reply.content.config_records:
+        reply.content.config_records[FITRES_METRICS] = ConfigRecord({})
+    reply.content.config_records[FITRES_METRICS][VERDICT_KEY] = verdict
+    log.info("leakbench audit_mod: round %d node %d: %s", server_round, context.node_id, verdict)
+    return reply
 
 
 def audit_mod(*, model_fn: Callable[[], nn.Module], data_fn: DataFn, attacks: Any, keys: FitKeys = FitKeys(),
@@ -66,37 +122,44 @@ def audit_mod(*, model_fn: Callable[[], nn.Module], data_fn: DataFn, attacks: An
               normalize: tuple | None = None, input_shape: Any = None) -> Mod:
     """A mod that attacks each outgoing update with the client's own batch ``data_fn(context, round)``.
 
-    ``model_fn`` builds the model the ServerApp trains; ``attacks`` as in the CLI and sweep specs.
-    ``max_psnr`` (dB): an update whose best reconstruction PSNR exceeds it is refused.
+    ``model_fn`` builds the model the ServerApp trains (in a legacy app its ``state_dict()`` order names the
+    arrays); ``attacks`` as in the CLI and sweep specs.  ``max_psnr`` (dB): an update whose best
+    reconstruction PSNR exceeds it is refused.  Where it sits among the mods decides which update it attacks
+    (module docstring); an update that leaves as SecAgg+ masked vectors is not attacked, its fit metrics get
+    the verdict under :data:`VERDICT_KEY`.
     """
     if max_psnr is not None and not (isinstance(max_psnr, (int, float)) and math.isfinite(max_psnr)):
         raise ConfigError(f"expected max_psnr as a finite number of dB or None, got {max_psnr!r} (argument max_psnr)")
     auditor = Auditor(attacks, seed=seed, device=device, loss=loss, normalize=normalize, input_shape=input_shape,
                       save_images=False)
+    names = positional_names(model_fn)
 
     def leakbench_audit_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-        if not _is_train(msg):
+        if not _is_train(msg) or layout(msg) is None:  # a SecAgg+ key exchange carries no model
             return call_next(msg, context)
-        _, arrays = arrays_of(msg)
-        before_state = state_of(arrays)
-        config = config_of(msg)
+        sent = train_inputs(msg, names)
+        config = sent.config
         reply = call_next(msg, context)
         if reply.has_error():
             return reply
+        server_round = _server_round(config, msg)
+        if masked(reply):
+            return _secagg_verdict(reply, context, server_round)
         start = time.perf_counter()
-        _, out = arrays_of(reply)
-        _, metrics = metrics_of(reply)
-        training = local_training(config, dict(metrics), keys)
-        server_round = _server_round(config)
+        out = train_reply(reply, names)
+        metrics = out.metrics
+        training = local_training(config, out.reported(keys.examples), keys)
         x, y = data_fn(context, server_round)
         x, y = torch.as_tensor(x), torch.as_tensor(y)
-        defense = str(leakbench_record(reply, keys.record).get("defense", "none"))
-        outcomes = auditor.audit(model_from(model_fn, before_state), model_from(model_fn, state_of(out)), training,
-                                 x=x, y=y, defense=defense)
+        defense = _defense_of(reply, out, keys)
+        before, after = model_from(model_fn, sent.state), model_from(model_fn, out.state)
+        norm = _update_norm(before, after)
+        outcomes = auditor.audit(before, after, training, x=x, y=y, defense=defense,
+                                 verify=False)  # its own batch: nothing to verify
         scores = best(outcomes)
         seconds = time.perf_counter() - start
-        metrics[AUDIT_KEYS[0]], metrics[AUDIT_KEYS[1]], metrics[AUDIT_KEYS[2]] = \
-            float(scores["rmse"]), float(scores["psnr"]), float(seconds)
+        for key, value in zip(AUDIT_KEYS, (scores["rmse"], scores["psnr"], seconds, norm)):
+            metrics[key] = float(value)
         leaking = [o for o in outcomes if o.status == "done" and o.metrics.get("psnr", -math.inf) > (
             max_psnr if max_psnr is not None else math.inf)]
         if leaking:
@@ -153,39 +216,43 @@ def defense_mod(spec: str, *, keys: FitKeys = FitKeys(), seed: int = 0,
     dp = next((p for p in parts if isinstance(p, DPSGD)), None)
     full = parse(spec).spec
     update_defense = shared[0] if len(shared) == 1 else Composition(tuple(shared)) if shared else None
-    names = None if model_fn is None else [n for n, p in model_fn().named_parameters() if p.requires_grad]
+    trainable = None if model_fn is None else [n for n, p in model_fn().named_parameters() if p.requires_grad]
+    names = positional_names(model_fn)
 
     def leakbench_defense_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-        if not _is_train(msg):
+        if not _is_train(msg) or layout(msg) is None:  # a SecAgg+ key exchange carries no model
             return call_next(msg, context)
-        _, arrays = arrays_of(msg)
-        before = state_of(arrays)
-        config = config_of(msg)
+        sent = train_inputs(msg, names)
+        before, config = sent.state, sent.config
         if in_step:
-            _, record = one(msg.content.config_records, "ConfigRecord")
-            record[keys.defense] = in_step
+            train_config_record(msg)[keys.defense] = in_step
         reply = call_next(msg, context)
         if reply.has_error():
             return reply
-        array_name, out = arrays_of(reply)
-        _, metrics = metrics_of(reply)
+        if masked(reply):
+            return _refuse(msg, f"leakbench defense_mod: the update left as SecAgg+ masked vectors, on which {full!r} "
+                                "cannot act: place defense_mod inside secaggplus_mod (after it in mods); the update "
+                                "was not sent")
+        out = train_reply(reply, names)
+        metrics = out.metrics
         if in_step and STEPS_KEY not in metrics:
             return _refuse(msg, f"leakbench defense_mod: {in_step!r} acts inside each training step, but the train "
                                 "function did not report running it: train with leakbench.integrations.flower."
                                 "local_train(..., defense=in_step_defense(config)) and add its .metrics() to the "
                                 "reply's MetricRecord; the update was not sent")
-        after = state_of(out)
+        after = out.state
         if update_defense is not None:
-            defended = names or [k for k, t in after.items() if t.is_floating_point()]
-            missing = [k for k in defended if k not in before or k not in after]
+            defended = [k for k in trainable if k in after] if trainable else \
+                [k for k, t in after.items() if t.is_floating_point()]
+            missing = [k for k in (trainable or defended) if k not in before or k not in after]
             if missing:
                 return _refuse(msg, f"leakbench defense_mod: the reply's arrays lack {missing[:3]} of the global "
                                     "model; the update was not sent")
-            gen = torch.Generator().manual_seed(_seed(seed, _server_round(config), context.node_id))
+            gen = torch.Generator().manual_seed(_seed(seed, _server_round(config, msg), context.node_id))
             delta = update_defense.apply_gradients([after[k] - before[k] for k in defended], generator=gen)
             for k, d in zip(defended, delta):
                 after[k] = (before[k] + d).to(after[k].dtype)
-            reply.content.array_records[array_name] = ArrayRecord({k: after[k] for k in out.keys()})
+            set_reply_state(reply, out, after)
         if dp is not None:
             state = context.state.metric_records.get("leakbench-dp") if "leakbench-dp" in \
                 context.state.metric_records else MetricRecord({"rates": [], "steps": []})
@@ -193,10 +260,13 @@ def defense_mod(spec: str, *, keys: FitKeys = FitKeys(), seed: int = 0,
             steps = list(state.get("steps", [])) + [int(metrics[STEPS_KEY])]
             context.state.metric_records["leakbench-dp"] = MetricRecord({"rates": rates, "steps": steps})
             metrics[EPSILON_KEY] = _epsilon(list(zip(rates, steps)), dp.sigma, dp.delta, dp.accountant)
-        set_leakbench_record(reply, keys.record, {"defense": full})
+        if out.layout == "legacy":  # Flower's legacy mods rebuild the reply from FitRes: only fitres.metrics survives
+            metrics[keys.defense] = full
+        else:
+            set_leakbench_record(reply, keys.record, {"defense": full})
         return reply
 
     return leakbench_defense_mod
 
 
-__all__ = ["audit_mod", "defense_mod", "AUDIT_KEYS", "EPSILON_KEY"]
+__all__ = ["audit_mod", "defense_mod", "AUDIT_KEYS", "EPSILON_KEY", "VERDICT_KEY"]

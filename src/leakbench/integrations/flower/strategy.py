@@ -27,8 +27,8 @@ from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
 
 from ...errors import ConfigError
-from .audit import Auditor
-from .keys import FitKeys, local_training
+from .audit import Audited, Auditor
+from .keys import FitKeys, LocalTraining, local_training
 from .records import arrays_of, config_of, leakbench_record, metrics_of, model_from, state_of
 from .storage import AuditLog
 
@@ -106,8 +106,14 @@ class AuditStrategy(Strategy):
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         if self._audited(server_round) and server_round in self._global:
-            self._audit_round(server_round, replies)
-            del self._global[server_round], self._config[server_round]
+            try:
+                self._audit_round(server_round, replies)
+            except Exception as err:  # noqa: BLE001 - the audit never takes down the training it watches
+                log.warning("leakbench audit: round %d not audited: %s: %s", server_round, type(err).__name__,
+                            " ".join(str(err).split())[:300])
+            finally:
+                self._global.pop(server_round, None)
+                self._config.pop(server_round, None)
         return self.strategy.aggregate_train(server_round, replies)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -164,45 +170,81 @@ class AuditStrategy(Strategy):
         return torch.as_tensor(x), torch.as_tensor(y)
 
     def _audit_round(self, server_round: int, replies: list[Message]) -> None:
-        valid = [m for m in replies if not m.has_error()]
-        before_state = self._global[server_round]
+        """Audit every client's reply; one bad reply is a ``failed`` row with its reason, the others go on."""
         entries = []
-        for msg in valid:
-            _, metrics = metrics_of(msg)
+        for msg in replies:
+            if msg.has_error():
+                continue
+            node = int(msg.metadata.src_node_id)
+            try:
+                _, metrics = metrics_of(msg)
+                metrics = dict(metrics)
+            except Exception:  # noqa: BLE001 - audited below as failed, with the reason
+                metrics = {}
             pid = metrics.get(self.keys.partition)
-            client = int(pid) if isinstance(pid, (int, float)) else int(msg.metadata.src_node_id)
-            entries.append((client, msg, dict(metrics)))
-        entries.sort(key=lambda e: e[0])
+            claimed = int(pid) if isinstance(pid, (int, float)) and not isinstance(pid, bool) \
+                and math.isfinite(pid) and float(pid).is_integer() and abs(pid) < 2**62 else None
+            entries.append((node if claimed is None else claimed, node, msg, metrics))
+        entries.sort(key=lambda e: (e[0], e[1]))
         if self.max_clients is not None:
             entries = entries[:self.max_clients]
-        for client, msg, metrics in entries:
+        used: set[str] = set()
+        claims = [e[0] for e in entries]
+        for client, node, msg, metrics in entries:
             start = time.perf_counter()
-            _, arrays = arrays_of(msg)
-            after_state = state_of(arrays)
-            before, after = model_from(self.model_fn, before_state), model_from(self.model_fn, after_state)
-            sent = self._config[server_round].get(int(msg.metadata.src_node_id), {})
-            training = local_training(sent, metrics, self.keys)
-            defense = str(leakbench_record(msg, self.keys.record).get("defense", "none"))
-            x, y = self._truth(client, server_round)
-            outcomes = self.auditor.audit(before, after, training, x=x, y=y, defense=defense,
-                                          chance_mean=self.chance_mean)
-            update_file = None
-            if self.save_updates:
-                names = [n for n, p in before.named_parameters() if p.requires_grad]
-                delta = {n: after_state[n] - before_state[n] for n in names}
-                update_file = self.log.save_update(round=server_round, client=str(client), delta=delta)
-            reported = {k: v for k, v in metrics.items() if k.startswith("leakbench-")}
-            for choice, outcome in zip(self.auditor.choices, outcomes):
-                key = self.log.record_update(round=server_round, client=str(client), mode=self.mode, choice=choice,
-                                             outcome=outcome, training=training, defense=defense, seed=self.seed,
-                                             reported=reported, node=int(msg.metadata.src_node_id),
-                                             update_file=update_file)
-                self.audited.append(key)
+            name = str(client) if claims.count(client) == 1 else f"{client}-n{node}"
+            try:
+                outcomes, training, defense, update_file = self._audit_client(server_round, client, node, msg,
+                                                                              metrics, name)
+            except Exception as err:  # noqa: BLE001 - one bad reply: a failed audit, and training goes on
+                reason = " ".join(str(err).split())[:500] or type(err).__name__
+                reason = reason if isinstance(err, ConfigError) else f"{type(err).__name__}: {reason}"
+                outcomes = [Audited(c.key, c.name, "failed", False, error=f"bad client reply: {reason}")
+                            for c in self.auditor.choices]
+                training, defense, update_file = _UNKNOWN_TRAINING, "none", None
+            tag = str(client)
+            if tag in used or any(o.status in ("failed", "unverified") for o in outcomes):
+                tag = f"{client}@node{node}"  # a client's word about its id is not an identity: no row overwritten
+            used.add(tag)
+            self._record(server_round, tag, node, outcomes, training, defense, metrics, update_file)
             best_psnr = max((o.metrics.get("psnr", -math.inf) for o in outcomes if o.status == "done" and o.scored),
                             default=None)
-            log.info("leakbench audit: round %d client %s: %s%s (%.1fs)", server_round, client,
+            log.info("leakbench audit: round %d client %s: %s%s (%.1fs)", server_round, tag,
                      ", ".join(f"{o.attack} {o.status}" for o in outcomes),
                      f", best PSNR {best_psnr:.1f} dB" if best_psnr is not None else "", time.perf_counter() - start)
+
+    def _audit_client(self, server_round: int, client: int, node: int, msg: Message, metrics: dict[str, Any],
+                      name: str):
+        """(outcomes, training, defense, update file) of one reply; any problem of the reply raises."""
+        before_state = self._global[server_round]
+        _, arrays = arrays_of(msg)
+        after_state = state_of(arrays)
+        before, after = model_from(self.model_fn, before_state), model_from(self.model_fn, after_state)
+        sent = self._config[server_round].get(node, {})
+        training = local_training(sent, metrics, self.keys)
+        defense = str(leakbench_record(msg, self.keys.record).get("defense", "none"))
+        x, y = self._truth(client, server_round)
+        outcomes = self.auditor.audit(before, after, training, x=x, y=y, defense=defense,
+                                      chance_mean=self.chance_mean)
+        update_file = None
+        if self.save_updates:
+            names = [n for n, p in before.named_parameters() if p.requires_grad]
+            delta = {n: after_state[n] - before_state[n] for n in names}
+            update_file = self.log.save_update(round=server_round, client=name, delta=delta)
+        return outcomes, training, defense, update_file
+
+    def _record(self, server_round: int, tag: str, node: int, outcomes: list[Audited], training: LocalTraining,
+                defense: str, metrics: Mapping[str, Any], update_file) -> None:
+        reported = {k: v for k, v in metrics.items() if isinstance(k, str) and k.startswith("leakbench-")}
+        for choice, outcome in zip(self.auditor.choices, outcomes):
+            key = self.log.record_update(round=server_round, client=tag, mode=self.mode, choice=choice,
+                                         outcome=outcome, training=training, defense=defense, seed=self.seed,
+                                         reported=reported, node=node, update_file=update_file)
+            self.audited.append(key)
+
+
+#: the training recorded beside a reply too malformed to say how the client trained.
+_UNKNOWN_TRAINING = LocalTraining(batch_size=0, lr=0.0, steps=0)
 
 
 __all__ = ["AuditStrategy"]

@@ -1,6 +1,6 @@
 """The client's local SGD with leakbench's in-step defenses (flwr-free).
 
-FedAvg's local training (McMahan et al. 2017) as :func:`leakbench.captured.from_update` describes it:
+FedAvg's local training (McMahan et al. 2017) as :meth:`leakbench.threat.Observation.from_update` describes it:
 ``steps`` SGD steps of size ``lr`` on the whole local batch, or ``epochs`` passes over it in
 consecutive minibatches of ``minibatch`` (unshuffled, the order ``from_update`` assumes without
 ``order=``, so the update-matching attacks simulate these exact steps; ``shuffle=True`` draws a seeded

@@ -1,0 +1,369 @@
+"""DAGER: exact recovery of a text batch from a transformer's gradient (Petrov et al., NeurIPS 2024).
+
+Petrov, Dimitrov, Baader, Müller & Vechev, "DAGER: Exact Gradient Inversion for Large Language
+Models" (arXiv:2405.15586).  Sec. 4: a linear layer Z = X W (X the B·T inputs of width d) has
+the weight gradient ∂L/∂W = Xᵀ ∂L/∂Z, so its rank is at most B·T and, when B·T < d, its
+column span (the row span of PyTorch's out × in layout) is a proper subspace that contains every
+input row x_i whose output gradient is non-zero — and, generically, no other vector.  Sec. 5
+turns this into a membership test for discrete tokens, the *span check*: a candidate input z is
+accepted when its distance to the span, d(z) = ‖z − Π z‖ (Π the orthogonal projector onto the
+top-r right singular vectors of the gradient), is below a threshold τ.
+
+Here (the models of :mod:`leakbench.models.transformers`, pre-LN, learned positions):
+
+1. **Layer 1, position-wise candidates** (Sec. 5.1).  The first block's fused [Q; K; V]
+   projection multiplies z_{b,t} = LN₁(E[v_{b,t}] + P[t]).  For every position t and every
+   vocabulary token v the attacker computes LN₁(E[v] + P[t]) and its relative distance to the
+   span of ∇W_qkv of block 1 (SVD in float64, rank r₁ = #σ > ``rank_tol``·σ_max); tokens with
+   distance < ``tol`` form the candidate set C_t (all tokens at position t across the batch).
+2. **Decoders: greedy extension through layer 2** (Sec. 5.2).  Causal attention makes block 2's
+   input at position t a function of the prefix v_0..v_t only; every recovered prefix is extended
+   by every v ∈ C_t and kept when block 2's LN₁ input at t passes the span check of block 2's
+   ∇W_qkv.  A prefix with no passing extension is a finished sequence.
+3. **Encoders** (Sec. 5.3 searches over combinations): only B = 1 here — the candidate sets are
+   then the sequence; larger encoder batches are refused with the reason.
+
+Each recovered sequence is flagged exact (``confidence`` 1) when every one of its positions passed
+both span checks, unambiguously (its token ``margin`` times closer to block 2's span than any other
+candidate after the same prefix), and, where the sequence lengths are granted, its length is one of them; slots left over when fewer distinct sequences were found than B (a repeated
+sequence leaves one span direction) are copies, flagged not exact.  Preconditions (refused up
+front otherwise): the gradient of one step, B·T < width (the span must not be full: the paper's
+bound), our transformer's layout.  Positions without a loss (padding, and the end-of-sequence
+token whose target is padding) contribute nothing to the gradient and come back as padding; a
+sequence that is a strict prefix of another in the same batch is not told apart from it.
+Equation numbers of the paper were not checked in this session: the section numbers name where.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from ..errors import ConfigError, NothingRecovered
+from ..models.transformers import TextTransformer
+from ..threat import Observation
+from .base import Attack, Reconstruction, register
+
+__all__ = ["Dager", "DagerOptions", "span_basis", "span_distance"]
+
+#: σ_{N+1}/σ_1 above this (N the tokens behind the gradient, which bound its rank) means noise: a float32
+#: gradient's own floor is near 1e-8.
+NOISE_FLOOR = 1e-5
+#: most prefixes × candidates checked at one position (a bound on memory and time).
+MAX_EXTENSIONS = 1_000_000
+
+
+def span_basis(grad: torch.Tensor, rank_tol: float, max_rank: int | None = None) -> torch.Tensor:
+    """Orthonormal rows (r × d) spanning the row space of ``grad`` (out × d) (float64 SVD).
+
+    r = #σ > rank_tol·σ_max, at most ``max_rank`` (the number of tokens behind the gradient, which
+    bounds its rank, Sec. 4): a float32 gradient's noise floor is not a clean gap, and cutting at the
+    token count keeps every true direction and few noise ones.
+    """
+    g = grad.detach().to(torch.float64)
+    _, s, vh = torch.linalg.svd(g, full_matrices=False)
+    if s.numel() == 0 or float(s[0]) == 0.0:
+        return vh[:0]
+    rank = int((s > rank_tol * s[0]).sum())
+    return vh[: rank if max_rank is None else min(rank, max_rank)]
+
+
+def _beyond_rank(grad: torch.Tensor, rank: int) -> float:
+    """σ_{rank+1}/σ_1 of ``grad`` (0 when it has no more singular values): how much lies past the token count."""
+    s = torch.linalg.svdvals(grad.detach().to(torch.float64))
+    return float(s[rank] / s[0]) if s.numel() > rank and float(s[0]) > 0 else 0.0
+
+
+def span_distance(z: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """‖z − Π z‖ / ‖z‖ for every row of ``z`` (… × d): the relative distance to the span of ``basis``."""
+    z = z.to(torch.float64)
+    residual = z - (z @ basis.T) @ basis
+    return residual.norm(dim=-1) / z.norm(dim=-1).clamp_min(1e-300)
+
+
+@dataclass
+class DagerOptions:
+    """Options of ``dager``."""
+
+    #: relative span distance below which a token passes block 1's span check (the paper's τ₁).
+    tol: float = 1e-3
+    #: the same for a prefix at block 2 (τ₂).  Measured on a briefly trained decoder (B = 4, six batches):
+    #: 1e-3 gives 19 of 24 sequences exact, 3e-3 17 of 24 (looser lets wrong branches through).
+    tol2: float = 1e-3
+    #: prefixes kept per batch slot at each position (the beam: at most beam·B, the closest to the span).
+    beam: int = 4
+    #: a sequence is flagged exact only when, at every position, its token's block-2 distance is below
+    #: margin × that of the best other candidate after the same prefix (tokens that another kept sequence
+    #: with the same prefix has there excepted): a search that could as well have taken another token
+    #: certifies nothing (measured: a briefly trained width-320 decoder at B = 16 passed wrong sequences
+    #: at 1e-4 while its true ones sat at up to 1.6e-3).
+    margin: float = 0.1
+    #: singular values below rank_tol·σ_max are taken as zero when the gradient's rank is read; the rank is
+    #: also capped by the number of tokens (Σ of the granted sequence lengths, else B·T).
+    rank_tol: float = 1e-9
+
+    def check(self) -> None:
+        for name in ("tol", "tol2", "rank_tol", "margin"):
+            value = getattr(self, name)
+            if not (isinstance(value, float) and 0 < value < 1):
+                raise ConfigError(f"expected {name} in (0, 1), got {value!r} (option {name})")
+        if not (isinstance(self.beam, int) and 1 <= self.beam <= 1000):
+            raise ConfigError(f"expected beam in 1..1000, got {self.beam!r} (option beam)")
+
+
+@register
+class Dager(Attack):
+    """DAGER (Petrov et al. 2024): span checks of token embeddings against attention-weight gradients, exact text."""
+
+    name = "dager"
+    Options = DagerOptions
+    presets = {"quick": {}}
+
+    def requirements(self, obs: Observation) -> list[str]:
+        model = obs.model
+        if not isinstance(model, TextTransformer):
+            return ["DAGER reads the first attention layers of leakbench's text transformers (gpt:/bert: specs); "
+                    f"got a {type(model).__name__}"]
+        reasons = []
+        if obs.kind != "gradient" and obs.local_steps != 1:
+            reasons.append(f"DAGER needs the gradient of one step, got an update after {obs.local_steps} steps")
+        tokens = obs.batch_size * int(obs.input_shape[0])
+        if tokens >= model.width:
+            reasons.append(f"B·T = {obs.batch_size}·{obs.input_shape[0]} = {tokens} ≥ width {model.width}: the "
+                           "attention gradient's span can be the whole space and every token would pass the span "
+                           "check (DAGER needs B·T < width); use a smaller batch, shorter sequences or a wider model")
+        if model.causal and len(model.blocks) < 2 and obs.batch_size > 1:
+            reasons.append("a decoder batch of B > 1 needs 2 blocks (the second block's span check orders the "
+                           "tokens)")
+        if not model.causal and obs.batch_size > 1:
+            reasons.append("encoder batches of B > 1 need DAGER's search over token combinations (Sec. 5.3), not "
+                           "implemented; B = 1 works")
+        return reasons
+
+    def run(self, obs: Observation, *, seed: int = 0, callback=None, progress=None) -> Reconstruction:
+        model: TextTransformer = obs.model
+        opts = self.options
+        grads = dict(zip(obs.param_names, obs.gradients))
+        T = int(obs.input_shape[0])
+        lengths = (obs.extras.get("text") or {}).get("lengths")
+        n_tokens = int(sum(lengths)) if lengths is not None else obs.batch_size * T
+        bases = []
+        for layer in range(min(2, len(model.blocks))):
+            grad = grads[f"blocks.{layer}.attn.qkv.weight"]
+            tail = _beyond_rank(grad, n_tokens)
+            if tail > NOISE_FLOOR:
+                raise NothingRecovered(
+                    f"block {layer + 1}'s attention gradient has rank above the {n_tokens} tokens behind it "
+                    f"(σ_{n_tokens + 1}/σ_1 = {tail:.1e} > {NOISE_FLOOR:.0e}): noise fills its span (a defense), "
+                    "DAGER's span check cannot tell the batch's tokens")
+            basis = span_basis(grad, opts.rank_tol, n_tokens)
+            if basis.shape[0] == 0:
+                raise NothingRecovered(f"the gradient of block {layer + 1}'s attention is zero: no token to check")
+            if basis.shape[0] >= model.width:
+                raise NothingRecovered(
+                    f"block {layer + 1}'s attention gradient has full rank {basis.shape[0]} = width {model.width}: "
+                    "every token lies in its span, DAGER cannot tell the batch's tokens (a noise defense, or "
+                    "B·T too large)")
+            bases.append(basis)
+        with torch.no_grad():
+            candidates, first = _position_candidates(model, bases[0], T, opts.tol)
+            if not any(candidates):
+                raise NothingRecovered("no vocabulary token passed the first layer's span check")
+            if model.causal and len(bases) > 1:
+                seqs, scores = _greedy_decode(model, bases[1], candidates, first, opts.tol2,
+                                              opts.beam * obs.batch_size)
+            else:
+                seqs, scores = _encoder_single(candidates, first)
+            B = obs.batch_size
+            order = _select(model, seqs, scores, B, causal=model.causal and len(bases) > 1)
+        rows, exact = [], []
+        causal = model.causal and len(bases) > 1
+        limit = opts.tol2 if causal else opts.tol
+        fits = _length_fits(lengths, [len(seqs[i]) for i in order])
+        with torch.no_grad():
+            clear = (_unambiguous(model, bases[1], [seqs[i] for i in order], candidates, opts.margin) if causal
+                     else [True] * len(order))
+        for i, fit, sure in zip(order, fits, clear):
+            rows.append(seqs[i])
+            exact.append(scores[i] < limit and fit and sure)
+        found = len(rows)
+        while len(rows) < B:  # fewer distinct sequences than slots: repeats, not known to be exact
+            rows.append(rows[len(rows) % found])
+            exact.append(False)
+        pad = model.pad_id
+        tokens = torch.full((B, T), pad, dtype=torch.int64)
+        for b, s in enumerate(rows):
+            tokens[b, : len(s)] = torch.tensor(s, dtype=torch.int64)
+        return Reconstruction(
+            images=tokens.to(obs.device), confidence=torch.tensor(exact, dtype=torch.float32, device=obs.device),
+            trace={"modality": "text", "exact": exact, "distinct_found": found, "rank": [int(b.shape[0]) for b in bases],
+                   "candidates": [len(c) for c in candidates], "max_distance": [float(scores[i]) for i in order]})
+
+
+def _position_candidates(model: TextTransformer, basis: torch.Tensor, T: int, tol: float):
+    """C_t (token ids passing layer 1's span check at position t) and their distances {(t, v): d}."""
+    block = model.blocks[0]
+    emb = model.tok.weight
+    candidates: list[list[int]] = []
+    dist: dict[tuple[int, int], float] = {}
+    for t in range(T):
+        z = block.ln1(emb + model.pos.weight[t])
+        d = span_distance(z, basis.to(z.device))
+        ids = torch.nonzero(d < tol).flatten().tolist()
+        candidates.append(ids)
+        for v in ids:
+            dist[(t, v)] = float(d[v])
+    return candidates, dist
+
+
+def _greedy_decode(model: TextTransformer, basis2: torch.Tensor, candidates, first, tol, beam: int):
+    """Prefixes extended position by position through block 2's span check (Sec. 5.2); (sequences, max distance).
+
+    Position 0 goes through block 2's check too: block 1's span accepts every E[u] + P[s] that a
+    connected set of batch pairs (token, position) spans (learned positions are added, and LN₁ only
+    centres and scales), so layer 1 narrows the vocabulary to the batch's tokens and layer 2 places them.
+    """
+    prefixes: list[tuple[list[int], float]] = [([], 0.0)]
+    finished: list[tuple[list[int], float]] = []
+    device = model.tok.weight.device
+    for t, options in enumerate(candidates):
+        if not prefixes:
+            break
+        if not options:
+            finished.extend(p for p in prefixes if p[0])
+            prefixes = []
+            break
+        if len(prefixes) * len(options) > MAX_EXTENSIONS:
+            raise NothingRecovered(f"{len(prefixes)} prefixes × {len(options)} candidates at position {t} pass "
+                                   f"{MAX_EXTENSIONS:,}: the span checks do not narrow the search (lower tol)")
+        heads = torch.tensor([p for p, _ in prefixes], dtype=torch.int64, device=device).reshape(len(prefixes), t)
+        z = extension_inputs(model, heads, torch.tensor(options, dtype=torch.int64, device=device))
+        d = span_distance(z, basis2.to(z.device))
+        extended = []
+        for i, (p, score) in enumerate(prefixes):
+            passed = torch.nonzero(d[i] < tol).flatten().tolist()
+            if not passed and p:
+                finished.append((p, score))
+            for j in passed:
+                v = options[j]
+                extended.append((p + [v], max(score, first[(t, v)], float(d[i, j]))))
+        prefixes = sorted(extended, key=lambda e: e[1])[:beam]
+    finished.extend(p for p in prefixes if p[0])
+    return [s for s, _ in finished], [d for _, d in finished]
+
+
+def extension_inputs(model: TextTransformer, prefixes: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
+    """Block 2's LN₁ input at position t for every prefix (P × t ids) followed by every option (O ids): P × O × d.
+
+    Equals ``model.block_input(1, prefix + [v])[:, t]`` (tested) but computes block 1's keys and values
+    of a prefix once: causal attention makes them independent of what follows.
+    """
+    block, attn = model.blocks[0], model.blocks[0].attn
+    n_p, t = prefixes.shape
+    d, heads = model.width, attn.heads
+    dh = d // heads
+    h_new = model.tok(options) + model.pos.weight[t]  # O × d
+    q, k, v = attn.qkv(block.ln1(h_new)).split(d, dim=-1)  # O × d each
+    q, k, v = (z.reshape(-1, heads, dh) for z in (q, k, v))
+    own = (q * k).sum(-1) / dh**0.5  # O × H
+    if t:
+        h_prev = model.tok(prefixes) + model.pos.weight[:t]  # P × t × d
+        _, kp, vp = attn.qkv(block.ln1(h_prev)).split(d, dim=-1)
+        kp, vp = (z.reshape(n_p, t, heads, dh) for z in (kp, vp))
+        past = torch.einsum("ohd,pshd->pohs", q, kp) / dh**0.5  # P × O × H × t
+        scores = torch.cat([past, own.expand(n_p, -1, -1).unsqueeze(-1)], dim=-1)
+        w = torch.softmax(scores, dim=-1)
+        out = torch.einsum("pohs,pshd->pohd", w[..., :t], vp) + w[..., t:] * v.unsqueeze(0)
+    else:
+        out = v.unsqueeze(0).expand(n_p, -1, -1, -1)
+    h = h_new + attn.proj(out.reshape(n_p, -1, d))  # P × O × d
+    h = h + block.mlp(block.ln2(h))
+    return model.blocks[1].ln1(h)
+
+
+def _select(model: TextTransformer, seqs: list[list[int]], scores: list[float], limit: int, *,
+            causal: bool) -> list[int]:
+    """At most ``limit`` of the recovered sequences: those that together explain the most of block 2's span.
+
+    Greedy: each pick adds the sequence whose block-2 inputs (one per position) bring the most new
+    directions, Σ ‖(I − QQᵀ) z‖²/‖z‖² over its positions (Q an orthonormal basis of what the picked ones
+    span), ties to the smaller span distance.  A branch that left a true sequence for a token of
+    another one (weak attention: a briefly trained model's block-2 input is mostly its own token's)
+    adds almost nothing beyond the true sequences, whose every position is new.
+    """
+    if not causal or len(seqs) <= 1:
+        return sorted(range(len(seqs)), key=lambda i: scores[i])[:limit]
+    device = model.tok.weight.device
+    vectors = [model.block_input(1, torch.tensor([q], dtype=torch.int64, device=device))[0].to(torch.float64)
+               for q in seqs]
+    vectors = [v / v.norm(dim=-1, keepdim=True).clamp_min(1e-300) for v in vectors]
+    basis = torch.zeros(0, model.width, dtype=torch.float64, device=device)
+    chosen: list[int] = []
+    for _ in range(min(limit, len(seqs))):
+        best, best_key = None, None
+        for i, v in enumerate(vectors):
+            if i in chosen:
+                continue
+            gain = float(((v - (v @ basis.T) @ basis) ** 2).sum())
+            key = (round(gain, 3), -scores[i])
+            if best_key is None or key > best_key:
+                best, best_key = i, key
+        chosen.append(best)
+        _, sv, vh = torch.linalg.svd(torch.cat([basis, vectors[best]]), full_matrices=False)
+        basis = vh[sv > 1e-3 * sv[0]]
+    return chosen
+
+
+def _unambiguous(model: TextTransformer, basis2: torch.Tensor, rows: list[list[int]], candidates, margin: float):
+    """Per kept sequence: whether each of its tokens is ``margin`` times closer to block 2's span than any
+    other candidate after the same prefix (the tokens that kept sequences sharing that prefix have there excepted)."""
+    device = model.tok.weight.device
+    out = []
+    for s in rows:
+        ok = True
+        for t in range(len(s)):
+            taken = {r[t] for r in rows if len(r) > t and r[:t] == s[:t]} - {s[t]}
+            others = [v for v in candidates[t] if v != s[t] and v not in taken]
+            if not others:
+                continue
+            prefix = torch.tensor([s[:t]], dtype=torch.int64, device=device).reshape(1, t)
+            options = torch.tensor([s[t], *others], dtype=torch.int64, device=device)
+            d = span_distance(extension_inputs(model, prefix, options), basis2.to(device))[0]
+            if float(d[0]) > margin * float(d[1:].min()):
+                ok = False
+                break
+        out.append(ok)
+    return out
+
+
+def _length_fits(lengths: list[int] | None, recovered: list[int]) -> list[bool]:
+    """For each recovered sequence length, whether it is paired with a granted length it fits (n = L or L − 1).
+
+    A granted length L counts the sequence's non-padding ids; its last one may be the end-of-sequence id,
+    which has no target (padding follows) and so no gradient.  The pairing is one-to-one and pairs as many
+    as possible (Hungarian).  A sequence cut short by two or more tokens fits no length and is not exact
+    (one token short of a window that no end-of-sequence id ended is not caught).
+    """
+    if lengths is None:
+        return [True] * len(recovered)
+    fits = np.array([[float(n in (L, L - 1)) for L in lengths] for n in recovered])
+    rows, cols = linear_sum_assignment(fits, maximize=True)
+    out = [False] * len(recovered)
+    for r, c in zip(rows, cols):
+        out[int(r)] = bool(fits[r, c])
+    return out
+
+
+def _encoder_single(candidates, first):
+    """B = 1: the sequence is its candidate at every position up to the first empty set."""
+    seq, score = [], 0.0
+    for t, ids in enumerate(candidates):
+        if len(ids) != 1:
+            break
+        seq.append(ids[0])
+        score = max(score, first[(t, ids[0])])
+    if not seq:
+        raise NothingRecovered("no position has exactly one candidate token")
+    return [seq], [score]

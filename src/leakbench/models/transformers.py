@@ -1,0 +1,141 @@
+"""Small transformers for text: a causal decoder (GPT-style) and an encoder with a classification head (BERT-style).
+
+Both are pre-LN stacks (Radford et al. 2019, GPT-2, Sec. 2.3; Xiong et al. 2020):
+h⁰_t = E[v_t] + P[t] (token and learned position embeddings), then per block
+h ← h + W_o·Attn(LN₁(h)) and h ← h + MLP(LN₂(h)), with one fused projection
+[Q; K; V] = W_qkv·LN₁(h) + b (GPT-2's ``c_attn``), scaled dot-product attention
+softmax(QKᵀ/√d_h) over ``heads`` heads (Vaswani et al. 2017, Eq. 1), a ReLU MLP of 4·width
+(the original Transformer's), and a final LN.
+
+- :class:`TextTransformer` with ``causal=True`` (``gpt:``) maps ids B × T to next-token logits
+  B × T × V; position t attends to positions ≤ t.
+- ``causal=False`` (``bert:``) attends to every non-padding position and maps the mean of the
+  final states over non-padding positions to ``classes`` logits B × K.
+
+The attacks read the first blocks' inputs through :meth:`TextTransformer.block_input`; the
+fused ``blocks[i].attn.qkv`` is the layer whose weight gradient DAGER takes apart.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError, expect
+
+__all__ = ["TextTransformer", "Block", "Attention", "MAX_WIDTH", "MAX_LAYERS"]
+
+MAX_WIDTH = 8192
+MAX_LAYERS = 64
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a fused [Q; K; V] projection (``qkv``) and an output projection."""
+
+    def __init__(self, width: int, heads: int, *, causal: bool) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.heads, self.causal = heads, causal
+
+    def forward(self, h: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        b, t, d = h.shape
+        q, k, v = self.qkv(h).split(d, dim=-1)
+        shape = (b, t, self.heads, d // self.heads)
+        q, k, v = (z.reshape(shape).transpose(1, 2) for z in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)
+        if self.causal:
+            allowed = torch.ones(t, t, dtype=torch.bool, device=h.device).tril()
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        if keep is not None:  # padding: no position attends to a padded key
+            scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: h + Attn(LN₁ h), then + MLP(LN₂ h)."""
+
+    def __init__(self, width: int, heads: int, *, causal: bool, act: nn.Module) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = Attention(width, heads, causal=causal)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), act, nn.Linear(4 * width, width))
+
+    def forward(self, h: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        h = h + self.attn(self.ln1(h), keep)
+        return h + self.mlp(self.ln2(h))
+
+
+class TextTransformer(nn.Module):
+    """Token + position embeddings, ``layers`` pre-LN blocks, final LN and a linear head (see the module docstring)."""
+
+    default_init = "gpt"
+    takes_tokens = True
+
+    def __init__(self, vocab: int, context: int, classes: int, *, layers: int = 2, width: int = 64, heads: int = 4,
+                 causal: bool = True, pad_id: int = 0, act: type[nn.Module] | None = None) -> None:
+        super().__init__()
+        for name, value, low, high in (("vocab", vocab, 2, 1 << 20), ("context", context, 1, 1 << 16),
+                                       ("layers", layers, 1, MAX_LAYERS), ("width", width, 1, MAX_WIDTH),
+                                       ("heads", heads, 1, MAX_WIDTH)):
+            expect(isinstance(value, int) and low <= value <= high,
+                   f"expected {name} in {low}..{high}, got {value!r} (field {name})")
+        if width % heads:
+            raise ConfigError(f"expected width divisible by heads, got width={width}, heads={heads} (field heads)")
+        expect(0 <= pad_id < vocab, f"expected pad_id in 0..{vocab - 1}, got {pad_id} (field pad_id)")
+        make_act = act or nn.ReLU
+        self.tok = nn.Embedding(vocab, width)
+        self.pos = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(Block(width, heads, causal=causal, act=make_act()) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, classes)
+        self.vocab, self.context, self.width, self.heads = vocab, context, width, heads
+        self.causal, self.pad_id = causal, pad_id
+
+    # ------------------------------------------------------------------ shapes
+    def check_tokens(self, tokens: torch.Tensor, field: str = "x") -> None:
+        """Refuse ids that are not an int batch B × T with T ≤ context and every id in the vocabulary."""
+        expect(isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and not tokens.is_floating_point()
+               and tokens.dtype != torch.bool,
+               f"expected token ids as an integer tensor B × T, got "
+               f"{getattr(tokens, 'dtype', type(tokens).__name__)} {tuple(getattr(tokens, 'shape', ()))} (argument {field})")
+        expect(tokens.shape[1] <= self.context, f"expected sequences of at most {self.context} tokens (the model's "
+               f"context), got {tokens.shape[1]} (argument {field}); cut them or build with a longer context")
+        if tokens.numel():
+            lo, hi = int(tokens.min()), int(tokens.max())
+            expect(lo >= 0 and hi < self.vocab, f"expected token ids in 0..{self.vocab - 1} (the model's vocabulary), "
+                   f"got range {lo}..{hi} (argument {field}); the tokenizer does not match the model")
+
+    # ------------------------------------------------------------------ forward
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """E[v_t]: the token embeddings B × T × width (no position)."""
+        return self.tok(tokens)
+
+    def forward_embeddings(self, emb: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits for token embeddings ``emb`` (B × T × width); ``keep`` (B × T bool) marks non-padding."""
+        h = emb + self.pos.weight[: emb.shape[1]]
+        for block in self.blocks:
+            h = block(h, None if self.causal else keep)
+        h = self.ln_f(h)
+        if self.causal:
+            return self.head(h)
+        if keep is None:
+            return self.head(h.mean(1))
+        w = keep.to(h.dtype).unsqueeze(-1)
+        return self.head((h * w).sum(1) / w.sum(1).clamp_min(1))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.forward_embeddings(self.tok(tokens), tokens != self.pad_id)
+
+    # ------------------------------------------------------------------ for the attacks
+    def block_input(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
+        """LN₁ of block ``layer``'s input (B × T × width): what its ``attn.qkv`` multiplies."""
+        keep = tokens != self.pad_id
+        h = self.tok(tokens) + self.pos.weight[: tokens.shape[1]]
+        for block in self.blocks[:layer]:
+            h = block(h, None if self.causal else keep)
+        return self.blocks[layer].ln1(h)
+

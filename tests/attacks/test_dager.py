@@ -1,0 +1,183 @@
+"""DAGER: exact recovery where B·T < width, span checks against numpy's rank, refusals with the reason."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import leakbench as lb
+from leakbench.attacks.dager import extension_inputs, span_basis, span_distance
+from leakbench.errors import NothingRecovered, UnsupportedThreatModel
+from leakbench.metrics.text_metrics import text_scores
+
+
+@pytest.fixture(scope="module")
+def data():
+    return lb.load("text", split="test", context=16)
+
+
+def decoder(data, width=128, seed=0):
+    return lb.build(f"gpt:layers=2,width={width},heads=4", input_shape=data.shape, classes=data.vocab_size, seed=seed)
+
+
+def scores(rec, x, data):
+    return text_scores(rec.images, x, decode=data.tokenizer.decode, pad_id=data.pad_id, eos_id=data.tokenizer.eos_id)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_exact_recovery_on_an_untrained_decoder(data, batch):
+    x, y = data.batch(batch, seed=batch)
+    rec = lb.attack("dager", lb.observe(decoder(data), x, y))
+    s = scores(rec, x, data)
+    assert s["token_acc"] == 1.0 and s["exact"] == 1.0 and s["rouge1"] == 1.0
+    assert rec.trace["exact"] == [True] * batch and rec.confidence.tolist() == [1.0] * batch
+
+
+@pytest.mark.slow
+def test_exact_recovery_at_batch_16(data):
+    x, y = data.batch(16, seed=16)
+    rec = lb.attack("dager", lb.observe(decoder(data, width=320), x, y))
+    assert scores(rec, x, data)["exact"] == 1.0 and all(rec.trace["exact"])
+
+
+def test_exact_recovery_on_a_briefly_trained_decoder(data):
+    model = decoder(data, seed=1)
+    train = lb.load("text", split="train", context=16)
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    losses = []
+    for step in range(20):
+        xb, yb = train.batch(16, seed=step)
+        loss = torch.nn.functional.cross_entropy(model(xb).reshape(-1, train.vocab_size), yb.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0] - 1.0  # it learned something
+    x, y = data.batch(4, seed=7)
+    rec = lb.attack("dager", lb.observe(model, x, y))
+    s = scores(rec, x, data)
+    # measured: 3 of 4 exact here (and 19 of 24 over six batches): the late tokens of a long sequence lie near the
+    # float32 noise floor of block 2's gradient and the search stops early; the flags never claim a wrong sequence
+    assert s["exact"] >= 0.75 and s["token_acc"] >= 0.9
+    want = {tuple(r[(r != data.pad_id) & (r != data.tokenizer.eos_id)].tolist()) for r in x}
+    for row, flagged in zip(rec.images, rec.trace["exact"]):
+        if flagged:
+            assert tuple(row[row != data.pad_id].tolist()) in want
+
+
+def test_span_check_agrees_with_numpy_rank(data):
+    model = decoder(data)
+    x, y = data.batch(2, seed=3)
+    obs = lb.observe(model, x, y)
+    grad = dict(zip(obs.param_names, obs.shared))["blocks.1.attn.qkv.weight"].double().numpy()
+    basis = span_basis(torch.from_numpy(grad), 1e-6)
+    rank = np.linalg.matrix_rank(grad, tol=1e-6 * np.linalg.svd(grad, compute_uv=False)[0])
+    assert basis.shape[0] == rank < model.width
+    with torch.no_grad():  # block 2's inputs for the true prefix and for a wrong last token at position 3
+        true = model.block_input(1, x[:1, :4])[0, 3].double().numpy()
+        wrong_ids = x[:1, :4].clone()
+        wrong_ids[0, 3] = int(x[0, 3]) % 1000 + 500
+        wrong = model.block_input(1, wrong_ids)[0, 3].double().numpy()
+
+    def adds_rank(z):  # an independent test: does z raise the rank of the gradient's rows?
+        stacked = np.vstack([grad, z[None] * np.abs(grad).max() / np.abs(z).max()])
+        return np.linalg.matrix_rank(stacked, tol=1e-6 * np.linalg.svd(stacked, compute_uv=False)[0]) > rank
+
+    assert not adds_rank(true) and adds_rank(wrong)
+    d = span_distance(torch.from_numpy(np.vstack([true, wrong])), basis)
+    assert float(d[0]) < 1e-3 < float(d[1])
+
+
+def test_incremental_extension_equals_the_full_forward(data):
+    model = decoder(data)
+    prefixes = torch.tensor([[5, 9, 13], [7, 7, 2]])
+    options = torch.tensor([3, 400, 1999])
+    with torch.no_grad():
+        fast = extension_inputs(model, prefixes, options)
+        for p in range(2):
+            for o in range(3):
+                seq = torch.cat([prefixes[p], options[o:o + 1]])[None]
+                assert torch.allclose(fast[p, o], model.block_input(1, seq)[0, 3], atol=1e-5)
+
+
+def test_repeated_tokens_and_sequences(data):
+    x, y = data.batch(3, seed=5)
+    x, y = torch.cat([x, x[:1]]), torch.cat([y, y[:1]])  # a repeated sequence, and its tokens twice
+    rec = lb.attack("dager", lb.observe(decoder(data), x, y))
+    got = {tuple(r[r != data.pad_id].tolist()) for r in rec.images}
+    want = {tuple(r[(r != data.pad_id) & (r != data.tokenizer.eos_id)].tolist()) for r in x}
+    assert got == want
+    assert sorted(rec.trace["exact"]) == [False, True, True, True]  # the copy is not known to be exact
+
+
+def test_encoder_batch_of_one(data):
+    model = lb.build("bert:layers=2,width=64,heads=4,vocab=2000", input_shape=data.shape, classes=21, seed=0)
+    cls = data.with_task("classify")
+    x, y = cls.batch(1, seed=2)
+    rec = lb.attack("dager", lb.observe(model, x, y))
+    assert scores(rec, x, data)["exact"] == 1.0
+    x4, y4 = cls.batch(2, seed=2)
+    with pytest.raises(UnsupportedThreatModel, match="search over token combinations"):
+        lb.attack("dager", lb.observe(model, x4, y4))
+
+
+def test_refuses_a_full_span_with_the_reason(data):
+    x, y = data.batch(4, seed=0)  # B·T = 64 ≥ width 64
+    with pytest.raises(UnsupportedThreatModel, match="B·T = 4·16 = 64 ≥ width 64"):
+        lb.attack("dager", lb.observe(decoder(data, width=64), x, y))
+
+
+def test_noise_fills_the_span_and_nothing_is_claimed(data):
+    x, y = data.batch(2, seed=0)
+    obs = lb.observe(decoder(data), x, y, defense="noise:0.001")
+    with pytest.raises(NothingRecovered, match="noise fills its span"):
+        lb.attack("dager", obs)
+
+
+def test_a_users_module_is_refused_with_the_reason():
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(20, 8)
+            self.out = torch.nn.Linear(8, 20)
+
+        def forward(self, x):
+            return self.out(self.emb(x))
+
+    x = torch.randint(0, 20, (1, 4))
+    with pytest.raises(UnsupportedThreatModel, match="text transformers"):
+        lb.attack("dager", lb.observe(Tiny(), x, x))
+
+
+def test_noise_of_growing_sigma_never_helps(data):
+    model = decoder(data)
+    x, y = data.batch(2, seed=4)
+    rates = []
+    for sigma in (0.0, 1e-9, 1e-6, 1e-3):
+        obs = lb.observe(model, x, y, defense=f"noise:{sigma}" if sigma else None)
+        try:
+            rates.append(scores(lb.attack("dager", obs), x, data)["exact"])
+        except NothingRecovered:
+            rates.append(0.0)
+    assert rates[0] == 1.0 and rates[-1] == 0.0
+    assert all(a >= b for a, b in zip(rates, rates[1:])), rates
+
+
+@pytest.mark.slow
+def test_flags_claim_nothing_where_the_search_is_ambiguous(data):
+    # a briefly trained width-320 decoder at B = 16: block 2 no longer tells prefixes apart (measured: 0 of 32
+    # sequences recovered, wrong ones at span distance 1e-4); the flags must then claim none exact
+    model = decoder(data, width=320)
+    train = lb.load("text", split="train", context=16)
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for step in range(20):
+        xb, yb = train.batch(16, seed=step)
+        loss = torch.nn.functional.cross_entropy(model(xb).reshape(-1, train.vocab_size), yb.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    x, y = data.batch(16, seed=1000)
+    rec = lb.attack("dager", lb.observe(model, x, y))
+    want = {tuple(r[(r != data.pad_id) & (r != data.tokenizer.eos_id)].tolist()) for r in x}
+    for row, flagged in zip(rec.images, rec.trace["exact"]):
+        assert not flagged or tuple(row[row != data.pad_id].tolist()) in want

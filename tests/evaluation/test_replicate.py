@@ -1,0 +1,85 @@
+"""Adaptive replication: batches are added only to cells whose verdict is open, stay paired, and resume."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from leakbench.evaluation import Sweep
+from leakbench.report import write_report
+from leakbench.evaluation.replicate import open_cells
+
+SPEC = {
+    "name": "rep", "datasets": [{"name": "digits", "options": {"size": 8}}],
+    "models": [{"spec": "mlp:16", "act": "relu"}], "batch_sizes": [1, 2], "images": 2,
+    "attacks": ["fc-inversion"],
+    # two nearly identical noise levels: a statistical tie that more batches cannot break (budget-bound)
+    "defenses": ["none", {"noise": [0.3, 0.31]}],
+    "replicate": {"auto": True, "step": 2, "max_batches": 6, "max_trials": 40},
+}
+
+
+def _batches(rows):
+    out = {}
+    for r in rows:
+        out.setdefault((r["defense"], r["batch_size"]), set()).add(r["batch"])
+    return out
+
+
+def test_replication_adds_paired_batches_to_open_cells_only_and_resumes(tmp_path):
+    db = tmp_path / "r.db"
+    sweep = Sweep(SPEC, db)
+    first = sweep.run()
+    rows = [r for r in sweep.store.rows(kind="attack") if r["status"] == "done"]
+    state = json.loads(sweep.store.meta("replicate"))
+    assert state["added"] > 0 and state["stopped"]
+    batches = _batches(rows)
+    # every defense of a cell attacked the same batches (pairing kept), never more than max_batches
+    for b in (1, 2):
+        sets = {frozenset(v) for (d, size), v in batches.items() if size == b}
+        assert len(sets) == 1 and max(next(iter(sets))) < 6
+    assert first.complete and first.counts.get("done") == len(sweep.by_key)
+    open_now = open_cells(sweep.store.rows())
+    assert set(state["open"]) == {" · ".join(map(str, c)) for c in open_now}
+    sweep.store.close()
+    again = Sweep(SPEC, db)
+    second = again.run()
+    assert second.ran == 0 and json.loads(again.store.meta("replicate"))["added"] == state["added"]
+    page = write_report(again.store, tmp_path / "report").index.read_text()
+    assert f"Adaptive replication added {state['added']} trial(s)" in page
+    again.store.close()
+
+
+def test_an_interrupted_replication_round_resumes_its_pending_trials(tmp_path):
+    db = tmp_path / "r.db"
+    stop = {"n": 0}
+
+    def interrupt(spec, result):
+        stop["n"] += 1
+        if spec.batch >= 2:  # the first added trial: stop the sweep mid-round
+            raise KeyboardInterrupt
+
+    sweep = Sweep(SPEC, db, on_result=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run()
+    pending = [r for r in sweep.store.rows(kind="attack") if r["status"] == "pending"]
+    assert pending  # the round's other trials are in the store, not yet run
+    sweep.store.close()
+    again = Sweep(SPEC, db)
+    again.run()
+    rows = again.store.rows(kind="attack")
+    assert all(r["status"] == "done" for r in rows)
+    reference = Sweep(SPEC, tmp_path / "ref.db")
+    reference.run()
+    assert sorted(r["key"] for r in rows) == sorted(r["key"] for r in reference.store.rows(kind="attack"))
+    again.store.close()
+    reference.store.close()
+
+
+def test_no_replication_without_auto(tmp_path):
+    spec = {**SPEC, "replicate": {"auto": False}}
+    sweep = Sweep(spec, tmp_path / "r.db")
+    sweep.run()
+    assert sweep.store.meta("replicate") is None
+    assert {r["batch"] for r in sweep.store.rows(kind="attack")} == {0, 1}
+    sweep.store.close()

@@ -1,0 +1,130 @@
+"""The CUDA paths: batched attacks, batched training seeds, chunks and a sweep on a GPU (skipped without one).
+
+Run where a GPU is: ``pytest tests/test_cuda.py``.  float64 throughout, as in the CPU equality tests: stacked
+problems give each problem what it gets alone (here within 1e-6: cuDNN picks its algorithm per shape, so a stack
+and a single problem round differently), and a GPU result agrees with the CPU one.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import leakbench as lb
+from leakbench.attacks import attack_batch
+from leakbench.evaluation import Store, Sweep, chunks, load_spec, plan
+from leakbench.evaluation.chunks import CUDA_CHUNK, batch_group, cuda_stack, run_chunk, stack_size
+from leakbench.evaluation.run import run_trial
+from leakbench.evaluation.utility import utility_seeds
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CUDA = torch.device("cuda")
+DATA = lb.load("digits")
+SPEC = {
+    "name": "cuda",
+    "datasets": [{"name": "digits"}],
+    "models": [{"spec": "cnn:3-4-2-1", "act": "tanh"}],
+    "batch_sizes": [1],
+    "images": 4,
+    "attacks": [{"name": "inverting-gradients", "options": {"iterations": 8}}],
+    "defenses": ["none", "noise:0.01"],
+    "device": "cuda",
+}
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    saved = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = True
+    yield
+    torch.backends.cudnn.deterministic = saved
+
+
+def _observations(count: int, batch: int, device: torch.device) -> list:
+    model = lb.build("cnn:3-4-2-1", input_shape=DATA.shape, classes=10, act="tanh", seed=0).double().to(device)
+    out = []
+    for t in range(count):
+        x, y = DATA.batch(size=batch, seed=100 + t)
+        out.append(lb.observe(model, x.double().to(device), y.to(device), defense="noise:0.001" if t % 2 else "none",
+                              seed=t))
+    return out
+
+
+@pytest.mark.parametrize("name, options", [
+    ("inverting-gradients", {"preset": "quick", "iterations": 12}),
+    ("inverting-gradients", {"preset": "fast", "iterations": 10}),  # with the output-layer feature term
+    ("dlg", {"iterations": 10, "optimizer": "adam", "lr": 0.05}),
+    ("liu2024", {"generator": False, "feature": 0.0, "iterations": 10}),
+])
+def test_a_stack_on_the_gpu_equals_each_problem_alone_and_the_cpu(name, options):
+    observations = _observations(3, 2, CUDA)
+    seeds = [3 * i + 1 for i in range(len(observations))]
+    stacked = attack_batch(name, observations, seeds=seeds, **options)
+    on_cpu = attack_batch(name, _observations(3, 2, torch.device("cpu")), seeds=seeds, **options)
+    for obs, seed, rec, cpu in zip(observations, seeds, stacked, on_cpu):
+        assert not isinstance(rec, Exception), rec
+        assert rec.images.device.type == "cuda"
+        assert rec.trace["stacked"] == 3 or options.get("preset") == "fast", "fast stacks per label count"
+        alone = lb.attack(name, obs, seed=seed, **options)
+        assert torch.allclose(rec.images, alone.images, atol=1e-6, rtol=0)
+        assert torch.allclose(rec.images.cpu(), cpu.images, atol=1e-6, rtol=0)
+        assert torch.equal(rec.labels.reshape(-1).cpu(), alone.labels.reshape(-1).cpu())
+
+
+@pytest.mark.parametrize("defense", ["none", "dpsgd:1,0.5"])
+def test_training_seeds_stacked_on_the_gpu_equal_each_seed_alone(defense):
+    common = dict(epochs=1, batch_size=16, lr=0.05, cache_dir=False, device="cuda", model_options={"act": "tanh"})
+    stacked = utility_seeds("cnn:3-4-2-1", "digits", defense, seeds=[0, 1, 2], **common)  # stacks by default
+    alone = utility_seeds("cnn:3-4-2-1", "digits", defense, seeds=[0, 1, 2], stacked=False, **common)
+    for a, b in zip(stacked, alone):
+        assert not isinstance(a, Exception), a
+        assert a.train_loss == pytest.approx(b.train_loss, rel=1e-4, abs=1e-5)
+        assert a.test_accuracy == pytest.approx(b.test_accuracy, abs=1e-6)
+    assert len({r.train_loss for r in stacked}) == 3, "three seeds, three runs"
+
+
+def test_cuda_chunks_are_large_and_sized_by_memory():
+    trials = plan(load_spec(SPEC))
+    assert stack_size(trials[0]) == CUDA_CHUNK
+    obs = chunks.observation_for(trials[0], None)
+    assert obs.device.type == "cuda"
+    assert 1 <= cuda_stack(obs, CUDA) <= CUDA_CHUNK
+
+
+def test_a_chunk_on_the_gpu_equals_each_trial_alone():
+    trials = [t for t in plan(load_spec(SPEC)) if t.defense == "none"]
+    assert len({batch_group(t) for t in trials}) == 1
+    for trial, result in zip(trials, run_chunk(trials)):
+        alone = run_trial(trial)
+        assert result.status == alone.status == "done", result.error
+        assert result.timings["stacked"] == len(trials)
+        assert result.metrics["rmse"] == pytest.approx(alone.metrics["rmse"], rel=1e-3, abs=1e-5)
+
+
+def test_a_stack_that_runs_out_of_gpu_memory_is_halved(monkeypatch):
+    trials = [t for t in plan(load_spec(SPEC)) if t.defense == "none"]
+    sizes: list[int] = []
+    real = attack_batch
+
+    def small_gpu(name, observations, **kw):  # a GPU that holds two problems at a time
+        sizes.append(len(observations))
+        if len(observations) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(name, observations, **kw)
+
+    monkeypatch.setattr("leakbench.attacks.attack_batch", small_gpu)
+    results = list(run_chunk(trials))
+    assert [r.status for r in results] == ["done"] * len(trials)
+    assert sizes[0] == len(trials) and max(sizes[1:]) <= 2
+
+
+def test_a_sweep_on_the_gpu_commits_every_trial_and_resumes(tmp_path):
+    spec = {**SPEC, "utility": {"epochs": 1, "batch_size": 16, "lr": 0.05, "seeds": [0, 1]}}
+    first = Sweep(spec, tmp_path / "r.db", max_trials=5).run()
+    assert first.ran == 5
+    rest = Sweep(spec, tmp_path / "r.db").run()
+    rows = Store(tmp_path / "r.db").rows()
+    assert first.ran + rest.ran == len(rows) == len(plan(load_spec(spec)))
+    assert {r["status"] for r in rows} == {"done"}
+    on_cpu = {t.key: t for t in plan(load_spec({**spec, "device": "cpu"}))}
+    assert set(on_cpu) == {r["key"] for r in rows}, "the device is no part of a trial's key"
