@@ -559,8 +559,12 @@ def utility_arguments(spec: TrialSpec, cache_dir) -> dict[str, Any]:
 
 
 def utility_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
+    from .modality import pair_refusal
     from .utility import utility
 
+    reason = pair_refusal(spec.dataset, spec.model)
+    if reason is not None:
+        return TrialResult(key=spec.key, status="n/a", error=reason)
     if isinstance(clock.prepared, BaseException):  # trained in a batched call (:mod:`.chunks`), and it failed
         raise clock.prepared
     result = clock.prepared if clock.prepared is not None else utility(**utility_arguments(spec, cache_dir))
@@ -584,7 +588,11 @@ def bound_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     from ..analysis.bounds import cramer_rao
 
     from ..defenses import parse, parts_of
+    from .modality import dataset_modality
 
+    if dataset_modality(spec.dataset) == "text":
+        raise UnsupportedThreatModel("the Cramér–Rao bound is on the RMSE of continuous inputs; token ids are "
+                                     "discrete (no bound for text)")
     arguments: dict[str, float] = {}
     for part in parts_of(parse(spec.defense)):
         if part.family == "none":
