@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-__all__ = ["dataset_modality", "model_modality", "attack_modality", "pair_refusal", "check_modalities"]
+__all__ = ["dataset_modality", "model_modality", "attack_modality", "pair_refusal", "check_modalities", "is_mismatch"]
 
 
 def dataset_modality(name: str) -> str:
@@ -44,6 +44,13 @@ def attack_modality(name: str) -> str:
 
 
 _WHAT = {"image": "images", "text": "token sequences"}
+#: how every modality refusal ends (the report lists such pairs under "not applicable" only)
+_MISMATCH = "not applicable (pair them with include rules"
+
+
+def is_mismatch(reason: str | None) -> bool:
+    """True for the reason :func:`pair_refusal` gives (an image model or attack paired with text, or back)."""
+    return bool(reason) and _MISMATCH in str(reason)
 
 
 def pair_refusal(dataset: str, model: str, attack: str | None = None) -> str | None:
@@ -51,13 +58,13 @@ def pair_refusal(dataset: str, model: str, attack: str | None = None) -> str | N
     data = dataset_modality(dataset)
     kind = model_modality(model)
     if kind is not None and kind != data:
-        return (f"model {model!r} reads {_WHAT[kind]} and dataset {dataset!r} holds {_WHAT[data]}: not applicable "
-                "(pair them with include rules, e.g. {dataset: text, model: gpt})")
+        return (f"model {model!r} reads {_WHAT[kind]} and dataset {dataset!r} holds {_WHAT[data]}: {_MISMATCH}, "
+                "e.g. {dataset: text, model: gpt})")
     if attack:
         wants = attack_modality(attack)
         if wants != data:
             return (f"attack {attack!r} reconstructs {_WHAT[wants]} and dataset {dataset!r} holds {_WHAT[data]}: "
-                    "not applicable (pair them with include rules, e.g. {dataset: text, attack: dager})")
+                    f"{_MISMATCH}, e.g. {{dataset: text, attack: dager}})")
     return None
 
 

@@ -102,7 +102,7 @@ def summaries(points: Sequence[PrivacyUtilityPoint]) -> dict[tuple[str, str, str
     return out
 
 
-def verdict_table(found: Sequence[Verdict]) -> str:
+def verdict_table(found: Sequence[Verdict], metric: str = "RMSE") -> str:
     """Batch size × budget: the decision, S_D of the pick, its utility loss and the undefended S_D (HTML)."""
     rows = []
     for v in sorted(found, key=lambda v: (v.batch_size, v.budget)):
@@ -112,7 +112,7 @@ def verdict_table(found: Sequence[Verdict]) -> str:
                      ci_n(v.baseline_sd), num(v.chance_rmse if finite(v.chance_rmse) else v.baseline_chance),
                      excluded])
     return table(["batch", "budget", "status", "decision", "S_D of the pick ± 95 % CI",
-                  "utility loss ± 95 % CI", "S_D without a defense", "chance RMSE", "excluded (diverged)"], rows,
+                  "utility loss ± 95 % CI", "S_D without a defense", f"chance {metric}", "excluded (diverged)"], rows,
                  css="verdicts")
 
 
