@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..budget import check_time, time_limit
-from ..errors import BudgetExceeded, LeakbenchError, UnsupportedThreatModel
+from ..errors import BudgetExceeded, LeakbenchError, NothingRecovered, UnsupportedThreatModel
 
 KINDS = ("attack", "utility", "bound", "weights", "membership")
 #: the threat models a trial can assume (the usual taxonomy; :func:`threat_model` says which one a trial has).
@@ -439,7 +439,15 @@ def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     # the dataset is the population other clients draw from (secure aggregation needs one)
     obs = observe(model, x, y, defense=spec.defense, seed=spec.seed, population=data, **spec.threat)
     clock.lap("observe")
-    rec = run_attack(spec, obs, clock)
+    try:
+        rec = run_attack(spec, obs, clock)
+    except NothingRecovered as err:
+        if not is_text(data):
+            raise
+        # a defense left the attack nothing to recover (DAGER: noise fills the span): its output is the empty
+        # sequence, scored as such (token accuracy 0), with the reason — a measurement, not a failed trial
+        clock.lap("attack")
+        return text_result(spec, None, x.cpu(), y.cpu(), data, clock, nothing=str(err))
     if isinstance(rec, TrialResult):
         return rec
     if is_text(data):
@@ -487,7 +495,8 @@ def is_text(data) -> bool:
 TEXT_METRICS = ("token_acc", "rouge1", "rouge2", "rougeL", "exact")
 
 
-def text_result(spec: TrialSpec, rec, x: torch.Tensor, y: torch.Tensor, data, clock: Clock) -> TrialResult:
+def text_result(spec: TrialSpec, rec, x: torch.Tensor, y: torch.Tensor, data, clock: Clock, *,
+                nothing: str | None = None) -> TrialResult:
     """Score a text reconstruction: token accuracy after Hungarian matching, ROUGE-1/2/L and the exact rate
     (:func:`~leakbench.metrics.text_scores`), beside the same scores of unigram draws
     (:func:`~leakbench.metrics.unigram_chance`, ``chance_*``).
@@ -495,11 +504,12 @@ def text_result(spec: TrialSpec, rec, x: torch.Tensor, y: torch.Tensor, data, cl
     The verdict logic (:mod:`.strongest`) ranks by ``token_error`` = 1 − token accuracy (lower = more leakage,
     as RMSE) against ``chance_token_error``; per sequence (original order) the same, for the per-sample
     strongest attack.  Arrays: the original and recovered ids, their pairing and the decoded sentences are
-    left to the report (``x``, ``reconstruction``, ``order``).
+    left to the report (``x``, ``reconstruction``, ``order``).  ``nothing``: the attack recovered nothing (its
+    reason; ``rec`` None): the empty output is scored, and the reason kept as ``metrics["nothing_recovered"]``.
     """
     from ..metrics.text_metrics import content, match_sequences, text_scores, token_accuracy_matrix, unigram_chance
 
-    ids = rec.images.detach().cpu()
+    ids = torch.full_like(x, data.pad_id) if rec is None else rec.images.detach().cpu()
     if ids.is_floating_point():
         ids = ids.round().long()
     tok = data.tokenizer
@@ -515,7 +525,9 @@ def text_result(spec: TrialSpec, rec, x: torch.Tensor, y: torch.Tensor, data, cl
     metrics.update({f"chance_{k}": float(v) for k, v in chance.items()})
     metrics.update(token_error=1.0 - metrics["token_acc"], chance_token_error=1.0 - metrics["chance_token_acc"],
                    modality="text", sequences=len(orig), matching="hungarian-token-accuracy")
-    flags = rec.trace.get("exact")
+    if nothing is not None:
+        metrics["nothing_recovered"] = nothing
+    flags = None if rec is None else rec.trace.get("exact")
     if isinstance(flags, list) and flags and all(isinstance(f, bool) for f in flags):
         metrics["flagged_exact"] = int(sum(flags))
     per_sample = {"token_acc": per_acc, "token_error": [1.0 - a for a in per_acc],
@@ -527,8 +539,8 @@ def text_result(spec: TrialSpec, rec, x: torch.Tensor, y: torch.Tensor, data, cl
                   "reconstruction": ids.numpy().astype(np.int64),
                   "order": np.asarray(per_sample["partner"], dtype=np.int64)}
     return TrialResult(key=spec.key, status="done", metrics=metrics, per_sample=per_sample, arrays=arrays,
-                       timings={"attack_reported": float(rec.trace.get("seconds", 0.0))},
-                       attack_options=dict(rec.options or {}))
+                       timings={"attack_reported": 0.0 if rec is None else float(rec.trace.get("seconds", 0.0))},
+                       attack_options={} if rec is None else dict(rec.options or {}))
 
 
 @functools.lru_cache(maxsize=4)
