@@ -156,27 +156,35 @@ def text_sentences(rows: Sequence[Mapping[str, Any]], s: Strongest, shown: int =
             == (s.dataset, s.model, s.defense, s.batch_size) and npz_path(r) and Path(npz_path(r)).is_file()]
     if not mine:
         return None
-    first = min(mine, key=lambda r: (r.get("seed") or 0, r.get("batch") or 0))
-    spec = first.get("spec") or {}
+    mine.sort(key=lambda r: (r.get("seed") or 0, r.get("batch") or 0))
+    spec = mine[0].get("spec") or {}
     try:
         tok = _tokenizer(str(spec.get("dataset")), json.dumps(spec.get("data_options") or {}, sort_keys=True))
-        with np.load(npz_path(first), allow_pickle=False) as arrays:
-            x, rec, order = arrays["x"], arrays["reconstruction"], arrays["order"].tolist()
-    except Exception:  # noqa: BLE001 - an unreadable file or tokenizer: the setting is shown without sentences
+    except Exception:  # noqa: BLE001 - the data cannot be loaded here: the setting is shown without sentences
         return None
     drop = {tok.pad_id, tok.eos_id}
-    body = []
-    for i in range(min(shown, len(x))):
-        o = [int(t) for t in x[i] if int(t) not in drop]
-        j = order[i] if i < len(order) else -1
-        r = [int(t) for t in rec[j] if int(t) not in drop] if 0 <= j < len(rec) else []
-        same = [k < len(r) and r[k] == t for k, t in enumerate(o)]
-        top, bottom = mark_tokens(_pieces(tok, o), _pieces(tok, r), same)
-        acc = sum(same) / len(o) if o else 0.0
-        body.append([str(i + 1), "original", top, ""])
-        body.append(["", "recovered", bottom or muted("(nothing)"), num(acc)])
-    caption = (f"{s.defense} · B = {s.batch_size} · {s.attack}, seed {first.get('seed')}, batch "
-               f"{first.get('batch')}")
+    body, used = [], []
+    for row in mine:  # the first batches in (seed, batch) order, until ``shown`` sentences
+        if len(body) >= 2 * shown:
+            break
+        try:
+            with np.load(npz_path(row), allow_pickle=False) as arrays:
+                x, rec, order = arrays["x"], arrays["reconstruction"], arrays["order"].tolist()
+        except (OSError, ValueError, KeyError):
+            continue  # an unreadable file: the next batch
+        used.append(f"seed {row.get('seed')} batch {row.get('batch')}")
+        for i in range(min(shown - len(body) // 2, len(x))):
+            o = [int(t) for t in x[i] if int(t) not in drop]
+            j = order[i] if i < len(order) else -1
+            r = [int(t) for t in rec[j] if int(t) not in drop] if 0 <= j < len(rec) else []
+            same = [k < len(r) and r[k] == t for k, t in enumerate(o)]
+            top, bottom = mark_tokens(_pieces(tok, o), _pieces(tok, r), same)
+            acc = sum(same) / len(o) if o else 0.0
+            body.append([str(len(body) // 2 + 1), "original", top, ""])
+            body.append(["", "recovered", bottom or muted("(nothing)"), num(acc)])
+    if not body:
+        return None
+    caption = f"{s.defense} · B = {s.batch_size} · {s.attack} ({', '.join(used)})"
     return f"<h5>{esc(caption)}</h5>" + table(["#", "", "sentence", "token acc."], body, left=3, css="sentences")
 
 
