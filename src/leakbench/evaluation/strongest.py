@@ -543,6 +543,8 @@ class PrivacyUtilityPoint:
     per_image: Interval = EMPTY
     incomplete: str | None = None
     test_accuracy_ci: Interval = EMPTY
+    #: what ``rmse`` measures (``"rmse"``, or ``"token_error"`` = 1 − token accuracy for text)
+    metric: str = "rmse"
 
     @property
     def family(self) -> str:
@@ -571,7 +573,7 @@ def privacy_utility(best: Iterable[Strongest], utility: Mapping[tuple, Mapping[s
             threat_model=s.threat_model, utility_loss=cost.mean if cost.measured else None, gain=cost.gain,
             epsilon=u.get("epsilon"), chance_rmse=s.chance_rmse, sd=s.sd, utility=cost,
             diverged=cost.diverged, stops=s.stops, sd_per_batch=dict(s.sd_per_batch), per_image=s.per_image,
-            incomplete=s.incomplete, test_accuracy_ci=u.get("test_accuracy_ci") or EMPTY))
+            incomplete=s.incomplete, test_accuracy_ci=u.get("test_accuracy_ci") or EMPTY, metric=s.metric))
     return points
 
 
@@ -638,6 +640,8 @@ class Verdict:
     excluded: dict[str, str] = field(default_factory=dict)
     incomplete: str | None = None
     baseline_sd: Interval = EMPTY
+    #: what ``rmse`` and ``sd`` measure (``"rmse"``, or ``"token_error"`` = 1 − token accuracy for text)
+    metric: str = "rmse"
     edge: list[str] = field(default_factory=list)
 
 
@@ -706,7 +710,7 @@ def verdicts(points: Iterable[PrivacyUtilityPoint], budgets: Sequence[float] = B
                         baseline_rmse=base.rmse if base else None, baseline_attack=base.attack if base else None,
                         baseline_chance=base.chance_rmse if base else None, excluded=dict(excluded),
                         incomplete=next((p.incomplete for p in pts if p.incomplete), None),
-                        baseline_sd=base.sd if base else EMPTY)
+                        baseline_sd=base.sd if base else EMPTY, metric=pts[0].metric)
             if ok:
                 status, pick, tied, margin = _decide(ok)
                 v.status, v.tied, v.margin = status, tied, margin

@@ -64,7 +64,13 @@ def _decision(v: Verdict) -> str:
     if v.defense == "none":
         head = "no defense within it leaks significantly less than none"
     else:
-        head = f"<b>{esc(v.defense)}</b>{eps} leaks least (S<sub>D</sub> {ci(v.sd)}, n = {v.n})"
+        if v.metric == "token_error":  # text: S_D as token accuracy (1 − token error; higher = more leakage)
+            from .text_section import accuracy
+
+            sd = f"the strongest attack's token accuracy {ci(accuracy(v.sd))}"
+        else:
+            sd = f"S<sub>D</sub> {ci(v.sd)}"
+        head = f"<b>{esc(v.defense)}</b>{eps} leaks least ({sd}, n = {v.n})"
     if v.status == "tied" and v.tied:  # (tied only at the budget's edge: :func:`decision` adds it)
         return f"{head}, tied with {_names(v.tied)}"
     if v.margin.n and not (v.status == "tied" and v.tied):
