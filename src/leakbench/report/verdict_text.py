@@ -117,8 +117,10 @@ def verdict_table(found: Sequence[Verdict], metric: str = "RMSE") -> str:
                      ci_n(v.sd), ci_n(v.utility.interval, unit="seeds") if v.defense not in (None, "none") else "0",
                      ci_n(v.baseline_sd), num(v.chance_rmse if finite(v.chance_rmse) else v.baseline_chance),
                      excluded])
-    return table(["batch", "budget", "status", "decision", "S_D of the pick ± 95 % CI",
-                  "utility loss ± 95 % CI", "S_D without a defense", f"chance {metric}", "excluded (diverged)"], rows,
+    of = "" if metric == "RMSE" else f" ({metric})"
+    return table(["batch", "budget", "status", "decision", f"S_D of the pick{of} ± 95 % CI",
+                  "utility loss ± 95 % CI", f"S_D without a defense{of}", f"chance {metric}", "excluded (diverged)"],
+                 rows,
                  css="verdicts")
 
 
