@@ -46,3 +46,10 @@ def test_the_report_shows_a_text_section_with_escaped_sentences(tmp_path):
     assert 'class="miss"' not in table[:table.index("</table>")]
     assert not files.grids  # no image grids for text
     assert len(re.findall(r"<td class=\"l\">recovered</td>", page)) == 3
+    # the text scores are columns of results.csv (empty for image trials)
+    import csv
+
+    with open(files.csv, newline="", encoding="utf-8") as f:
+        records = list(csv.DictReader(f))
+    assert [float(r["token_acc"]) for r in records] == [1.0, 1.0, 1.0]
+    assert all(float(r["chance_token_acc"]) < 0.5 and r["rmse"] == "" for r in records)
