@@ -275,12 +275,6 @@ def config_key(config: dict[str, Any]) -> str:
 def _resolve_data(dataset, data_options, test_fraction, seed) -> tuple[ImageDataset, ImageDataset, Any]:
     options = dict(data_options or {})
     if isinstance(dataset, str):
-        from ..data import modality
-
-        if modality(dataset) == "text" and "split" not in options:
-            # the loader's own held-out sentences (every 10th): the attacked batches' split does not matter here
-            train, test = load(dataset, **options, split="train"), load(dataset, **options, split="test")
-            return train, test, {"name": dataset, "options": options, "split": "loader train/test"}
         full = load(dataset, **options)
         train, test = split(full, test_fraction, seed=seed)
         return train, test, {"name": dataset, "options": options}
