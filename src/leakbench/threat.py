@@ -335,7 +335,8 @@ def observe(
         extras["client_batch_size"] = int(x.shape[0])
     batches = local_schedule(result, extras)
     if text:
-        extras["text"] = text_grants(model, int(x.shape[1]), x)
+        # every sequence behind the shared tensors (secagg: all L clients' batches, as batch_size counts them)
+        extras["text"] = text_grants(model, int(x.shape[1]), result.x if result.x.shape[0] != x.shape[0] else x)
     return Observation(
         kind=result.kind,
         model=attacker,

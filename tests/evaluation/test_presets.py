@@ -73,3 +73,64 @@ def test_a_one_trial_slice_of_the_liu2024_preset_runs_here(tmp_path):
     result = run_trial(trials[0], cache_dir=tmp_path)
     assert result.status == "done", result.error
     assert result.metrics["rmse"] < result.metrics["chance_rmse"]
+
+
+def _sweep_text_cli(args: list[str]):
+    from typer.testing import CliRunner
+
+    from leakbench.cli import app
+
+    return CliRunner().invoke(app, ["evaluate", *args])
+
+
+def test_the_sweep_text_preset_is_the_documented_text_sweep():
+    spec = load_spec(preset_path("sweep-text"))
+    assert [d.name for d in spec.datasets] == ["text"] and spec.models[0].spec.startswith("gpt:")
+    assert spec.batch_sizes == [1, 4] and spec.seeds == [0, 1]
+    assert [a.name for a in spec.attacks] == ["dager", "tag"]
+    assert {d.split(":")[0] for d in spec.defense_specs()} == {"none", "noise", "dpsgd"}
+    trials = plan(spec)
+    # per defense and attack: 4 batches of 1 and one of 4 per seed; utility: 3 defenses × 2 seeds
+    assert sum(t.kind == "attack" for t in trials) == 3 * 2 * 2 * (4 + 1)
+    assert sum(t.kind == "utility" for t in trials) == 3 * 2
+
+
+def test_a_tiny_slice_of_the_sweep_text_preset_runs_end_to_end_with_its_report(tmp_path):
+    import yaml
+
+    spec = load_spec(preset_path("sweep-text")).model_dump(mode="json")
+    spec.update(seeds=[0], batch_sizes=[1], images=1)
+    spec["datasets"][0]["options"]["limit"] = 80
+    spec["attacks"] = spec["attacks"][:1]  # DAGER (TAG's optimisation runs in the slow test below)
+    spec["utility"] = {**spec["utility"], "seeds": [0]}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    result = _sweep_text_cli([str(path), "--db", str(tmp_path / "t.db"), "--report", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    assert "S_D (token error = 1 − token acc.)" in result.output
+    page = (tmp_path / "report" / "index.html").read_text(encoding="utf-8")
+    assert "Text reconstruction scores" in page and "Original and recovered sentences" in page
+
+
+@pytest.mark.slow
+def test_the_sweep_text_preset_runs_as_documented(tmp_path):
+    import time
+
+    from leakbench.evaluation.store import Store
+    from leakbench.evaluation.strongest import strongest
+
+    start = time.perf_counter()
+    result = _sweep_text_cli(["--preset", "sweep-text", "--db", str(tmp_path / "t.db"), "--report",
+                              str(tmp_path / "report")])
+    seconds = time.perf_counter() - start
+    assert result.exit_code == 0, result.output
+    assert seconds < 300
+    rows = Store(tmp_path / "t.db", readonly=True).rows()
+    assert {r["status"] for r in rows} == {"done"}
+    best = {(s.defense, s.batch_size): s for s in strongest(rows)}
+    # undefended: DAGER exact at B = 1 and 4 (token accuracy 1 on every batch), far above the unigram chance
+    for b in (1, 4):
+        s = best[("none", b)]
+        assert s.attack == "dager" and s.sd.mean == 0.0 and s.chance_rmse > 0.9
+    # DP-SGD (C = 1, σ = 0.5) stops both attacks at B = 1: nothing significantly above chance on n = 8 batches
+    assert best[("dpsgd:1,0.5", 1)].stops

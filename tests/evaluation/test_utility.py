@@ -213,3 +213,35 @@ def test_bad_model_and_dataset_types(digits):
     with pytest.raises(ConfigError, match="expected batch_size ≤ 10"):
         train_model(_model(digits), digits.subset(list(range(10))), batch_size=20)
     assert "noise" in DEFENSES
+
+
+def test_text_utility_is_next_token_accuracy_on_held_out_sentences():
+    import torch.nn.functional as F
+
+    from leakbench.data import load
+    from leakbench.data.text import IGNORE
+    from leakbench.evaluation.utility import loss_and_accuracy, tensors
+    from leakbench.models import build
+
+    test = load("text", context=8, split="test", limit=40)
+    model = build("gpt:layers=1,width=16,heads=2", input_shape=test.shape, classes=test.vocab_size, seed=0)
+    x, y = tensors(test)
+    loss, acc = loss_and_accuracy(model, x, y, chunk=7)
+    with torch.no_grad():  # independently: every position with a next token counts once
+        logits = model(x)
+    keep = y != IGNORE
+    assert math.isclose(acc, float((logits.argmax(-1) == y)[keep].float().mean()), rel_tol=1e-9)
+    assert math.isclose(loss, float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                    ignore_index=IGNORE)), rel_tol=1e-5)
+    # a seeded split of the sentences holds out test_fraction of them, none in both parts
+    data = load("text", context=8, limit=200)
+    train, held = split(data, 0.25, seed=3)
+    assert len(held) == 50 and len(train) == 150
+    assert sorted(train.ids.tolist() + held.ids.tolist()) == sorted(data.ids.tolist())  # a partition
+    # a short training on the rest raises held-out next-token accuracy; secagg draws token batches
+    before = utility("gpt:layers=1,width=16,heads=2", "text", "none", epochs=1, batch_size=8, lr=0.5,
+                     data_options={"context": 8, "limit": 200}, cache_dir=False)
+    assert before.test_accuracy > acc and before.train_loss < before.initial_loss
+    secagg = utility("gpt:layers=1,width=16,heads=2", "text", "secagg:2", epochs=1, batch_size=8, lr=0.5,
+                     data_options={"context": 8, "limit": 200}, cache_dir=False)
+    assert secagg.steps == math.ceil(before.steps / 2) and math.isfinite(secagg.train_loss)  # 2 clients a round

@@ -59,6 +59,9 @@ class Attack(abc.ABC):
     #: True for gradient matching (an optimisation that applies to every differentiable model): an evaluation
     #: whose attack set on a model holds none of these reports its S_D as a lower bound on leakage
     matching: ClassVar[bool] = False
+    #: what the attack reconstructs: "image" (pixels) or "text" (token ids); a sweep pairs it with datasets of
+    #: that modality only (the other pairs are "n/a" with the reason)
+    modality: ClassVar[str] = "image"
 
     def __init__(self, *, preset: str | None = None, **options: Any) -> None:
         fields = {f.name: f for f in dataclasses.fields(self.Options)}

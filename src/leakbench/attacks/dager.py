@@ -118,6 +118,7 @@ class Dager(Attack):
     """DAGER (Petrov et al. 2024): span checks of token embeddings against attention-weight gradients, exact text."""
 
     name = "dager"
+    modality = "text"
     Options = DagerOptions
     presets = {"quick": {}}
 

@@ -41,14 +41,19 @@ def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
         return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
     tables: dict[tuple, Table] = {}
+    from ..evaluation.modality import is_mismatch
+
     for s in best:
+        if s.scores and all(a.not_applicable and is_mismatch(a.not_applicable) for a in s.scores):
+            continue  # an image model or attack on text (or back): every trial n/a
         where = (s.threat_model, s.dataset, s.model)
         table = tables.get(where)
         if table is None:
             table = tables[where] = Table(title=Text(clean(f"Strongest attack S_D — {s.threat_model}: {s.dataset} · "
                                                            f"{s.model}")))
-            for name in ("defense", "B", "strongest attack", "S_D (RMSE) ± 95 % CI", "n", "chance", "PSNR", "SSIM",
-                         "ran"):
+            metric = "token error = 1 − token acc." if s.metric == "token_error" else "RMSE"
+            for name in ("defense", "B", "strongest attack", f"S_D ({metric}) ± 95 % CI", "n", "chance", "PSNR",
+                         "SSIM", "ran"):
                 table.add_column(name, justify="left" if name in ("defense", "strongest attack") else "right",
                                  no_wrap=True)
         ran = sum(1 for a in s.scores if a.trials)

@@ -29,6 +29,7 @@ class DatasetInfo:
     """Metadata of a registered dataset (``DATASETS.info(name)``)."""
 
     offline: bool  # needs neither files nor network
+    modality: str = "image"  # what a sample is: "image" (pixels) or "text" (token ids)
 
 
 DATASETS.register("digits", offline.digits, info=DatasetInfo(offline=True))
@@ -41,10 +42,16 @@ DATASETS.register("mnist", files.mnist, info=DatasetInfo(offline=False))
 DATASETS.register("fashion-mnist", files.fashion_mnist, info=DatasetInfo(offline=False))
 DATASETS.register("folder", files.folder, info=DatasetInfo(offline=False))
 DATASETS.register("npz", files.npz, info=DatasetInfo(offline=False))
-DATASETS.register("text", _text.text, info=DatasetInfo(offline=True))
+DATASETS.register("text", _text.text, info=DatasetInfo(offline=True, modality="text"))
 
 #: datasets that need neither files nor network (from the registry).
 OFFLINE = tuple(name for name in DATASETS.names() if DATASETS.info(name).offline)
+
+
+def modality(name: str) -> str:
+    """What a sample of dataset ``name`` is: ``"image"`` or ``"text"`` (its :class:`DatasetInfo`)."""
+    info = DATASETS.info(name)
+    return getattr(info, "modality", "image") if info is not None else "image"
 
 
 def options(name: str) -> dict[str, object]:
@@ -67,4 +74,4 @@ def load(name: str, **opts: object) -> ImageDataset:
     return DATASETS.create(name, **opts)
 
 
-__all__ = ["ImageDataset", "TextDataset", "DATASETS", "DatasetInfo", "load", "options", "OFFLINE"]
+__all__ = ["ImageDataset", "TextDataset", "DATASETS", "DatasetInfo", "load", "options", "modality", "OFFLINE"]

@@ -141,10 +141,13 @@ def client_round(plan: ClientPlan, model: nn.Module, params: dict[str, torch.Ten
 def _population_tensors(population: Any, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     if hasattr(population, "images") and hasattr(population, "labels"):
         images, labels = population.images, population.labels
+    elif hasattr(population, "ids") and hasattr(population, "batch"):  # a TextDataset: ids B × T and their targets
+        images, labels = population.batch(indices=list(range(len(population))))
     elif isinstance(population, (tuple, list)) and len(population) == 2:
         images, labels = population
     else:
-        raise ConfigError("expected population as an ImageDataset (leakbench.load) or a pair (images, labels), "
+        raise ConfigError("expected population as an ImageDataset or a TextDataset (leakbench.load) or a pair "
+                          "(inputs, labels), "
                           f"got {type(population).__name__} (argument population)")
     if not (isinstance(images, torch.Tensor) and isinstance(labels, torch.Tensor)
             and images.shape[0] == labels.shape[0]):

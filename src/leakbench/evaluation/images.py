@@ -55,7 +55,9 @@ def save_trial_files(directory: str | Path, result: TrialResult, *, png: bool = 
     tmp = directory / f".{result.key}.{os.getpid()}.npz"
     np.savez_compressed(tmp, **result.arrays)
     os.replace(tmp, files["npz"])
-    if png and "x" in result.arrays and "reconstruction" in result.arrays:
+    # token ids (a text trial) have no picture: the report shows their sentences
+    if (png and "x" in result.arrays and "reconstruction" in result.arrays
+            and np.issubdtype(np.asarray(result.arrays["x"]).dtype, np.floating)):
         from matplotlib.image import imsave
 
         arrays = result.arrays

@@ -33,6 +33,7 @@ import torch
 
 from ..errors import ConfigError, LeakbenchError
 from ..models.files import load_weights
+from .modality import pair_refusal
 from .spec import SweepSpec
 from .speccheck import MAX_TRIALS
 
@@ -209,6 +210,8 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
         _check_training(spec, i, len(data), d.key)
         x, y = data.batch(smallest, seed=0)
         for j, m in enumerate(spec.models):
+            if pair_refusal(d.name, m.spec) is not None:  # an image model on text (or back): its trials are n/a
+                continue
             where = f"models[{j}] ({m.key}) on datasets[{i}] ({d.key}, shape {'×'.join(map(str, data.shape))})"
             try:
                 model = build(m.spec, input_shape=data.shape, classes=data.num_classes, act=m.act, init=m.init,

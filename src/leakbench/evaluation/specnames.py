@@ -79,6 +79,9 @@ def check_names(spec, where: Source | None = None) -> None:
             create_attack(a.name, preset=a.preset, **a.options)
         except (LeakbenchError, ValueError, TypeError) as err:
             raise ConfigError(f"{where.where(path + attack_culprit(a))}: {err}") from None
+    from .modality import check_modalities
+
+    check_modalities(spec, where)
     labels = [a.key for a in spec.attacks]
     dup = next((k for k in labels if labels.count(k) > 1), None)
     if dup is not None:

@@ -76,6 +76,31 @@ def batch_size(row: Mapping[str, Any]) -> int:
     return int(value) if finite(value) else 0
 
 
+#: the verdict's metric of a text trial: 1 − token accuracy (lower = more leakage, as RMSE) and its chance level
+TEXT_METRIC = "token_error"
+
+
+def is_text_row(row: Mapping[str, Any]) -> bool:
+    """A text trial's row (its metrics say ``modality: text``)."""
+    return (row.get("metrics") or {}).get("modality") == "text"
+
+
+def scored(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The row as the verdict logic reads it: an image row as it is; a text row with ``rmse`` the token error
+    1 − token accuracy, ``chance_rmse`` the unigram draws' token error and per-sequence errors in
+    ``per_sample["rmse"]``, so S_D, its intervals, ties, the chance test and the per-sample strongest attack are
+    the image side's own, on token accuracy (higher accuracy = lower error = more leakage)."""
+    if not is_text_row(row):
+        return row
+    m = row.get("metrics") or {}
+    per = row.get("per_sample") or {}
+    error = m.get(TEXT_METRIC)
+    return {**row, "rmse": float(error) if finite(error) else None, "psnr": None, "ssim": None,
+            "metrics": {**m, "chance_rmse": m.get("chance_token_error")},
+            "per_sample": {"rmse": list(per.get(TEXT_METRIC) or []),
+                           "chance_rmse": list(per.get("chance_token_error") or [])}}
+
+
 def usable(row: Mapping[str, Any]) -> bool:
     """A finished attack trial with a finite RMSE."""
     return row.get("status") == "done" and finite(row.get("rmse"))
@@ -152,6 +177,8 @@ class AttackScore:
     chance_per_batch: dict[tuple, float] = field(default_factory=dict)
     #: (seed, batch, i) → (RMSE, chance RMSE) of image i
     per_image: dict[tuple, tuple[float, float | None]] = field(default_factory=dict)
+    #: what ``rmse`` measures: ``"rmse"``, or ``"token_error"`` (1 − token accuracy) for text
+    metric: str = "rmse"
     #: the mean RMSE and its bootstrap interval over batches
     ci: Interval = EMPTY
     #: chance − RMSE, paired by batch: above 0 = significantly better than a flat image
@@ -188,6 +215,8 @@ class Strongest:
     stops: bool = False
     #: why S_D here is only a lower bound on leakage (no gradient-matching attack ran), else None
     incomplete: str | None = None
+    #: what ``rmse`` measures: ``"rmse"``, or ``"token_error"`` (1 − token accuracy) for text
+    metric: str = "rmse"
 
     @property
     def family(self) -> str:
@@ -253,6 +282,7 @@ def _score(label: str, trials: Sequence[Mapping[str, Any]]) -> AttackScore:
         timed_out=sum(t.get("status") == "timed out" for t in trials),
         chance_rmse=_mean(_chance(t) for t in good), name=next((n for n in names if n), label),
         per_batch=pb, chance_per_batch=cb, per_image=per_image,
+        metric=TEXT_METRIC if any(is_text_row(t) for t in trials) else "rmse",
         ci=bootstrap_mean(pb[k] for k in sorted(pb)), margin=paired_bootstrap(cb, pb))
 
 
@@ -262,6 +292,7 @@ def attack_scores(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[AttackS
     for r in rows:
         if (r.get("kind") or "attack") != "attack":
             continue
+        r = scored(r)
         setting = (threat_model(r), r.get("dataset") or "", r.get("model") or "", r.get("defense") or "none",
                    batch_size(r))
         groups.setdefault(setting, {}).setdefault(r.get("attack") or "", []).append(r)
@@ -301,7 +332,8 @@ def strongest(rows: Iterable[Mapping[str, Any]]) -> list[Strongest]:
         s = Strongest(dataset=dataset, model=model, defense=defense, batch_size=size,
                       attack=best.attack if best else None, rmse=best.rmse if best else math.nan,
                       psnr=best.psnr if best else math.nan, ssim=best.ssim if best else None,
-                      scores=scores, threat_model=threat, chance_rmse=best.chance_rmse if best else None)
+                      scores=scores, threat_model=threat, chance_rmse=best.chance_rmse if best else None,
+                      metric=best.metric if best else (scores[0].metric if scores else "rmse"))
         if best is not None:
             s.sd_per_batch = _capped(best.per_batch, best.chance_per_batch)
             s.sd = bootstrap_mean(s.sd_per_batch[k] for k in sorted(s.sd_per_batch))
@@ -511,6 +543,8 @@ class PrivacyUtilityPoint:
     per_image: Interval = EMPTY
     incomplete: str | None = None
     test_accuracy_ci: Interval = EMPTY
+    #: what ``rmse`` measures (``"rmse"``, or ``"token_error"`` = 1 − token accuracy for text)
+    metric: str = "rmse"
 
     @property
     def family(self) -> str:
@@ -539,7 +573,7 @@ def privacy_utility(best: Iterable[Strongest], utility: Mapping[tuple, Mapping[s
             threat_model=s.threat_model, utility_loss=cost.mean if cost.measured else None, gain=cost.gain,
             epsilon=u.get("epsilon"), chance_rmse=s.chance_rmse, sd=s.sd, utility=cost,
             diverged=cost.diverged, stops=s.stops, sd_per_batch=dict(s.sd_per_batch), per_image=s.per_image,
-            incomplete=s.incomplete, test_accuracy_ci=u.get("test_accuracy_ci") or EMPTY))
+            incomplete=s.incomplete, test_accuracy_ci=u.get("test_accuracy_ci") or EMPTY, metric=s.metric))
     return points
 
 
@@ -606,6 +640,8 @@ class Verdict:
     excluded: dict[str, str] = field(default_factory=dict)
     incomplete: str | None = None
     baseline_sd: Interval = EMPTY
+    #: what ``rmse`` and ``sd`` measure (``"rmse"``, or ``"token_error"`` = 1 − token accuracy for text)
+    metric: str = "rmse"
     edge: list[str] = field(default_factory=list)
 
 
@@ -674,7 +710,7 @@ def verdicts(points: Iterable[PrivacyUtilityPoint], budgets: Sequence[float] = B
                         baseline_rmse=base.rmse if base else None, baseline_attack=base.attack if base else None,
                         baseline_chance=base.chance_rmse if base else None, excluded=dict(excluded),
                         incomplete=next((p.incomplete for p in pts if p.incomplete), None),
-                        baseline_sd=base.sd if base else EMPTY)
+                        baseline_sd=base.sd if base else EMPTY, metric=pts[0].metric)
             if ok:
                 status, pick, tied, margin = _decide(ok)
                 v.status, v.tied, v.margin = status, tied, margin
@@ -833,4 +869,5 @@ __all__ = ["THREAT_MODELS", "BUDGETS", "SSIM_THRESHOLDS", "UTILITY_METRICS", "At
            "PrivacyUtilityPoint", "Verdict", "WeightsSummary", "MembershipScore", "finite", "threat_model",
            "batch_size", "usable", "npz_path", "beats_chance", "attack_scores", "strongest", "utility_table",
            "utility_for", "bounds_table", "utility_loss", "privacy_utility", "dominates", "pareto_front",
-           "verdicts", "weights_table", "membership_setting", "membership_table", "roc_curve"]
+           "verdicts", "weights_table", "membership_setting", "membership_table", "roc_curve", "scored",
+           "is_text_row", "TEXT_METRIC"]

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..budget import check_time, time_limit
-from ..errors import BudgetExceeded, LeakbenchError, UnsupportedThreatModel
+from ..errors import BudgetExceeded, LeakbenchError, NothingRecovered, UnsupportedThreatModel
 
 KINDS = ("attack", "utility", "bound", "weights", "membership")
 #: the threat models a trial can assume (the usual taxonomy; :func:`threat_model` says which one a trial has).
@@ -319,7 +319,8 @@ class Clock:
 
 
 #: metrics whose non-finite value makes a trial ``failed`` (a NaN reconstruction or loss is no result).
-FINITE_METRICS = ("mse", "rmse", "psnr", "ssim", "train_loss", "test_accuracy", "exact_rmse", "trace_rmse", "auc")
+FINITE_METRICS = ("mse", "rmse", "psnr", "ssim", "train_loss", "test_accuracy", "exact_rmse", "trace_rmse", "auc",
+                  "token_acc")
 
 
 def non_finite(metrics: dict[str, Any]) -> list[str]:
@@ -421,7 +422,11 @@ def run_attack(spec: TrialSpec, obs, clock: Clock) -> Any:
 def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     from ..metrics import compare
     from ..threat import observe
+    from .modality import pair_refusal
 
+    reason = pair_refusal(spec.dataset, spec.model, spec.attack)
+    if reason is not None:  # an image attack on text (or back): skipped with the reason, nothing loaded
+        return TrialResult(key=spec.key, status="n/a", error=reason)
     device = torch.device(spec.device)
     data = dataset_for(spec)
     clock.lap("load")
@@ -434,9 +439,19 @@ def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     # the dataset is the population other clients draw from (secure aggregation needs one)
     obs = observe(model, x, y, defense=spec.defense, seed=spec.seed, population=data, **spec.threat)
     clock.lap("observe")
-    rec = run_attack(spec, obs, clock)
+    try:
+        rec = run_attack(spec, obs, clock)
+    except NothingRecovered as err:
+        if not is_text(data):
+            raise
+        # a defense left the attack nothing to recover (DAGER: noise fills the span): its output is the empty
+        # sequence, scored as such (token accuracy 0), with the reason — a measurement, not a failed trial
+        clock.lap("attack")
+        return text_result(spec, None, x.cpu(), y.cpu(), data, clock, nothing=str(err))
     if isinstance(rec, TrialResult):
         return rec
+    if is_text(data):
+        return text_result(spec, rec, x.cpu(), y.cpu(), data, clock)
     images = rec.images.detach().to("cpu", torch.float32)
     if constant_output(images):
         # a constant image carries nothing about the batch: scoring it would rank a defense by a grey image
@@ -469,6 +484,75 @@ def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
                        attack_options=dict(rec.options or {}))
 
 
+def is_text(data) -> bool:
+    """True for a dataset of token sequences (:class:`~leakbench.data.TextDataset`)."""
+    from ..data import TextDataset
+
+    return isinstance(data, TextDataset)
+
+
+#: the text scores a text trial stores (:func:`~leakbench.metrics.text_scores`), each beside its chance level
+TEXT_METRICS = ("token_acc", "rouge1", "rouge2", "rougeL", "exact")
+
+
+def text_result(spec: TrialSpec, rec, x: torch.Tensor, y: torch.Tensor, data, clock: Clock, *,
+                nothing: str | None = None) -> TrialResult:
+    """Score a text reconstruction: token accuracy after Hungarian matching, ROUGE-1/2/L and the exact rate
+    (:func:`~leakbench.metrics.text_scores`), beside the same scores of unigram draws
+    (:func:`~leakbench.metrics.unigram_chance`, ``chance_*``).
+
+    The verdict logic (:mod:`.strongest`) ranks by ``token_error`` = 1 − token accuracy (lower = more leakage,
+    as RMSE) against ``chance_token_error``; per sequence (original order) the same, for the per-sample
+    strongest attack.  Arrays: the original and recovered ids, their pairing and the decoded sentences are
+    left to the report (``x``, ``reconstruction``, ``order``).  ``nothing``: the attack recovered nothing (its
+    reason; ``rec`` None): the empty output is scored, and the reason kept as ``metrics["nothing_recovered"]``.
+    """
+    from ..metrics.text_metrics import content, match_sequences, text_scores, token_accuracy_matrix, unigram_chance
+
+    ids = torch.full_like(x, data.pad_id) if rec is None else rec.images.detach().cpu()
+    if ids.is_floating_point():
+        ids = ids.round().long()
+    tok = data.tokenizer
+    kw = dict(decode=tok.decode, pad_id=data.pad_id, eos_id=tok.eos_id)
+    scores = text_scores(ids, x, **kw)
+    chance = unigram_chance(x, _unigram(spec, data), seed=spec.seed, **kw)
+    orig, found = content(x, (data.pad_id, tok.eos_id)), content(ids, (data.pad_id, tok.eos_id))
+    partner = match_sequences(found, orig)
+    acc = token_accuracy_matrix(found, orig)
+    per_acc = [float(acc[i, j]) if j is not None else 0.0 for i, j in enumerate(partner)]
+    clock.lap("score")
+    metrics: dict[str, Any] = {k: float(v) for k, v in scores.items()}
+    metrics.update({f"chance_{k}": float(v) for k, v in chance.items()})
+    metrics.update(token_error=1.0 - metrics["token_acc"], chance_token_error=1.0 - metrics["chance_token_acc"],
+                   modality="text", sequences=len(orig), matching="hungarian-token-accuracy")
+    if nothing is not None:
+        metrics["nothing_recovered"] = nothing
+    flags = None if rec is None else rec.trace.get("exact")
+    if isinstance(flags, list) and flags and all(isinstance(f, bool) for f in flags):
+        metrics["flagged_exact"] = int(sum(flags))
+    per_sample = {"token_acc": per_acc, "token_error": [1.0 - a for a in per_acc],
+                  "chance_token_error": [1.0 - metrics["chance_token_acc"]] * len(per_acc),
+                  "partner": [-1 if j is None else int(j) for j in partner]}
+    arrays = {}
+    if spec.save_images:
+        arrays = {"x": x.numpy().astype(np.int64), "y": y.numpy().astype(np.int64),
+                  "reconstruction": ids.numpy().astype(np.int64),
+                  "order": np.asarray(per_sample["partner"], dtype=np.int64)}
+    return TrialResult(key=spec.key, status="done", metrics=metrics, per_sample=per_sample, arrays=arrays,
+                       timings={"attack_reported": 0.0 if rec is None else float(rec.trace.get("seconds", 0.0))},
+                       attack_options={} if rec is None else dict(rec.options or {}))
+
+
+@functools.lru_cache(maxsize=4)
+def _unigram_of(name: str, options_json: str) -> torch.Tensor:
+    return _dataset(name, options_json).unigram()
+
+
+def _unigram(spec: TrialSpec, data) -> torch.Tensor:
+    """The chance draws' unigram distribution: the dataset's (computed once per process)."""
+    return _unigram_of(spec.dataset, json.dumps(spec.data_options, sort_keys=True))
+
+
 def utility_arguments(spec: TrialSpec, cache_dir) -> dict[str, Any]:
     """The keyword arguments of :func:`~.utility.utility` for utility trial ``spec`` (``model_spec``, ``dataset``
     and the options)."""
@@ -487,8 +571,12 @@ def utility_arguments(spec: TrialSpec, cache_dir) -> dict[str, Any]:
 
 
 def utility_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
+    from .modality import pair_refusal
     from .utility import utility
 
+    reason = pair_refusal(spec.dataset, spec.model)
+    if reason is not None:
+        return TrialResult(key=spec.key, status="n/a", error=reason)
     if isinstance(clock.prepared, BaseException):  # trained in a batched call (:mod:`.chunks`), and it failed
         raise clock.prepared
     result = clock.prepared if clock.prepared is not None else utility(**utility_arguments(spec, cache_dir))
@@ -512,7 +600,11 @@ def bound_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     from ..analysis.bounds import cramer_rao
 
     from ..defenses import parse, parts_of
+    from .modality import dataset_modality
 
+    if dataset_modality(spec.dataset) == "text":
+        raise UnsupportedThreatModel("the Cramér–Rao bound is on the RMSE of continuous inputs; token ids are "
+                                     "discrete (no bound for text)")
     arguments: dict[str, float] = {}
     for part in parts_of(parse(spec.defense)):
         if part.family == "none":
@@ -546,5 +638,6 @@ def _number(value: Any) -> float | None:
 
 __all__ = ["TrialSpec", "TrialResult", "TrialTimeout", "batch_for", "model_for", "dataset_for",
            "worker_id", "apply_server", "public_sample", "draw_excluding", "chance_scores", "chance_per_sample",
-           "constant_output", "non_finite", "threat_model", "KINDS", "STATUSES",
+           "constant_output", "non_finite", "threat_model", "KINDS", "STATUSES", "is_text", "text_result",
+           "TEXT_METRICS",
            "THREAT_MODELS"]

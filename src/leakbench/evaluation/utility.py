@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data import ImageDataset, load
+from ..data import ImageDataset, TextDataset, load
+from ..data.text import IGNORE
 from ..defenses import DPSGD, Defense, LocalSteps, SecureAggregation, parse, parts_of, share
 from ..budget import check_time
 from ..errors import ConfigError
@@ -88,21 +89,41 @@ class UtilityResult:
 
 def loss_and_accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, loss: str = "ce",
              chunk: int = 1024) -> tuple[float, float]:
-    """(mean loss, accuracy) of ``model`` in evaluation mode on ``images``/``labels``."""
+    """(mean loss, accuracy) of ``model`` in evaluation mode on ``images``/``labels``.
+
+    For next-token prediction (B × T × V logits, B × T targets with −100 where a position has no next token)
+    both are over the scored positions: the mean cross-entropy per token and the next-token accuracy."""
     loss_fn = get_loss(loss)
     was = model.training
     model.eval()
-    total, correct = 0.0, 0
+    total, correct, count = 0.0, 0, 0
     n = int(images.shape[0])
     with torch.no_grad():
         for i in range(0, n, chunk):
             out = model(images[i:i + chunk])
             yb = labels[i:i + chunk]
+            if out.dim() == 3:  # tokens: every position that has a target counts once
+                valid = yb != IGNORE
+                k = int(valid.sum())
+                if k:
+                    total += float(loss_fn(out, yb)) * k
+                    correct += int(((out.argmax(-1) == yb) & valid).sum())
+                count += k
+                continue
             total += float(loss_fn(out, yb)) * out.shape[0]
             pred = (out.reshape(-1) > 0).long() if out.shape[-1] == 1 else out.argmax(-1)
             correct += int((pred == yb).sum())
+            count += int(out.shape[0])
     model.train(was)
-    return total / max(n, 1), correct / max(n, 1)
+    return total / max(count, 1), correct / max(count, 1)
+
+
+def tensors(data: ImageDataset | TextDataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dataset's inputs and targets: images and labels, or token ids B × T and their targets (next tokens with
+    −100 where none, or one class per sequence)."""
+    if isinstance(data, TextDataset):
+        return data.batch(indices=list(range(len(data))))
+    return data.images, data.labels
 
 
 def _dpsgd_part(defense: Defense) -> DPSGD | None:
@@ -147,12 +168,13 @@ def train_model(model: nn.Module, data: ImageDataset, *, defense: str | Defense 
     fewer rounds, so every defense sees epochs × N samples.
     """
     _check_budget(epochs, batch_size, lr)
-    if not isinstance(data, ImageDataset):
-        raise ConfigError(f"expected the training data as an ImageDataset, got {type(data).__name__} (argument data)")
+    if not isinstance(data, (ImageDataset, TextDataset)):
+        raise ConfigError(f"expected the training data as an ImageDataset or a TextDataset, got "
+                          f"{type(data).__name__} (argument data)")
     defense_obj = parse(defense)
     loss_fn = get_loss(loss)
     model.to(device)
-    images, labels = data.images.to(device), data.labels.to(device)
+    images, labels = (t.to(device) for t in tensors(data))
     n = int(images.shape[0])
     if batch_size > n:
         raise ConfigError(f"expected batch_size ≤ {n} (the training set), got {batch_size} (field batch_size)")
@@ -200,10 +222,18 @@ def train_model(model: nn.Module, data: ImageDataset, *, defense: str | Defense 
 
 
 def split(data: ImageDataset, test_fraction: float, *, seed: int) -> tuple[ImageDataset, ImageDataset]:
-    """A seeded random (train, test) split holding out ``test_fraction`` of every class."""
+    """A seeded random (train, test) split holding out ``test_fraction`` of every class (of all sequences, for
+    text: a language model's classes are its vocabulary)."""
     if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
         raise ConfigError(f"expected test_fraction in (0, 1), got {test_fraction!r} (field test_fraction)")
     gen = torch.Generator().manual_seed(int(seed))
+    if isinstance(data, TextDataset):
+        order = torch.randperm(len(data), generator=gen)
+        k = int(round(test_fraction * len(data)))
+        if k == 0 or k == len(data):
+            raise ConfigError(f"test_fraction {test_fraction} leaves an empty train or test set for {len(data)} "
+                              "sequences")
+        return data.subset(torch.sort(order[k:]).values), data.subset(torch.sort(order[:k]).values)
     train_idx, test_idx = [], []
     for c in range(data.num_classes):
         members = torch.nonzero(data.labels.cpu() == c).reshape(-1)
@@ -220,8 +250,9 @@ def split(data: ImageDataset, test_fraction: float, *, seed: int) -> tuple[Image
 
 def _fingerprint(data: ImageDataset) -> str:
     h = hashlib.sha256()
-    h.update(str(tuple(data.images.shape)).encode())
-    h.update(data.images.detach().cpu().contiguous().numpy().tobytes())
+    inputs = data.ids if isinstance(data, TextDataset) else data.images
+    h.update(str(tuple(inputs.shape)).encode())
+    h.update(inputs.detach().cpu().contiguous().numpy().tobytes())
     h.update(data.labels.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -249,10 +280,10 @@ def _resolve_data(dataset, data_options, test_fraction, seed) -> tuple[ImageData
         return train, test, {"name": dataset, "options": options}
     if options:
         raise ConfigError("data_options apply to a dataset name; got an ImageDataset (argument data_options)")
-    if isinstance(dataset, ImageDataset):
+    if isinstance(dataset, (ImageDataset, TextDataset)):
         train, test = split(dataset, test_fraction, seed=seed)
         return train, test, {"name": dataset.name, "fingerprint": _fingerprint(dataset)}
-    if isinstance(dataset, (tuple, list)) and len(dataset) == 2 and all(isinstance(d, ImageDataset) for d in dataset):
+    if isinstance(dataset, (tuple, list)) and len(dataset) == 2 and all(isinstance(d, (ImageDataset, TextDataset)) for d in dataset):
         train, test = dataset
         return train, test, {"train": _fingerprint(train), "test": _fingerprint(test)}
     raise ConfigError("expected dataset as a name (e.g. 'digits'), an ImageDataset or a (train, test) pair, "
@@ -334,7 +365,7 @@ def utility_seeds(model_spec: str, dataset: str | ImageDataset | tuple[ImageData
             if batch_size > len(train):
                 raise ConfigError(f"expected batch_size ≤ {len(train)} (the training set), got {batch_size} "
                                   "(field batch_size)")
-            initial_loss, _ = loss_and_accuracy(model, train.images.to(device), train.labels.to(device), loss=loss)
+            initial_loss, _ = loss_and_accuracy(model, *(t.to(device) for t in tensors(train)), loss=loss)
             todo.append((i, config, path, train, test, model, initial_loss))
         except Exception as err:  # noqa: BLE001 (one seed's failure is its own)
             results[i] = err
@@ -360,7 +391,7 @@ def utility_seeds(model_spec: str, dataset: str | ImageDataset | tuple[ImageData
         if isinstance(run, Exception):
             results[i] = run
             continue
-        test_loss, test_accuracy = loss_and_accuracy(model, test.images.to(device), test.labels.to(device), loss=loss)
+        test_loss, test_accuracy = loss_and_accuracy(model, *(t.to(device) for t in tensors(test)), loss=loss)
         result = UtilityResult(defense=defense_obj.spec, train_loss=run.train_loss,
                                train_accuracy=run.train_accuracy, test_accuracy=test_accuracy, epsilon=run.epsilon,
                                seconds=run.seconds, config=json.loads(json.dumps(config, default=str)),
@@ -394,5 +425,6 @@ def _store(path: Path | None, result: UtilityResult) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["TrainResult", "UtilityResult", "train_model", "utility", "utility_seeds", "loss_and_accuracy", "split", "cache_root",
+__all__ = ["TrainResult", "UtilityResult", "train_model", "utility", "utility_seeds", "loss_and_accuracy", "tensors",
+           "split", "cache_root",
            "config_key", "samples_per_round"]

@@ -390,7 +390,9 @@ def build(
 
     ``spec`` is a spec string (see the module docstring) or a
     :class:`torch.nn.Module`, returned as is after moving it to
-    ``device``/``dtype`` (the other options must then keep their defaults).
+    ``device``/``dtype`` (the other options must then keep their defaults).  A ``transformers``
+    ``GPT2LMHeadModel`` comes back as the :class:`~.transformers.TextTransformer` computing the same
+    logits (:mod:`.huggingface`; ``pad_id=`` the batches' padding token, default 0).
 
     ``act``: one of :data:`~leakbench.models.ACTIVATIONS` (``None`` = the
     family's default: sigmoid for lenet, ReLU otherwise); ``negative_slope=``
@@ -418,6 +420,10 @@ def build(
         if normalize is not None:
             raise ConfigError("normalize applies to spec strings only, got a module; wrap it yourself with "
                               "leakbench.models.custom.normalized(module, (mean, std))")
+        from .huggingface import from_gpt2, is_gpt2
+
+        if is_gpt2(spec):  # a transformers GPT-2: the same function as a TextTransformer (.huggingface)
+            spec = from_gpt2(spec, pad_id=int(family_options.pop("pad_id", 0)))
         return _adopt(spec, input_shape, classes, act=act, bias=bias, init=init, seed=seed,
                       options=family_options, dtype=dtype, device=dev)
     name, args = parse_spec(spec)

@@ -23,7 +23,9 @@ from .markup import MISSING, esc, figure, hover, muted, num, slug, table
 from .navigation import METRIC_NAMES, PICKABLE, collapsible, metric_labels, per_metric
 from .score_table import defense_header, metric_means, metric_table, ordered_defenses
 from .plots import CRAMER_RAO, pareto_plot, sd_heatmap
+from .text_section import is_text_setting, text_block
 from .verdict_text import SUMMARY_BUDGET, ci, ci_n, summary_sentence, verdict_table
+from ..evaluation.modality import is_mismatch
 
 GAIN_NOTE = ("a negative utility loss: the defended run ended with a lower training loss than the undefended run of "
              "the same seed; where its interval spans 0 the difference is within run-to-run noise")
@@ -197,6 +199,10 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
     found = verdicts([p for p in points if p.threat_model == threat], BUDGETS)
     for dataset, model in dict.fromkeys((s.dataset, s.model) for s in mine):
         here = [s for s in mine if (s.dataset, s.model) == (dataset, model)]
+        if all(a.not_applicable and is_mismatch(a.not_applicable) for s in here for a in s.scores):
+            continue  # an image model or attack on text (or back): listed under "not applicable"
+        text = is_text_setting(here)
+        label = "token error (1 − token accuracy)" if text else "RMSE"
         pts = [p for p in points if p.threat_model == threat and (p.dataset, p.model) == (dataset, model)]
         sizes = sorted({s.batch_size for s in here})
         name = f"{dataset} · {model}"
@@ -208,17 +214,21 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
         if not measured:
             lines.append("Utility was not measured for any defense here, so the ranking ignores its cost.")
         parts.append('<ul class="verdict">' + "".join(f"<li>{line}</li>" for line in lines) + "</ul>")
-        parts.append("<details><summary>The verdict per batch size and budget</summary>" + verdict_table(mine_v)
-                     + "</details>")
+        parts.append("<details><summary>The verdict per batch size and budget</summary>"
+                     + verdict_table(mine_v, metric=label) + "</details>")
         if any(s.incomplete for s in here):
             why = next(s.incomplete for s in here if s.incomplete)
             parts.append(muted(esc(why[0].upper() + why[1:]) + "."))
-        parts.append(muted("A defense <i>stops every attack run here</i> when no attack's RMSE is significantly "
-                           "below chance (paired over batches); otherwise the pick has the highest S<sub>D</sub> and "
-                           "every defense not significantly below it (paired bootstrap over the same batches) is "
-                           "<i>tied</i>. Within a budget = the upper end of the utility loss's 95 % interval ≤ the "
-                           f"budget (nats); budgets {', '.join(f'{u:g}' for u in BUDGETS if finite(u))} and any "
-                           "cost. RMSE: higher = leaks less."))
+        parts.append(muted(f"A defense <i>stops every attack run here</i> when no attack's {esc(label)} is "
+                           "significantly below chance (paired over batches); otherwise the pick has the highest "
+                           "S<sub>D</sub> and every defense not significantly below it (paired bootstrap over the "
+                           "same batches) is <i>tied</i>. Within a budget = the upper end of the utility loss's 95 % "
+                           "interval ≤ the budget (nats); budgets "
+                           f"{', '.join(f'{u:g}' for u in BUDGETS if finite(u))} and any cost. {esc(label)}: higher "
+                           "= leaks less."))
+        if text:
+            parts.append(_text_setting(rows, here, pts, util, sizes, out, drawn, threat, dataset, model, label))
+            continue
         parts.append("<h4>Every attack against every defense setting (Table 4)</h4>")
         parts.append(f"<p>{metric_labels('show:')}</p>")
         parts.append(per_metric({
@@ -259,6 +269,30 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
         if refused:
             parts.append(muted(f"Images of {len(refused)} trial(s) not shown: {esc(refused[0]['images_refused'])}"
                                f" (trial {esc(refused[0].get('key'))})."))
+    return "".join(parts)
+
+
+def _text_setting(rows, here, pts, util, sizes, out: Path, drawn: Drawn, threat: str, dataset: str, model: str,
+                  label: str) -> str:
+    """A text (dataset, model): the score tables and sentence pairs (:mod:`.text_section`), S_D, Table 5 and
+    Figure 3 on the token error."""
+    name = f"{dataset} · {model}"
+    parts = [text_block(rows, here, sizes)]
+    tag = slug(threat, dataset, model)
+    heat = sd_heatmap(here, out / "plots" / f"sd-{tag}.png", title=f"S_D — {name}", metric="token error")
+    if heat is not None:
+        drawn.plots.append(heat)
+        parts.append("<h4>Strongest attack per setting (S<sub>D</sub>)</h4>"
+                     + figure(heat, out, f"S_D heatmap (token error = 1 − token accuracy), {name}"))
+    parts.append("<h4>Utility per defense setting and batch size (Table 5)</h4>")
+    parts.append(table5(util, dataset, model, [s.defense for s in here], sizes)
+                 + muted("Test accuracy here: held-out next-token accuracy (decoder) or classification accuracy "
+                         "(encoder); training loss: mean cross-entropy per token."))
+    fig3 = pareto_plot(pts, out / "plots" / f"privacy-utility-{tag}.png", title=name, metric="token error")
+    if fig3 is not None:
+        drawn.plots.append(fig3)
+        parts.append("<h4>Privacy against utility (Figure 3)</h4>" + figure(fig3, out, f"Figure 3, {name}")
+                     + muted(f"S_D as {esc(label)} against the utility loss, one panel per batch size."))
     return "".join(parts)
 
 

@@ -25,11 +25,15 @@ FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 #: the utility columns (of utility trials).
 UTILITY_COLUMNS = ("train_loss", "train_accuracy", "test_accuracy", "epsilon")
 
+#: the text scores (of text attack trials) and their chance levels (unigram draws)
+TEXT_COLUMNS = ("token_acc", "rouge1", "rouge2", "rougeL", "exact", "chance_token_acc", "chance_rouge1",
+                "chance_rouge2", "chance_rougeL", "chance_exact")
+
 #: columns of the results table, in order (the scores from :data:`leakbench.metrics.SCORES`, utility metrics for
-#: utility trials, the bound for bound trials).
+#: utility trials, the bound for bound trials, the text scores of text trials).
 RESULT_COLUMNS = ("key", "kind", "dataset", "model", "attack", "defense", "defense_family", "defense_parameter",
                   "batch_size", "seed", "batch", "status", *score_columns(), *UTILITY_COLUMNS, "lower_bound_rmse",
-                  "seconds", "attempts", "worker", "error", "npz", "png")
+                  *TEXT_COLUMNS, "seconds", "attempts", "worker", "error", "npz", "png")
 
 
 def result_records(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -44,6 +48,9 @@ def result_records(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for name in UTILITY_COLUMNS:
             record[name] = metrics.get(name) if r.get("kind") == "utility" else None
         record["lower_bound_rmse"] = metrics.get("exact_rmse") if r.get("kind") == "bound" else None
+        text = r.get("kind") == "attack" and metrics.get("modality") == "text"
+        for name in TEXT_COLUMNS:
+            record[name] = metrics.get(name) if text else None
         out.append(record)
     return out
 

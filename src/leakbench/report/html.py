@@ -32,6 +32,7 @@ from ..evaluation.store import Store
 from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, membership_table, privacy_utility,
                                     strongest, threat_model, usable, utility_table, weights_table)
 from .attack_section import Drawn, attack_section
+from .text_section import TEXT_CSS
 from .verdict_text import summaries
 from .federated_section import federated_section, federated_summary
 from .export import RESULT_COLUMNS, result_records, strongest_records, write_csv, write_parquet
@@ -57,7 +58,7 @@ THREATS = {
                    "training set."),
 }
 
-CSS = """
+CSS = TEXT_CSS + """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1250px;
      padding:0 1rem;color:#222}
 h1{font-size:1.6rem} h2{font-size:1.3rem;margin-top:2.4rem;border-bottom:1px solid #ddd}

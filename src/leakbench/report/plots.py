@@ -43,7 +43,7 @@ def _save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
-def sd_heatmap(best: Sequence[Strongest], path: str | Path, *, title: str = "") -> Path | None:
+def sd_heatmap(best: Sequence[Strongest], path: str | Path, *, title: str = "", metric: str = "RMSE") -> Path | None:
     """S_D as a heatmap: defense settings (rows) × batch sizes (columns), colour and text = best-attack RMSE.
 
     Red = low S_D (the strongest attack reconstructs well: the setting leaks); the scale runs from 0 to
@@ -88,14 +88,15 @@ def sd_heatmap(best: Sequence[Strongest], path: str | Path, *, title: str = "") 
     ax.set_xticklabels([f"B = {b}" for b in sizes], fontsize=8)
     ax.set_yticks(range(len(defenses)))
     ax.set_yticklabels([plain(d) for d in defenses], fontsize=8)
-    fig.colorbar(image, ax=ax, label="best-attack RMSE\n(higher = leaks less)", fraction=0.05)
+    fig.colorbar(image, ax=ax, label=f"best-attack {metric}\n(higher = leaks less)", fraction=0.05)
     if title:
         ax.set_title(plain(title), fontsize=9)
     fig.tight_layout()
     return _save(fig, path)
 
 
-def pareto_plot(points: Sequence[PrivacyUtilityPoint], path: str | Path, *, title: str = "") -> Path | None:
+def pareto_plot(points: Sequence[PrivacyUtilityPoint], path: str | Path, *, title: str = "",
+                metric: str = "RMSE") -> Path | None:
     """Figure 3 as small multiples: one panel per batch size, S_D against utility loss, both with 95 % intervals.
 
     Marker = defense family; the Pareto front of each panel (settings no other beats in both higher S_D and lower
@@ -145,7 +146,7 @@ def pareto_plot(points: Sequence[PrivacyUtilityPoint], path: str | Path, *, titl
         n = max((p.sd.n for p in mine), default=0)
         ax.set_title(f"B = {b} (n = {n} batches per point)", fontsize=9)
         ax.set_xlabel("utility loss (nats, paired by seed)", fontsize=8)
-        ax.set_ylabel("S_D: best-attack RMSE (higher = leaks less)", fontsize=8)
+        ax.set_ylabel(f"S_D: best-attack {metric} (higher = leaks less)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
         gone = [p for p in points if p.batch_size == b and p.diverged]
@@ -154,7 +155,7 @@ def pareto_plot(points: Sequence[PrivacyUtilityPoint], path: str | Path, *, titl
                     transform=ax.transAxes, fontsize=7, color="C3", va="top", wrap=True)
     handles = [fig.axes[0].scatter([], [], color=colours[f], marker=markers[f], label=plain(f)) for f in families]
     handles.append(fig.axes[0].plot([], [], color="0.35", label="Pareto front (filled, labelled)")[0])
-    handles.append(fig.axes[0].plot([], [], color="0.5", linestyle="--", label="chance RMSE (S_D capped)")[0])
+    handles.append(fig.axes[0].plot([], [], color="0.5", linestyle="--", label=f"chance {metric} (S_D capped)")[0])
     if any(finite(p.bound) for p in usable):
         handles.append(fig.axes[0].scatter([], [], color="0.4", marker="x", label=CRAMER_RAO))
     fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=min(len(handles), 6), frameon=False)

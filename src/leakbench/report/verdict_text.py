@@ -64,7 +64,13 @@ def _decision(v: Verdict) -> str:
     if v.defense == "none":
         head = "no defense within it leaks significantly less than none"
     else:
-        head = f"<b>{esc(v.defense)}</b>{eps} leaks least (S<sub>D</sub> {ci(v.sd)}, n = {v.n})"
+        if v.metric == "token_error":  # text: S_D as token accuracy (1 − token error; higher = more leakage)
+            from .text_section import accuracy
+
+            sd = f"the strongest attack's token accuracy {ci(accuracy(v.sd))}"
+        else:
+            sd = f"S<sub>D</sub> {ci(v.sd)}"
+        head = f"<b>{esc(v.defense)}</b>{eps} leaks least ({sd}, n = {v.n})"
     if v.status == "tied" and v.tied:  # (tied only at the budget's edge: :func:`decision` adds it)
         return f"{head}, tied with {_names(v.tied)}"
     if v.margin.n and not (v.status == "tied" and v.tied):
@@ -102,7 +108,7 @@ def summaries(points: Sequence[PrivacyUtilityPoint]) -> dict[tuple[str, str, str
     return out
 
 
-def verdict_table(found: Sequence[Verdict]) -> str:
+def verdict_table(found: Sequence[Verdict], metric: str = "RMSE") -> str:
     """Batch size × budget: the decision, S_D of the pick, its utility loss and the undefended S_D (HTML)."""
     rows = []
     for v in sorted(found, key=lambda v: (v.batch_size, v.budget)):
@@ -111,8 +117,10 @@ def verdict_table(found: Sequence[Verdict]) -> str:
                      ci_n(v.sd), ci_n(v.utility.interval, unit="seeds") if v.defense not in (None, "none") else "0",
                      ci_n(v.baseline_sd), num(v.chance_rmse if finite(v.chance_rmse) else v.baseline_chance),
                      excluded])
-    return table(["batch", "budget", "status", "decision", "S_D of the pick ± 95 % CI",
-                  "utility loss ± 95 % CI", "S_D without a defense", "chance RMSE", "excluded (diverged)"], rows,
+    of = "" if metric == "RMSE" else f" ({metric})"
+    return table(["batch", "budget", "status", "decision", f"S_D of the pick{of} ± 95 % CI",
+                  "utility loss ± 95 % CI", f"S_D without a defense{of}", f"chance {metric}", "excluded (diverged)"],
+                 rows,
                  css="verdicts")
 
 
