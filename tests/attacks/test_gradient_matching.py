@@ -190,3 +190,17 @@ def test_fast_preset_keeps_its_tuned_tv_at_batch_one_and_grows_it_with_the_batch
         rec = lb.attack("inverting-gradients", lb.observe(model, x, y, labels_known=True), preset="fast",
                         iterations=1)
         assert rec.trace["tv"] == pytest.approx(tv)
+
+
+def test_an_attack_that_ends_at_chance_says_so_in_its_trace():
+    """Against a grey image's gradient distance (the attacker's own measure of chance): a converged DLG run beats
+    it and says nothing; two steps far too large do not, and the trace says so."""
+    ds = lb.load("digits", size=16)
+    x, y = ds.batch(1, seed=0)
+    obs = lb.observe(lb.build("lenet", input_shape=ds.shape, classes=10, seed=0), x, y)
+    good = lb.attack("dlg", obs, iterations=60, seed=0)
+    assert good.trace["final_match"] < good.trace["grey_match"] and "chance" not in good.trace
+    early = lb.attack("inverting-gradients", obs, iterations=2, lr=10.0, seed=0)   # a step far too large
+    assert early.trace["final_match"] >= early.trace["grey_match"], early.trace
+    assert "no better than a grey image" in early.trace["chance"]
+    assert lb.compare(early, x, y)["psnr"] < lb.compare(torch.full_like(x, 0.5), x, y)["psnr"]

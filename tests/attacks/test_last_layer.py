@@ -124,7 +124,7 @@ def test_the_feature_phase_does_not_simulate_the_gradient(monkeypatch):
     model, x, y = _setup([0, 1])
     obs = lb.observe(model, x, y, labels_known=True)
     lb.attack("inverting-gradients", obs, preset="fast", iterations=10, features=1.0, feature_phase=0.6)
-    assert len(calls) == 10 - 6 + 1  # the full steps and the final score
+    assert len(calls) == 10 - 6 + 1 + 1  # the full steps, the final score and the grey image's (chance)
 
 
 @pytest.mark.parametrize("options,field", [({"features": -1.0}, "features"), ({"feature_phase": 1.0}, "feature_phase"),
@@ -136,6 +136,31 @@ def test_bad_feature_options_name_the_field(options, field):
     obs = lb.observe(model, x, y, labels_known=True)
     with pytest.raises(lb.errors.ConfigError, match=field):
         lb.attack("inverting-gradients", obs, preset="fast", iterations=2, **options)
+
+
+def test_a_trained_network_is_refused_for_the_true_reason():
+    """Briefly trained, undefended, one step: with a repeated label the per-label mean model breaks because the
+    network predicts the images of that label differently; with distinct labels the same network is exact."""
+    from leakbench.evaluation.utility import train_model
+
+    ds = lb.load("digits", size=16)
+    model = lb.build("convnet-8", input_shape=ds.shape, classes=10, seed=0)
+    train_model(model, lb.ImageDataset(ds.images[200:400], ds.labels[200:400], ds.classes), epochs=2, seed=0)
+    model.eval()
+    pool = list(range(200))
+    pick = [next(i for i in pool if int(ds.labels[i]) == c) for c in (5, 6, 7, 8, 9)]
+    pick += [next(i for i in pool if int(ds.labels[i]) == c and i not in pick) for c in (5, 6, 7)]
+    x, y = ds.images[pick], ds.labels[pick]
+    with torch.no_grad():
+        probs = torch.softmax(model(x), -1)[torch.arange(8), y]
+    assert (probs[:3] - probs[5:]).abs().max() > 0.05          # the trained net tells a label's images apart
+    found = last_layer_inputs(lb.observe(model, x, y), y)
+    assert found.features is None
+    assert "share a label" in found.reason and "noised" not in found.reason and "defense" not in found.reason
+    distinct = last_layer_inputs(lb.observe(model, x[:5], y[:5]), y[:5])
+    assert distinct.features is not None, distinct.reason
+    noised = last_layer_inputs(lb.observe(model, x, y, defense="noise:0.01", seed=0), y)
+    assert noised.features is None and "noise:0.01" in noised.reason
 
 
 def test_unique_labels_only_leave_the_attack_unchanged_where_every_label_is_shared():

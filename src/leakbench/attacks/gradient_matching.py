@@ -453,12 +453,29 @@ class GradientMatcher:
             result = self._run_batched(labels, gen, shape, init, callback, progress)
         else:
             result = self._run_sequential(labels, gen, shape, init, callback, progress)
+        self._against_grey(result)
         result.trace["seconds"] = time.perf_counter() - start
         if feature_entry:
             result.trace["features"] = feature_entry
         if self._linear:
             result.trace["factorised"] = self.factorised
         return result
+
+    def _against_grey(self, result: MatchResult) -> None:
+        """The gradient distance of a grey image (the data-range centre, the usual chance level) with the same
+        labels, beside the result's; where the result does no better, the trace says the attack ended at chance
+        by its own measure (the attacker sees no originals, so its own objective is what it can judge)."""
+        final = result.trace.get("final_match", math.inf)
+        lo, hi = self.obs.data_range
+        grey = torch.full((self.obs.batch_size, *self.obs.input_shape), (lo + hi) / 2, device=self.obs.device,
+                          dtype=self.obs.dtype)
+        with torch.enable_grad():
+            _, value = self.objective(grey, result.labels)
+        grey_match = float(value.detach())
+        result.trace["grey_match"] = grey_match
+        if math.isfinite(grey_match) and not final < grey_match:
+            result.trace["chance"] = (f"ended no better than a grey image: gradient distance {final:.4g}, a grey "
+                                      f"image's {grey_match:.4g}; these images are no evidence of leakage")
 
     def _start(self, gen, shape, init) -> torch.Tensor:
         if init is not None:

@@ -31,33 +31,62 @@ span of those taken (a mixture comes after both of its samples: it has fewer zer
 fewer than B are found, the missing columns are completed with the best rejected proposals, the batch
 X̂ = Q̂⁻¹R solved, and its rows become new candidate inputs (``rounds`` times).
 
-Certificates (per sample, :func:`~leakbench.attacks.sparse_span.certify`): the recovered x̂_i's own
+SPEAR's certificates (per sample, :func:`~leakbench.attacks.sparse_span.certify`): the recovered x̂_i's own
 activation pattern reproduces the zero pattern of δ̂_i (SPEAR's sparsity matching), and Δ̂ᵀX̂ reproduces
 ∂L/∂W on the rows where i is active and Δ̂ᵀ1 reproduces ∂L/∂b (relative ``tol``).  With all B columns of
 Q the residuals vanish for *any* Q (L Q Q⁻¹ R = L R), so here the pattern test carries the certificate:
-a wrong column mixes samples, whose activation patterns then contradict their gradients' zeros.  ``confidence`` is 1.0 for certified samples and 0.0
+a wrong column mixes samples, whose activation patterns then contradict their gradients' zeros.  A right
+pattern does not make a precise sample: on similar images Q̂ is ill-conditioned and X̂ = Q̂⁻¹R/s amplifies
+round-off (measured on CIFAR-10 at B = 64: pattern-certified samples 2e-4 to 4e-3 off).  So a sample is
+certified only when its estimated error — row i of Q̂⁻¹ times σ_{B+1} of the gradient, plus the change of x̂_i
+when every direction is re-solved from half of its zero rows — is at most ``PRECISION`` of the data range
+(the estimate ran ~10× above the error of exact samples, and above that of the imprecise ones).  Imprecise
+ones are subtracted provisionally (they drive later passes, which are then not certified on their own).  ``confidence`` is 1.0 for certified samples and 0.0
 otherwise (0/1 flags, so :func:`leakbench.metrics.compare` matches exact slots first).  Labels are read by
 matching each δ̂_i with the gradient at Z that the rest of the model gives for x̂_i and each class.
 
-Limits, said in ``trace``: the batch's inputs must be linearly independent (rank ∂L/∂W = B).  Images
-that live in a subspace of dimension < B (e.g. 8×8 digits upsampled, ~55 dimensions) make ∂L/∂W rank-
-deficient; then no sample's δ_i lies in the observed span unless the sample is outside every linear
-dependency of the batch, and the others come back as least-squares estimates with confidence 0.
+Beyond rank B — peeling (``leakbench.attacks.peeling``).  SPEAR's factorisation needs rank ∂L/∂W = B, i.e.
+linearly independent inputs; 28×28 digits are 8×8 images upsampled and 64 of them span ~53 dimensions, so no
+column of Q is exact there.  The attack therefore runs, in turn until neither certifies anything new:
+
+1. peeling: every row j of the residual gradient proposes x̂ = ∂W_j/∂b_j (exact when neuron j is exclusive to
+   one sample, Pan et al. 2022, eq. 6); it is certified when the rest of the model (known W, b and later
+   layers) gives δ(x̂, y)_j = s·∂b_j for exactly one label y, at the precision the row carries (its float
+   round-off and the observation's noise floor σ_{B+1}/(√m + √n), propagated through every subtraction), and
+   x̂ lies in the data range; s is 1, or the one factor a clipped gradient shows on every exclusive row.  The
+   sample's exact contribution δ(x̂, y) x̂ᵀ is subtracted, so neurons it shared with one other sample become
+   exclusive to that one;
+2. SPEAR (above) on the residual, whose batch is the samples not yet peeled (its rank equals their number
+   once enough have left); what it certifies is subtracted too.
+
+When every sample is found, or the certified ones and SPEAR's uncertified estimates make up the batch, the
+whole batch is re-solved jointly: with Δ̂ fixed, ∂L/∂W = Δ̂ᵀX is linear in X (least squares over all m rows),
+Δ̂ recomputed from X̂ and the labels, and the result kept, and then certified as a whole, only when it
+reproduces ∂L/∂W and ∂L/∂b to ``tol`` (a joint certificate; with B ≤ m and Δ of full column rank no other batch
+gives the same first-layer gradient, Pan et al.'s Theorem 2 with a zero-dimensional invariant space).
+
+Limits, said in ``trace``: ``rank`` and ``rank_deficient`` (SPEAR alone would stop there), ``passes`` (how many
+each pass peeled and SPEAR certified), ``unrecovered`` (samples that share every neuron with another and sit
+inside a linear dependency: neither route separates them; they come back as SPEAR's least-squares estimates,
+or the data-range centre, with confidence 0), ``time_budget`` (option ``seconds``).  A noised gradient's rows
+carry its noise: no row is precise enough to certify, and SPEAR's tolerance (30 ulps) withholds its
+certificates, so noise never earns a certificate (tests), though the estimates may still be close.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ...errors import expect
-from ...losses import get_loss
 from ...models.matrices import layer_chain
 from ...threat import Observation
 from ..analytic import analytic_reasons, chain_or_reason
 from ..base import Attack, Reconstruction, register
 from ..observed import attacker_model, layer_gradients, param_index
+from ..peeling import Residual, SampleGradients, candidate_scale, peel_pass
 from ..sparse_span import certify, decompose, directions_from_inputs, exact_zeros, refine, scales, strays, unique_columns
 
 __all__ = ["Spear", "SpearOptions"]
@@ -68,6 +97,11 @@ ROW_FACTORS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 MAX_ROWS = 512
 #: scales at which a completed (not yet exact) sample is re-proposed, both signs.
 SCALES = torch.cat([torch.logspace(-0.7, 0.7, 15), -torch.logspace(-0.7, 0.7, 15)]).double()
+#: ulps of the observation's dtype a peeled row's round-off bound starts at.
+PEEL_ULPS = 4.0
+#: a SPEAR sample is certified only when its estimated max-abs error is below this fraction of the data range
+#: (the estimate runs ~10× above the measured error of exact samples, and far below that of imprecise ones).
+PRECISION = 1e-4
 #: a zero of a noised gradient is below this many times its noise level (σ_{B+1}/σ_1 of ∂L/∂W).
 NOISE_ZEROS = 10.0
 
@@ -88,6 +122,8 @@ class SpearOptions:
     candidates: int = 1024
     #: rounds of completing Q with the best rejected proposals and re-proposing from the solved batch.
     rounds: int = 4
+    #: wall-clock budget in seconds for SPEAR's rounds (0 = none); peeling passes are not cut.
+    seconds: float = 60.0
 
     def check(self) -> None:
         for name in ("rcond", "zero_tol", "null_tol", "tol"):
@@ -95,13 +131,14 @@ class SpearOptions:
             expect(0 <= value < 1, f"expected 0 ≤ {name} < 1 (0 = automatic), got {value} (option {name})")
         expect(self.candidates >= 1, f"expected candidates ≥ 1, got {self.candidates} (option candidates)")
         expect(self.rounds >= 0, f"expected rounds ≥ 0, got {self.rounds} (option rounds)")
+        expect(self.seconds >= 0, f"expected seconds ≥ 0 (0 = no limit), got {self.seconds} (option seconds)")
 
 
 def _tolerances(o: SpearOptions, dtype: torch.dtype) -> tuple[float, float, float, float]:
     """rcond, zero_tol, null_tol, tol from the options, or from the precision the gradient was computed in."""
     eps = torch.finfo(dtype).eps
     return (o.rcond or max(8 * eps, 1e-12), o.zero_tol or max(16 * eps, 1e-7), o.null_tol or max(64 * eps, 1e-6),
-            o.tol or max(1000 * eps, 1e-9))
+            o.tol or max(30 * eps, 1e-9))
 
 
 @register
@@ -111,6 +148,7 @@ class Spear(Attack):
     name = "spear"
     Options = SpearOptions
     presets = {"quick": {"rounds": 2}}
+    preset_revisions = {"default": 1, "quick": 1}  # 1: peeling, precision-gated certificates, option seconds
 
     def requirements(self, obs: Observation) -> list[str]:
         reasons = analytic_reasons(obs, attack=self.name, batch_one=False)
@@ -140,40 +178,225 @@ class Spear(Attack):
     def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
         o = self.options
         rcond, zero_tol, null_tol, tol = _tolerances(o, obs.dtype)
+        self._deadline = time.perf_counter() + o.seconds if o.seconds else float("inf")
         chain = layer_chain(obs.model, obs.input_shape)
         first = chain.blocks[0]
         grad_w, grad_b = layer_gradients(obs, first.layer, obs.gradients, param_index(obs))
         weight = first.layer.weight.detach().double()
         bias = first.layer.bias.detach().double()
         batch = obs.batch_size
+        spectrum = torch.linalg.svdvals(grad_w)
+        trace: dict = {"spectrum": spectrum[: batch + 1].tolist(), "rounds": 0, "passes": []}
+        noise = 0.0
+        if spectrum.numel() > batch and float(spectrum[0]) > 0:
+            # singular values past B are noise (or round-off): σ_{B+1} ≈ s(√m + √n) for entries of std s
+            noise = float(spectrum[batch]) / (grad_w.shape[0] ** 0.5 + grad_w.shape[1] ** 0.5)
+            trace["noise_level"] = float(spectrum[batch] / spectrum[0])
+        rank = int((spectrum > rcond * spectrum[0]).sum()) if float(spectrum[0]) > 0 else 0
+        trace.update({"rank": min(rank, batch), "gradient_norm": float(grad_w.norm())})
+        if rank < batch:
+            trace["rank_deficient"] = (f"∂L/∂W has rank {rank} < batch {batch}: the inputs are linearly dependent; "
+                                       "SPEAR's factorisation (Theorem 3.2) needs rank B, peeling does not")
+        grads = self._sample_gradients(obs, chain)
+        lo, hi = obs.data_range
+        res = Residual.start(grad_w, grad_b, PEEL_ULPS * torch.finfo(obs.dtype).eps, noise)
+        scale = candidate_scale(res, grads, obs.data_range) if grads is not None else None
+        trace["scale"] = scale
+        estimates = None       # SPEAR's last (uncertified) estimates of the samples it could not certify
+        tainted = False        # a provisional (imprecise) sample was subtracted: later finds are not certified alone
+        for _ in range(batch + 1):  # each round certifies at least one sample, or stops
+            before = res.count
+            if scale is not None:
+                while res.count < batch and peel_pass(res, grads, scale, obs.data_range, batch - res.count,
+                                                      certified=not tainted):
+                    pass
+            peeled = res.count - before
+            remaining = batch - res.count
+            trace["passes"].append({"peeled": peeled})
+            if progress is not None:
+                progress(res.count, batch, float(remaining))
+            if remaining == 0:
+                break
+            x_hat, deltas, found, precise, info = self._factorise(
+                res.grad_w, res.grad_b, weight, bias, remaining, (rcond, zero_tol, null_tol, tol), obs.device, hi - lo)
+            trace["passes"][-1].update({"spear": int((found & precise).sum()) if x_hat is not None else 0, **info})
+            trace["rounds"] += info.get("rounds", 0)
+            if x_hat is None:
+                break
+            estimates = (x_hat[~found], deltas[~found])
+            if not bool(found.any()):
+                break
+            labels = self._labels_of(grads, x_hat[found], deltas[found], obs)
+            # a pattern-certified sample that is not precise is subtracted provisionally (it drives the next passes);
+            # after it the residual carries its error, so nothing found later is certified on its own
+            for x_i, y_i, d_i, ok in zip(x_hat[found], labels.tolist(), deltas[found], precise[found].tolist()):
+                res.subtract(x_i, int(y_i), d_i, "spear" if ok and not tainted else "spear (provisional)",
+                             certified=ok and not tainted)
+            tainted = tainted or not bool(precise[found].all())
+            if scale is None and grads is not None:
+                scale = self._scale_from(grads, x_hat[found], labels, deltas[found])
+                trace["scale"] = scale
+            estimates = None
+        return self._assemble(obs, chain, res, estimates, grads, trace)
+
+    @staticmethod
+    def _sample_gradients(obs: Observation, chain) -> SampleGradients | None:
+        """δ(x, y) through the rest of a copy of the model (losses with class labels only)."""
+        if obs.loss not in ("ce", "mse") or obs.num_classes < 2:
+            return None
+        model = attacker_model(obs)
+        copy_chain = layer_chain(model, obs.input_shape)
+        first = copy_chain.blocks[0]
+        rest = nn.Sequential(*copy_chain.modules[first.start + 1:]).double()
+        return SampleGradients(rest, first.layer.weight.detach().double(), first.layer.bias.detach().double(),
+                               obs.loss, obs.batch_size, obs.num_classes)
+
+    @staticmethod
+    def _labels_of(grads: SampleGradients | None, inputs: torch.Tensor, deltas: torch.Tensor, obs: Observation
+                   ) -> torch.Tensor:
+        """Per sample, the class whose δ(x̂, c) is most nearly parallel to the recovered δ̂ (any global scale)."""
+        if grads is None or inputs.shape[0] == 0:
+            return torch.zeros(inputs.shape[0], dtype=torch.long, device=inputs.device)
+        errors = []
+        unit = deltas / deltas.norm(dim=1, keepdim=True).clamp_min(1e-300)
+        for cls in range(obs.num_classes):
+            d = grads(inputs, torch.full((inputs.shape[0],), cls, dtype=torch.long, device=inputs.device))
+            errors.append(1 - (d * unit).sum(1).abs() / d.norm(dim=1).clamp_min(1e-300))
+        return torch.stack(errors, 1).argmin(1)
+
+    @staticmethod
+    def _scale_from(grads: SampleGradients, inputs: torch.Tensor, labels: torch.Tensor, deltas: torch.Tensor
+                    ) -> float | None:
+        """The global factor between recovered δ̂ and δ(x̂, y) (1 undefended, the factor of a clipped gradient)."""
+        d = grads(inputs, labels)
+        ratio = (d * deltas).sum(1) / d.pow(2).sum(1).clamp_min(1e-300)
+        return float(ratio.median()) if bool(torch.isfinite(ratio).all()) else None
+
+    def _assemble(self, obs: Observation, chain, res: Residual, estimates: torch.Tensor | None,
+                  grads: SampleGradients | None, trace: dict) -> Reconstruction:
+        """Certified samples first, then SPEAR's uncertified estimates (clamped), then the data-range centre; the
+        whole batch's gradient against the observation when every sample was found."""
+        lo, hi = obs.data_range
+        batch, n = obs.batch_size, res.grad_w.shape[1]
+        images = torch.full((batch, n), (lo + hi) / 2, dtype=torch.float64, device=obs.device)
+        certified = torch.zeros(batch, dtype=torch.bool, device=obs.device)
+        labels = torch.zeros(batch, dtype=torch.long, device=obs.device)
+        complete = res.count == batch or (estimates is not None and res.count + estimates[0].shape[0] == batch)
+        if grads is not None and complete and (res.count < batch or not all(res.certified)):
+            res = self._joint(res, grads, estimates, obs, trace)
+            if res.count == batch:
+                estimates = None
+        k = res.count
+        if k == batch and grads is not None and all(res.certified):
+            self._polish(res, grads, trace)
+        if k:
+            images[:k] = torch.stack(res.inputs)
+            labels[:k] = torch.tensor(res.labels, dtype=torch.long, device=obs.device)
+            certified[:k] = torch.tensor(res.certified, dtype=torch.bool, device=obs.device)
+        if estimates is not None and estimates[0].shape[0] and k < batch:
+            extra, extra_deltas = estimates[0][: batch - k], estimates[1][: batch - k]
+            images[k:k + extra.shape[0]] = extra.clamp(lo, hi)
+            if grads is not None:
+                labels[k:k + extra.shape[0]] = self._labels_of(grads, extra.clamp(lo, hi), extra_deltas, obs)
+        trace["found"] = k
+        trace["how"] = res.how
+        trace["gradient_residual"] = float(res.grad_w.norm()) / max(trace["gradient_norm"], 1e-300)
+        if k < batch:
+            last = trace["passes"][-1] if trace["passes"] else {}
+            trace["unrecovered"] = (f"{batch - k} of {batch} samples not certified: no row of the residual gradient "
+                                    "is exclusive to one of them" + (
+                                        f", and its rank {last['rank']} is below their number" if
+                                        "rank_deficient" in last else ""))
+        return self._result(obs, images, certified, labels if grads is not None else None, trace)
+
+    def _joint(self, res: Residual, grads: SampleGradients, estimates: tuple[torch.Tensor, torch.Tensor] | None,
+               obs: Observation, trace: dict) -> Residual:
+        """The certified refinement: SPEAR's uncertified estimates join the certified samples, the whole batch is
+        re-solved by :meth:`_polish`, and it is kept only when it reproduces the first layer's whole gradient to
+        the certification tolerance (a joint certificate: ∂L/∂W and ∂L/∂b of B samples through the model)."""
+        tol = _tolerances(self.options, obs.dtype)[3]
+        scale = trace.get("scale") or 1.0
+        trial = Residual(res.grad_w.clone(), res.grad_b.clone(), res.err_w.clone(), res.err_b.clone(), res.eps,
+                         list(res.inputs), list(res.labels), list(res.deltas), list(res.how), list(res.certified))
+        if estimates is not None and estimates[0].shape[0]:
+            x, spear_deltas = estimates
+            if not bool(torch.isfinite(x).all() and torch.isfinite(spear_deltas).all()):
+                return res
+            labels = self._labels_of(grads, x, spear_deltas, obs)
+            for x_i, y_i, d_i in zip(x, labels.tolist(), scale * grads(x, labels)):   # ≤ B samples
+                trial.subtract(x_i, int(y_i), d_i, "joint", certified=False)
+        if trial.count != obs.batch_size:
+            return res
+        self._polish(trial, grads, trace)
+        total_w = (trial.grad_w.norm() / max(trace["gradient_norm"], 1e-300)).item()
+        total_b = (trial.grad_b.norm() / (trial.grad_b + torch.stack(trial.deltas).sum(0)).norm().clamp_min(
+            1e-300)).item()
+        trace["joint_residual"] = max(total_w, total_b)
+        if not max(total_w, total_b) <= tol:
+            return res
+        trial.certified = [True] * trial.count
+        return trial
+
+    @staticmethod
+    def _polish(res: Residual, grads: SampleGradients, trace: dict, steps: int = 3) -> None:
+        """With every sample found, ∂L/∂W = Δᵀ X is linear in X once Δ is fixed: re-solve X̂ by least squares over
+        all m rows (each sample was read off one row; all rows pin it more precisely), recompute Δ̂ from X̂ and the
+        labels, and keep the result while the whole first-layer residual shrinks."""
+        x = torch.stack(res.inputs)
+        labels = torch.tensor(res.labels, dtype=torch.long, device=x.device)
+        deltas = torch.stack(res.deltas)
+        scale = trace.get("scale") or 1.0
+        target_w = res.grad_w + deltas.T @ x
+        target_b = res.grad_b + deltas.sum(0)
+        best = float(res.grad_w.norm())
+        for _ in range(steps):
+            if not bool(torch.isfinite(deltas).all()):
+                break
+            try:
+                trial = torch.linalg.lstsq(deltas.T, target_w).solution
+            except (RuntimeError, torch.linalg.LinAlgError):   # a degenerate Δ̂ (estimates far off): keep x
+                break
+            trial_deltas = scale * grads(trial, labels)
+            residual = float((target_w - trial_deltas.T @ trial).norm())
+            if not residual < best:
+                break
+            best, x, deltas = residual, trial, trial_deltas
+        res.inputs, res.deltas = list(x), list(deltas)
+        res.grad_w, res.grad_b = target_w - deltas.T @ x, target_b - deltas.sum(0)
+
+    def _factorise(self, grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                   batch: int, tolerances: tuple[float, float, float, float], device, width: float = 1.0
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, dict]:
+        """SPEAR's Algorithm 1 on a (residual) gradient of ``batch`` samples: the estimates X̂ (rank×n), their δ̂,
+        which pass SPEAR's pattern certificate and which of those are also precise (estimated max-abs error
+        ≤ ``PRECISION``·``width``), or None when the gradient is zero or the directions are singular."""
+        o = self.options
+        rcond, zero_tol, null_tol, tol = tolerances
         dec = decompose(grad_w, batch, rcond)
         rank = dec.rank
-        trace: dict = {"rank": rank, "spectrum": dec.spectrum[: batch + 1].tolist(), "rounds": 0}
+        info: dict = {"rank": rank, "batch": batch, "rounds": 0}
         if dec.spectrum.numel() > batch and float(dec.spectrum[0]) > 0:
             # a noised gradient's zeros sit at the noise level: the first singular value past B measures it
             noise = float(dec.spectrum[batch] / dec.spectrum[0])
             zero_tol, null_tol = max(zero_tol, NOISE_ZEROS * noise), max(null_tol, NOISE_ZEROS * noise)
-            trace["noise_level"] = noise
-        trace["zero_tol"] = zero_tol
-        lo, hi = obs.data_range
-        images = torch.full((batch, weight.shape[1]), (lo + hi) / 2, dtype=torch.float64, device=obs.device)
-        certified = torch.zeros(batch, dtype=torch.bool, device=obs.device)
+        info["zero_tol"] = zero_tol
+        none = torch.zeros(0, dtype=torch.bool, device=device)
         if rank < batch:
-            trace["rank_deficient"] = (f"∂L/∂W has rank {rank} < batch {batch}: the inputs are linearly dependent, "
-                                       "so samples inside a dependency cannot be separated (Theorem 3.2 needs rank B)")
+            info["rank_deficient"] = (f"∂L/∂W has rank {rank} < batch {batch}: the inputs are linearly dependent, "
+                                      "so samples inside a dependency cannot be separated (Theorem 3.2 needs rank B)")
         if rank == 0:
-            return self._result(obs, images, certified, None, trace)
+            return None, None, none, none, info
         left, right = dec.left, dec.right
         live = ~exact_zeros(grad_w.norm(dim=1, keepdim=True), zero_tol)[:, 0]   # neurons some sample activates
-        found = torch.zeros(rank, 0, dtype=torch.float64, device=obs.device)
-        spare = torch.zeros(rank, 0, dtype=torch.float64, device=obs.device)
+        found = torch.zeros(rank, 0, dtype=torch.float64, device=device)
+        spare = torch.zeros(rank, 0, dtype=torch.float64, device=device)
         inputs = self._row_inputs(grad_w, grad_b, live, o.candidates)
         selected = found
         # a rank-deficient batch has no exact columns to complete or repair: one pass finds the samples outside
         # every dependency (if any), further rounds would only spend time
         last = o.rounds if rank == batch else 0
         for round_ in range(last + 1):
-            trace["rounds"] = round_ + 1
+            info["rounds"] = round_ + 1
             for factor in ROW_FACTORS:  # fewest rows first; stop as soon as B directions are selected
                 rows = min(max(int(factor * rank), rank - 1), int(live.sum()), MAX_ROWS)
                 if rows < max(rank - 1, 1):
@@ -188,16 +411,17 @@ class Spear(Attack):
                     selected = self._select(left, found, zero_tol)
                 if selected.shape[1] >= rank and round_ == 0:  # later rounds have few candidates: try every k
                     break
+                if time.perf_counter() > self._deadline:
+                    info["time_budget"] = f"stopped after {o.seconds:g} s (option seconds)"
+                    break
             spare = spare[:, exact_zeros(left @ spare, 1e-3).sum(0).argsort(descending=True)[: 4 * rank]]
             disagree = None
             if selected.shape[1] >= rank and rank == batch:
                 selected, swapped = self._repair(left, right, weight, bias, grad_b, selected, found, zero_tol)
-                trace["swaps"] = trace.get("swaps", 0) + swapped
+                info["swaps"] = info.get("swaps", 0) + swapped
                 disagree = self._disagreements(left, right, weight, bias, grad_b, selected, zero_tol)
             missing = rank - selected.shape[1] if disagree is None else int((disagree > 0).sum())
-            if progress is not None:
-                progress(round_ + 1, last + 1, float(missing))
-            if missing == 0 or round_ == last:
+            if missing == 0 or round_ == last or "time_budget" in info:
                 break
             completed = self._complete(left, selected, spare)
             s, _ = scales(left, completed, grad_b)
@@ -206,25 +430,51 @@ class Spear(Attack):
             # so when one is missing), those of disagreeing samples near their sample; the scale of either rests on
             # wrong columns: try each at a grid of scales
             redo = solved[selected.shape[1]:] if disagree is None else solved[disagree > 0]
-            inputs = (SCALES.to(redo)[:, None, None] * redo[None]).reshape(-1, redo.shape[1])
+            # at most ``candidates`` proposals: fewer scales (evenly spread over both signs) for many samples
+            grid = SCALES.to(redo)[torch.linspace(0, len(SCALES) - 1, max(2, min(len(SCALES), o.candidates //
+                                                                                 max(1, redo.shape[0])))).long()]
+            inputs = (grid[:, None, None] * redo[None]).reshape(-1, redo.shape[1])[: o.candidates]
             inputs = inputs[torch.isfinite(inputs).all(1)]
-        trace["found"] = int(selected.shape[1])
+        info["found"] = int(selected.shape[1])
         q_full = self._complete(left, selected, spare)
         s, bias_fit = scales(left, q_full, grad_b)
         x_hat = torch.linalg.solve(q_full, right) / s[:, None]
         deltas = (left @ q_full * s[None, :]).T
-        trace["bias_residual"] = bias_fit
+        info["bias_residual"] = bias_fit
         if not torch.isfinite(x_hat).all():
-            trace["failed"] = "the selected directions were singular; nothing certified"
-            return self._result(obs, images, certified, None, trace)
+            info["failed"] = "the selected directions were singular; nothing certified"
+            return None, None, none, none, info
         cert = certify(x_hat, deltas, weight, bias, grad_w, grad_b, zero_tol=zero_tol, tol=tol)
-        exact = cert.certified & (torch.arange(rank, device=obs.device) < selected.shape[1])
-        images[:rank] = torch.where(exact[:, None], x_hat, x_hat.clamp(lo, hi))
-        certified[:rank] = exact
-        trace.update({"gradient_residual": cert.gradient_residual, "pattern_mismatch": cert.pattern_mismatch.tolist(),
-                      "sample_residual": cert.residual.tolist()})
-        labels = self._labels(obs, chain, images[:rank], deltas)
-        return self._result(obs, images, certified, labels, trace)
+        exact = cert.certified & (torch.arange(rank, device=device) < selected.shape[1])
+        # precision: X̂ = Q̂⁻¹R/s amplifies R's error (σ_{B+1} of the gradient, its noise or round-off) by row i of
+        # Q̂⁻¹, and Q̂'s own error shows as the change of X̂ when every direction is re-solved from half of its
+        # zero rows (even and odd rows apart); a sample is exact only to the larger of the two
+        precision = self._precision(left, right, grad_b, q_full, selected.shape[1], s, dec, batch, zero_tol)
+        info["precision"] = precision.tolist()
+        info["imprecise"] = int((exact & ~(precision <= PRECISION * width)).sum())
+        info.update({"pattern_mismatch": cert.pattern_mismatch.tolist(), "sample_residual": cert.residual.tolist()})
+        return x_hat, deltas, exact, precision <= PRECISION * width, info
+
+    @staticmethod
+    def _precision(left: torch.Tensor, right: torch.Tensor, grad_b: torch.Tensor, q_full: torch.Tensor, k: int,
+                   s: torch.Tensor, dec, batch: int, zero_tol: float) -> torch.Tensor:
+        """Per sample, an estimate of the max-abs error of x̂_i (see the caller)."""
+        floor = float(dec.spectrum[batch]) if dec.spectrum.numel() > batch else 0.0
+        inv = torch.linalg.inv(q_full)
+        amplified = inv.norm(dim=1) * floor / s.abs().clamp_min(1e-300)
+        halves = []
+        for parity in (0, 1):
+            zeros = exact_zeros(left @ q_full[:, :k], zero_tol)
+            keep = (torch.arange(left.shape[0], device=left.device) % 2 == parity)[:, None] & zeros
+            gram = torch.einsum("mk,mr,ms->krs", keep.to(left.dtype), left, left)
+            cols = torch.linalg.eigh(gram)[1][:, :, 0].T
+            cols = cols * torch.sign((cols * q_full[:, :k]).sum(0, keepdim=True))
+            q = torch.cat([cols, q_full[:, k:]], 1)
+            sh, _ = scales(left, q, grad_b)
+            halves.append(torch.linalg.solve(q, right) / sh[:, None])
+        spread = (halves[0] - halves[1]).abs().amax(1)
+        out = amplified + spread
+        return torch.where(torch.isfinite(out), out, torch.full_like(out, float("inf")))
 
     @staticmethod
     def _row_inputs(grad_w: torch.Tensor, grad_b: torch.Tensor, live: torch.Tensor, limit: int) -> torch.Tensor:
@@ -347,31 +597,6 @@ class Spear(Attack):
                 torch.eye(r, dtype=left.dtype, device=left.device)
             cols = torch.cat([cols, complement.T], 1)
         return cols
-
-    @staticmethod
-    def _labels(obs: Observation, chain, inputs: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor | None:
-        """Per sample, the class whose gradient at Z (the rest of the model on x̂_i) best reproduces δ̂_i."""
-        if obs.num_classes < 2 or obs.loss not in ("ce", "mse"):
-            return None
-        model = attacker_model(obs)
-        first = layer_chain(model, obs.input_shape).blocks[0]
-        rest = nn.Sequential(*layer_chain(model, obs.input_shape).modules[first.start + 1:])
-        loss_fn = get_loss(obs.loss)
-        n = inputs.shape[0]
-        with torch.no_grad():
-            z = (inputs @ first.layer.weight.detach().double().T + first.layer.bias.detach().double())
-        rest = rest.double()
-        errors = []
-        for cls in range(obs.num_classes):
-            zc = z.clone().requires_grad_(True)
-            target = torch.full((n,), cls, dtype=torch.long, device=z.device)
-            loss = loss_fn(rest(zc), target) * n / obs.batch_size
-            (grad,) = torch.autograd.grad(loss, zc)
-            errors.append((grad - deltas).norm(dim=1) / deltas.norm(dim=1).clamp_min(1e-300))
-        labels = torch.stack(errors, 1).argmin(1)
-        out = torch.zeros(obs.batch_size, dtype=torch.long, device=obs.device)
-        out[:n] = labels
-        return out
 
     @staticmethod
     def _result(obs: Observation, images: torch.Tensor, certified: torch.Tensor, labels, trace: dict
