@@ -28,7 +28,7 @@ RECORDED = {
     ("hybrid", "default"): (0, "b913ab07249d"),
     ("hybrid", "quick"): (0, "dad5e1b4b820"),
     ("inverting-gradients", "default"): (0, "fa65965d0101"),
-    ("inverting-gradients", "fast"): (3, "d9023b1b652c"),
+    ("inverting-gradients", "fast"): (4, "d9023b1b652c"),
     ("inverting-gradients", "paper-long"): (0, "348e0f0d56b3"),
     ("inverting-gradients", "quick"): (0, "5b37c24c1da3"),
     ("kkt", "default"): (0, "7bd779622107"),

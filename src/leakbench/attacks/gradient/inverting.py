@@ -44,7 +44,8 @@ class InvertingGradients(Attack):
     name = "inverting-gradients"
     matching = True
     Options = MatchingSettings
-    preset_revisions = {"fast": 3}  # 2: α_TV grows with the batch (tv_growth); 3: output-layer features from B = 2
+    preset_revisions = {"fast": 4}  # 2: α_TV grows with the batch (tv_growth); 3: output-layer features from B = 2;
+    # 4: the feature solve holds its scale at 1 first and starts per label (recovers trained nets' features)
     presets = {
         "default": IG_PAPER,
         "paper-long": {**IG_PAPER, "iterations": 24000, "restarts": 8},
