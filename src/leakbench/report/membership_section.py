@@ -136,7 +136,7 @@ def _table(defenses: Sequence[MembershipDefense]) -> str:
                 continue
             rows.append([*lead, ci_n(a.auc), _tpr_cell(a.tpr.get(0.01), 0.01, a.nonmembers),
                          _tpr_cell(a.tpr.get(0.001), 0.001, a.nonmembers),
-                         f"{100 * a.tpr0.mean:.1f} % (0 of {a.nonmembers})" if a.tpr0.n else MISSING,
+                         f"{100 * a.tpr0.mean:.1f} % (no false positive among {a.nonmembers})" if a.tpr0.n else MISSING,
                          f"{a.members} / {a.nonmembers}",
                          "0" if d.defense == "none" else ci_n(d.utility.interval, unit="runs"),
                          num(d.test_accuracy), num(d.epsilon, 2)])
