@@ -40,29 +40,44 @@ def test_exact_recovery_at_batch_16(data):
     assert scores(rec, x, data)["exact"] == 1.0 and all(rec.trace["exact"])
 
 
-def test_exact_recovery_on_a_briefly_trained_decoder(data):
-    model = decoder(data, seed=1)
+def briefly_trained(data, width, steps, lr=1e-3, seed=1):
+    """A decoder trained ``steps`` Adam steps (batches of 16 from the bundled training split); its mean loss over the
+    first and the last 10 steps."""
+    model = decoder(data, width=width, seed=seed)
     train = lb.load("text", split="train", context=16)
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
-    for step in range(20):
+    for step in range(steps):
         xb, yb = train.batch(16, seed=step)
         loss = torch.nn.functional.cross_entropy(model(xb).reshape(-1, train.vocab_size), yb.reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
-    assert losses[-1] < losses[0] - 1.0  # it learned something
-    x, y = data.batch(4, seed=7)
-    rec = lb.attack("dager", lb.observe(model, x, y))
-    s = scores(rec, x, data)
-    # measured: 3 of 4 exact here (and 19 of 24 over six batches): the late tokens of a long sequence lie near the
-    # float32 noise floor of block 2's gradient and the search stops early; the flags never claim a wrong sequence
-    assert s["exact"] >= 0.75 and s["token_acc"] >= 0.9
+    return model, sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+
+
+def exact_and_flagged(rec, x, data):
     want = {tuple(r[(r != data.pad_id) & (r != data.tokenizer.eos_id)].tolist()) for r in x}
-    for row, flagged in zip(rec.images, rec.trace["exact"]):
-        if flagged:
-            assert tuple(row[row != data.pad_id].tolist()) in want
+    got = [tuple(r[r != data.pad_id].tolist()) for r in rec.images]
+    return scores(rec, x, data), got, want
+
+
+# briefly trained: Adam, lr 1e-3, batches of 16 from the bundled training split.  Mean loss of the first / last 10
+# steps (measured): width 64, 50 steps: 7.41 → 6.26; width 128, 50 steps: 7.21 → 6.06; width 320, 200 steps:
+# 6.83 → 5.03 (uniform over the 2 000 tokens: ln 2000 = 7.60).  B·T ≤ 16, 64, 256 against widths 64, 128, 320.
+@pytest.mark.parametrize("batch,width,steps", [
+    (1, 64, 50), (4, 128, 50),
+    pytest.param(16, 320, 200, marks=pytest.mark.slow)])
+def test_exact_recovery_on_a_briefly_trained_decoder(data, batch, width, steps):
+    model, first, last = briefly_trained(data, width, steps)
+    assert last < first - 1.0  # it learned something
+    for seed in (7, 1000):
+        x, y = data.batch(batch, seed=seed)
+        rec = lb.attack("dager", lb.observe(model, x, y))
+        s, got, want = exact_and_flagged(rec, x, data)
+        assert s["token_acc"] == 1.0 and s["exact"] == 1.0, (batch, seed, s)
+        assert rec.trace["exact"] == [True] * batch and set(got) == want
 
 
 def test_span_check_agrees_with_numpy_rank(data):
@@ -165,19 +180,12 @@ def test_noise_of_growing_sigma_never_helps(data):
 
 @pytest.mark.slow
 def test_flags_claim_nothing_where_the_search_is_ambiguous(data):
-    # a briefly trained width-320 decoder at B = 16: block 2 no longer tells prefixes apart (measured: 0 of 32
-    # sequences recovered, wrong ones at span distance 1e-4); the flags must then claim none exact
-    model = decoder(data, width=320)
-    train = lb.load("text", split="train", context=16)
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    for step in range(20):
-        xb, yb = train.batch(16, seed=step)
-        loss = torch.nn.functional.cross_entropy(model(xb).reshape(-1, train.vocab_size), yb.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    # 20 Adam steps at lr 5e-3 leave a decoder whose block-2 inputs are nearly one vector (σ₂/σ₁ = 3e-3 over a
+    # B = 16 batch; lr 1e-3 × 200 steps: 0.2), so block 2's float32 gradient keeps its per-token directions below
+    # its noise floor (σ_200/σ_1 = 1e-8) and block 2 no longer tells prefixes apart (measured: 0 of 32 sequences
+    # recovered); the flags must then claim none wrongly
+    model, _, _ = briefly_trained(data, 320, 20, lr=5e-3)
     x, y = data.batch(16, seed=1000)
     rec = lb.attack("dager", lb.observe(model, x, y))
-    want = {tuple(r[(r != data.pad_id) & (r != data.tokenizer.eos_id)].tolist()) for r in x}
-    for row, flagged in zip(rec.images, rec.trace["exact"]):
-        assert not flagged or tuple(row[row != data.pad_id].tolist()) in want
+    _, got, want = exact_and_flagged(rec, x, data)
+    assert all(not flagged or row in want for row, flagged in zip(got, rec.trace["exact"]))
