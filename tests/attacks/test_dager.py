@@ -103,6 +103,35 @@ def test_span_check_agrees_with_numpy_rank(data):
     assert float(d[0]) < 1e-3 < float(d[1])
 
 
+def test_first_layer_rejects_tokens_not_in_the_batch_as_numpy_rank_does(data):
+    # DAGER's layer-1 candidates against an independent membership test: does LN₁(E[v] + P[t]) raise the numpy
+    # SVD rank of block 1's gradient?  Every batch token at its own position is in the span, tokens absent from
+    # the batch are not, and DAGER's candidate sets agree on all of them
+    from leakbench.attacks.dager import _position_candidates
+
+    model = decoder(data)
+    x, y = data.batch(2, seed=3)
+    obs = lb.observe(model, x, y)
+    grad = dict(zip(obs.param_names, obs.shared))["blocks.0.attn.qkv.weight"].double().numpy()
+    top = np.linalg.svd(grad, compute_uv=False)[0]
+    rank = np.linalg.matrix_rank(grad, tol=1e-6 * top)
+    present = set(x.flatten().tolist())
+    rng = np.random.default_rng(0)
+    absent = [int(v) for v in rng.permutation(data.vocab_size) if int(v) not in present][:30]
+    with torch.no_grad():
+        candidates, _ = _position_candidates(model, span_basis(torch.from_numpy(grad), 1e-9, rank), 16, 1e-3)
+
+        def adds_rank(v, t):
+            z = model.blocks[0].ln1(model.tok.weight[v] + model.pos.weight[t]).double().numpy()
+            stacked = np.vstack([grad, z[None] * np.abs(grad).max() / np.abs(z).max()])
+            return np.linalg.matrix_rank(stacked, tol=1e-6 * np.linalg.svd(stacked, compute_uv=False)[0]) > rank
+
+        for t in (0, 3, 7):
+            own = {int(x[b, t]) for b in range(2) if int(y[b, t]) != -100}
+            assert own and all(not adds_rank(v, t) and v in candidates[t] for v in own)
+            assert all(adds_rank(v, t) and v not in candidates[t] for v in absent)
+
+
 def test_incremental_extension_equals_the_full_forward(data):
     model = decoder(data)
     prefixes = torch.tensor([[5, 9, 13], [7, 7, 2]])
