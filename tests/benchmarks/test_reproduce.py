@@ -133,6 +133,7 @@ def test_liu_headline_compares_only_matched_utility_pairs():
     assert headline.spec(full=False)["defenses"][1] == {"prune": [0.3, 0.5, 0.7, 0.9, 0.99]}
 
 
+@pytest.mark.slow  # 9 s: LAMP trains its prior once per process
 def test_text_rows_dager_exact_above_chance_at_tiny_budgets():
     rows = module("text").rows(batches=(4,), iterations=4)
     by = {r[0]: r for r in rows}
