@@ -79,3 +79,15 @@ def test_refusals_and_bad_input(data, honest, shipped):
         imprint_text(honest, bins=64, public=x[:, :2])
     with pytest.raises(ConfigError, match="option tol"):
         lb.attack("text-imprint", lb.observe(shipped, x, y), tol=2.0)
+
+
+def test_noise_of_growing_sigma_never_helps(data, shipped):
+    x, y = data.batch(1, seed=101)
+    rates, pairs = [], []
+    for sigma in (0.0, 1e-9, 1e-6, 1e-3):
+        obs = lb.observe(shipped, x, y, defense=f"noise:{sigma}" if sigma else None)
+        rec = lb.attack("text-imprint", obs)
+        rates.append(text_scores(rec.images, x, **kw(data))["exact"])
+        pairs.append(len(rec.trace["pairs"]))
+    assert rates[0] == 1.0 and rates[-1] == 0.0 and pairs[-1] == 0, (rates, pairs)
+    assert all(a >= b for a, b in zip(rates, rates[1:])) and all(a >= b for a, b in zip(pairs, pairs[1:])), (rates, pairs)
