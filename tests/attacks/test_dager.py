@@ -77,7 +77,7 @@ def test_exact_recovery_on_a_briefly_trained_decoder(data, batch, width, steps):
         rec = lb.attack("dager", lb.observe(model, x, y))
         s, got, want = exact_and_flagged(rec, x, data)
         assert s["token_acc"] == 1.0 and s["exact"] == 1.0, (batch, seed, s)
-        assert rec.trace["exact"] == [True] * batch and set(got) == want
+        assert rec.trace["exact"] == [True] * batch and set(got) == want and rec.trace["certified"]
 
 
 def test_span_check_agrees_with_numpy_rank(data):
@@ -218,3 +218,6 @@ def test_flags_claim_nothing_where_the_search_is_ambiguous(data):
     rec = lb.attack("dager", lb.observe(model, x, y))
     _, got, want = exact_and_flagged(rec, x, data)
     assert all(not flagged or row in want for row, flagged in zip(got, rec.trace["exact"]))
+    # and the spectrum says why: block 2's directions above its float32 floor fall short of the prefixes found
+    signal, found = rec.trace["signal_rank"][1], rec.trace["distinct_prefixes"]
+    assert not rec.trace["certified"] and not (0.9 * found <= signal and 0.9 * signal <= found), (signal, found)
