@@ -22,6 +22,7 @@ REPRODUCTIONS = {
     "cpa-presets": ("cpa_presets", "Cocktail Party: default vs the paper preset with / without the paper's TV term"),
     "haim": ("haim",
              "Haim et al. 2022 / Buzaglo et al. 2023: kkt reconstruction counts vs the nearest-neighbour control"),
+    "text": ("text", "DAGER / LAMP / TAG: ROUGE and exact sequences at B = 1/4/16/64 against the published ordering"),
     "provable-margin": ("provable_margin", "Provable attacks on shallow nets, Figure 1: margin fractions against d"),
 }
 

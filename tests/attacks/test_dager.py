@@ -40,29 +40,44 @@ def test_exact_recovery_at_batch_16(data):
     assert scores(rec, x, data)["exact"] == 1.0 and all(rec.trace["exact"])
 
 
-def test_exact_recovery_on_a_briefly_trained_decoder(data):
-    model = decoder(data, seed=1)
+def briefly_trained(data, width, steps, lr=1e-3, seed=1):
+    """A decoder trained ``steps`` Adam steps (batches of 16 from the bundled training split); its mean loss over the
+    first and the last 10 steps."""
+    model = decoder(data, width=width, seed=seed)
     train = lb.load("text", split="train", context=16)
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
-    for step in range(20):
+    for step in range(steps):
         xb, yb = train.batch(16, seed=step)
         loss = torch.nn.functional.cross_entropy(model(xb).reshape(-1, train.vocab_size), yb.reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
-    assert losses[-1] < losses[0] - 1.0  # it learned something
-    x, y = data.batch(4, seed=7)
-    rec = lb.attack("dager", lb.observe(model, x, y))
-    s = scores(rec, x, data)
-    # measured: 3 of 4 exact here (and 19 of 24 over six batches): the late tokens of a long sequence lie near the
-    # float32 noise floor of block 2's gradient and the search stops early; the flags never claim a wrong sequence
-    assert s["exact"] >= 0.75 and s["token_acc"] >= 0.9
+    return model, sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+
+
+def exact_and_flagged(rec, x, data):
     want = {tuple(r[(r != data.pad_id) & (r != data.tokenizer.eos_id)].tolist()) for r in x}
-    for row, flagged in zip(rec.images, rec.trace["exact"]):
-        if flagged:
-            assert tuple(row[row != data.pad_id].tolist()) in want
+    got = [tuple(r[r != data.pad_id].tolist()) for r in rec.images]
+    return scores(rec, x, data), got, want
+
+
+# briefly trained: Adam, lr 1e-3, batches of 16 from the bundled training split.  Mean loss of the first / last 10
+# steps (measured): width 64, 50 steps: 7.41 → 6.26; width 128, 50 steps: 7.21 → 6.06; width 320, 200 steps:
+# 6.83 → 5.03 (uniform over the 2 000 tokens: ln 2000 = 7.60).  B·T ≤ 16, 64, 256 against widths 64, 128, 320.
+@pytest.mark.parametrize("batch,width,steps", [
+    (1, 64, 50), (4, 128, 50),
+    pytest.param(16, 320, 200, marks=pytest.mark.slow)])
+def test_exact_recovery_on_a_briefly_trained_decoder(data, batch, width, steps):
+    model, first, last = briefly_trained(data, width, steps)
+    assert last < first - 1.0  # it learned something
+    for seed in (7, 1000):
+        x, y = data.batch(batch, seed=seed)
+        rec = lb.attack("dager", lb.observe(model, x, y))
+        s, got, want = exact_and_flagged(rec, x, data)
+        assert s["token_acc"] == 1.0 and s["exact"] == 1.0, (batch, seed, s)
+        assert rec.trace["exact"] == [True] * batch and set(got) == want and rec.trace["certified"]
 
 
 def test_span_check_agrees_with_numpy_rank(data):
@@ -86,6 +101,35 @@ def test_span_check_agrees_with_numpy_rank(data):
     assert not adds_rank(true) and adds_rank(wrong)
     d = span_distance(torch.from_numpy(np.vstack([true, wrong])), basis)
     assert float(d[0]) < 1e-3 < float(d[1])
+
+
+def test_first_layer_rejects_tokens_not_in_the_batch_as_numpy_rank_does(data):
+    # DAGER's layer-1 candidates against an independent membership test: does LN₁(E[v] + P[t]) raise the numpy
+    # SVD rank of block 1's gradient?  Every batch token at its own position is in the span, tokens absent from
+    # the batch are not, and DAGER's candidate sets agree on all of them
+    from leakbench.attacks.dager import _position_candidates
+
+    model = decoder(data)
+    x, y = data.batch(2, seed=3)
+    obs = lb.observe(model, x, y)
+    grad = dict(zip(obs.param_names, obs.shared))["blocks.0.attn.qkv.weight"].double().numpy()
+    top = np.linalg.svd(grad, compute_uv=False)[0]
+    rank = np.linalg.matrix_rank(grad, tol=1e-6 * top)
+    present = set(x.flatten().tolist())
+    rng = np.random.default_rng(0)
+    absent = [int(v) for v in rng.permutation(data.vocab_size) if int(v) not in present][:30]
+    with torch.no_grad():
+        candidates, _ = _position_candidates(model, span_basis(torch.from_numpy(grad), 1e-9, rank), 16, 1e-3)
+
+        def adds_rank(v, t):
+            z = model.blocks[0].ln1(model.tok.weight[v] + model.pos.weight[t]).double().numpy()
+            stacked = np.vstack([grad, z[None] * np.abs(grad).max() / np.abs(z).max()])
+            return np.linalg.matrix_rank(stacked, tol=1e-6 * np.linalg.svd(stacked, compute_uv=False)[0]) > rank
+
+        for t in (0, 3, 7):
+            own = {int(x[b, t]) for b in range(2) if int(y[b, t]) != -100}
+            assert own and all(not adds_rank(v, t) and v in candidates[t] for v in own)
+            assert all(adds_rank(v, t) and v not in candidates[t] for v in absent)
 
 
 def test_incremental_extension_equals_the_full_forward(data):
@@ -165,19 +209,15 @@ def test_noise_of_growing_sigma_never_helps(data):
 
 @pytest.mark.slow
 def test_flags_claim_nothing_where_the_search_is_ambiguous(data):
-    # a briefly trained width-320 decoder at B = 16: block 2 no longer tells prefixes apart (measured: 0 of 32
-    # sequences recovered, wrong ones at span distance 1e-4); the flags must then claim none exact
-    model = decoder(data, width=320)
-    train = lb.load("text", split="train", context=16)
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    for step in range(20):
-        xb, yb = train.batch(16, seed=step)
-        loss = torch.nn.functional.cross_entropy(model(xb).reshape(-1, train.vocab_size), yb.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    # 20 Adam steps at lr 5e-3 leave a decoder whose block-2 inputs are nearly one vector (σ₂/σ₁ = 3e-3 over a
+    # B = 16 batch; lr 1e-3 × 200 steps: 0.2), so block 2's float32 gradient keeps its per-token directions below
+    # its noise floor (σ_200/σ_1 = 1e-8) and block 2 no longer tells prefixes apart (measured: 0 of 32 sequences
+    # recovered); the flags must then claim none wrongly
+    model, _, _ = briefly_trained(data, 320, 20, lr=5e-3)
     x, y = data.batch(16, seed=1000)
     rec = lb.attack("dager", lb.observe(model, x, y))
-    want = {tuple(r[(r != data.pad_id) & (r != data.tokenizer.eos_id)].tolist()) for r in x}
-    for row, flagged in zip(rec.images, rec.trace["exact"]):
-        assert not flagged or tuple(row[row != data.pad_id].tolist()) in want
+    _, got, want = exact_and_flagged(rec, x, data)
+    assert all(not flagged or row in want for row, flagged in zip(got, rec.trace["exact"]))
+    # and the spectrum says why: block 2's directions above its float32 floor fall short of the prefixes found
+    signal, found = rec.trace["signal_rank"][1], rec.trace["distinct_prefixes"]
+    assert not rec.trace["certified"] and not (0.9 * found <= signal and 0.9 * signal <= found), (signal, found)

@@ -131,3 +131,13 @@ def test_liu_headline_compares_only_matched_utility_pairs():
     found = headline.matched(rows)
     assert [(r[0], r[1], r[-1]) for r in found] == [("prune:0.9", "noise:0.01", "prune leaks less")]
     assert headline.spec(full=False)["defenses"][1] == {"prune": [0.3, 0.5, 0.7, 0.9, 0.99]}
+
+
+@pytest.mark.slow  # 9 s: LAMP trains its prior once per process
+def test_text_rows_dager_exact_above_chance_at_tiny_budgets():
+    rows = module("text").rows(batches=(4,), iterations=4)
+    by = {r[0]: r for r in rows}
+    assert set(by) == {"TAG", "LAMP", "DAGER", "chance (unigram)"} and all(r[1] == 4 and r[2] == 16 for r in rows)
+    assert by["DAGER"][5] == by["DAGER"][6] == 1.0 and by["DAGER"][7] == "8/8"  # n = 2 batches of 4
+    assert by["chance (unigram)"][5] < 0.2 and by["chance (unigram)"][7] == "0/8"
+    assert all(math.isfinite(r[5]) and math.isfinite(r[8]) for r in rows)

@@ -102,3 +102,29 @@ def test_empty_and_missing_files(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="argument tokenizer"):
         lb.load("text", tokenizer=bad)
+
+
+def _word_tokenizer(path, unk):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[PAD]": 0, "hello": 1, "world": 2, **({unk: 3} if unk else {})}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=unk) if unk else models.WordLevel(vocab))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return path
+
+
+@pytest.mark.parametrize("unk, message", [
+    ("[UNK]", r"got 1 of 2 sequences holding its unknown token \(id 3\) \(field files\)"),
+    (None, r"can encode, got 'foo bar baz'.*\(argument tokenizer\)"),
+])
+def test_unknown_tokens_one_line(tmp_path, unk, message):
+    # a word-level tokenizer that does not know "foo": with an unknown token the text would silently become [UNK]s
+    # (an attack would "recover" them); without one the tokenizers library raises a bare Exception
+    text = tmp_path / "a.txt"
+    text.write_text("hello world hello\nfoo bar baz\n")
+    with pytest.raises(ConfigError, match=message) as err:
+        lb.load("text", files=[text], tokenizer=_word_tokenizer(tmp_path / "tok.json", unk), context=4)
+    assert "\n" not in str(err.value)
+    text.write_text("hello world hello\nworld hello\n")  # the same tokenizer on text it knows
+    assert lb.load("text", files=[text], tokenizer=tmp_path / "tok.json", context=4).ids.shape == (2, 5)

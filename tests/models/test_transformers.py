@@ -132,3 +132,17 @@ def test_gradient_defenses_apply_to_token_batches():
     assert float(norm(dp)) <= 0.01 + 1e-6 < float(norm(clean))
     noisy = lb.observe(m, x, y, defense="noise:0.1", seed=1)
     assert not torch.allclose(noisy.shared[0], clean.shared[0])
+
+
+def test_bundled_text_against_a_mismatched_model_one_line():
+    # the bundled tokenizer (2 000 ids) against an encoder built for 500 ids, and sentences longer than its context
+    data = lb.load("text", split="test", context=16)
+    x, y = data.with_task("classify").batch(2, seed=0)
+    small = lb.build("bert:layers=1,width=32,heads=4,vocab=500", input_shape=(16,), classes=21, seed=0)
+    with pytest.raises(ConfigError, match=r"ids in 0\.\.499 .*tokenizer does not match the model") as err:
+        lb.observe(small, x, y)
+    assert "\n" not in str(err.value)
+    short = lb.build("gpt:layers=1,width=32,heads=4", input_shape=(8,), classes=data.vocab_size, seed=0)
+    xl, yl = data.batch(2, seed=0)
+    with pytest.raises(ConfigError, match="at most 8 tokens .*context"):
+        lb.observe(short, xl, yl)

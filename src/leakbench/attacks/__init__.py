@@ -2,7 +2,7 @@
 
 ``leakbench.attack(name, observation, **options)`` runs one; ``names()`` lists them.
 """
-from . import dager, gradient, lamp, tag, trained  # noqa: F401  (registration)
+from . import dager, gradient, lamp, tag, text_imprint, trained  # noqa: F401  (registration)
 from .batch import attack_batch
 from .base import ATTACKS, Attack, Reconstruction, attack, create, preset_revision, register
 from .labels import idlg, label_counts, recover_labels

@@ -25,7 +25,9 @@ Here (the models of :mod:`leakbench.models.transformers`, pre-LN, learned positi
 
 Each recovered sequence is flagged exact (``confidence`` 1) when every one of its positions passed
 both span checks, unambiguously (its token ``margin`` times closer to block 2's span than any other
-candidate after the same prefix), and, where the sequence lengths are granted, its length is one of them; slots left over when fewer distinct sequences were found than B (a repeated
+candidate after the same prefix), the directions of block 2's gradient above its float32 floor (σ > 10·σ_{N+1})
+and the distinct prefixes recovered match in number to within ``SIGNAL_SHARE``, and, where the sequence
+lengths are granted, its length is one of them; slots left over when fewer distinct sequences were found than B (a repeated
 sequence leaves one span direction) are copies, flagged not exact.  Preconditions (refused up
 front otherwise): the gradient of one step, B·T < width (the span must not be full: the paper's
 bound), our transformer's layout.  Positions without a loss (padding, and the end-of-sequence
@@ -51,6 +53,13 @@ __all__ = ["Dager", "DagerOptions", "span_basis", "span_distance"]
 #: σ_{N+1}/σ_1 above this (N the tokens behind the gradient, which bound its rank) means noise: a float32
 #: gradient's own floor is near 1e-8.
 NOISE_FLOOR = 1e-5
+#: a singular value counts as signal when above this multiple of σ_{N+1} (N the tokens: the gradient's float32 floor).
+SIGNAL_FACTOR = 10.0
+#: decoders: sequences are flagged exact only when block 2's signal rank and the number of distinct prefixes
+#: recovered (each has its own direction in block 2's input) are within this share of each other.  Measured at
+#: B = 16, width 320 (signal rank / the batch's distinct prefixes): untrained 223/223, trained 200 steps at lr 1e-3
+#: 223/223 and 220/221; trained 20 steps at lr 5e-3, where block 2 fails: 124/223 — directions under the floor.
+SIGNAL_SHARE = 0.9
 #: most prefixes × candidates checked at one position (a bound on memory and time).
 MAX_EXTENSIONS = 1_000_000
 
@@ -70,10 +79,16 @@ def span_basis(grad: torch.Tensor, rank_tol: float, max_rank: int | None = None)
     return vh[: rank if max_rank is None else min(rank, max_rank)]
 
 
-def _beyond_rank(grad: torch.Tensor, rank: int) -> float:
-    """σ_{rank+1}/σ_1 of ``grad`` (0 when it has no more singular values): how much lies past the token count."""
-    s = torch.linalg.svdvals(grad.detach().to(torch.float64))
+def _beyond_rank(s: torch.Tensor, rank: int) -> float:
+    """σ_{rank+1}/σ_1 of the singular values ``s`` (descending; 0 when there are no more): what lies past the token count."""
     return float(s[rank] / s[0]) if s.numel() > rank and float(s[0]) > 0 else 0.0
+
+
+def _signal_rank(s: torch.Tensor, tail: float) -> int:
+    """#σ_i/σ_1 > SIGNAL_FACTOR · tail of the singular values ``s``: the directions above the float32 floor."""
+    if s.numel() == 0 or float(s[0]) == 0.0:
+        return 0
+    return int((s / s[0] > SIGNAL_FACTOR * tail).sum())
 
 
 def span_distance(z: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
@@ -128,6 +143,9 @@ class Dager(Attack):
             return ["DAGER reads the first attention layers of leakbench's text transformers (gpt:/bert: specs); "
                     f"got a {type(model).__name__}"]
         reasons = []
+        if model.pre is not None:
+            reasons.append("the model carries a server's block on its input vectors (model.pre): DAGER reads block "
+                           "1's input as LN₁(E[v] + P[t]); attack the server's block with text-imprint instead")
         if obs.kind != "gradient" and obs.local_steps != 1:
             reasons.append(f"DAGER needs the gradient of one step, got an update after {obs.local_steps} steps")
         tokens = obs.batch_size * int(obs.input_shape[0])
@@ -150,10 +168,12 @@ class Dager(Attack):
         T = int(obs.input_shape[0])
         lengths = (obs.extras.get("text") or {}).get("lengths")
         n_tokens = int(sum(lengths)) if lengths is not None else obs.batch_size * T
-        bases = []
+        bases, signal = [], []
         for layer in range(min(2, len(model.blocks))):
             grad = grads[f"blocks.{layer}.attn.qkv.weight"]
-            tail = _beyond_rank(grad, n_tokens)
+            sv = torch.linalg.svdvals(grad.detach().to(torch.float64))
+            tail = _beyond_rank(sv, n_tokens)
+            signal.append(_signal_rank(sv, tail))
             if tail > NOISE_FLOOR:
                 raise NothingRecovered(
                     f"block {layer + 1}'s attention gradient has rank above the {n_tokens} tokens behind it "
@@ -186,9 +206,13 @@ class Dager(Attack):
         with torch.no_grad():
             clear = (_unambiguous(model, bases[1], [seqs[i] for i in order], candidates, opts.margin) if causal
                      else [True] * len(order))
+        distinct = len({tuple(seqs[i][: t + 1]) for i in order for t in range(len(seqs[i]))})
+        # block 2's check certifies a prefix only if its direction stands above the float32 floor of the gradient
+        # and the recovered prefixes must explain the directions that stand above it (none of the batch left out)
+        certified = not causal or (signal[1] >= SIGNAL_SHARE * distinct and distinct >= SIGNAL_SHARE * signal[1])
         for i, fit, sure in zip(order, fits, clear):
             rows.append(seqs[i])
-            exact.append(scores[i] < limit and fit and sure)
+            exact.append(scores[i] < limit and fit and sure and certified)
         found = len(rows)
         while len(rows) < B:  # fewer distinct sequences than slots: repeats, not known to be exact
             rows.append(rows[len(rows) % found])
@@ -200,7 +224,9 @@ class Dager(Attack):
         return Reconstruction(
             images=tokens.to(obs.device), confidence=torch.tensor(exact, dtype=torch.float32, device=obs.device),
             trace={"modality": "text", "exact": exact, "distinct_found": found, "rank": [int(b.shape[0]) for b in bases],
-                   "candidates": [len(c) for c in candidates], "max_distance": [float(scores[i]) for i in order]})
+                   "candidates": [len(c) for c in candidates], "max_distance": [float(scores[i]) for i in order],
+                   "signal_rank": signal, "distinct_prefixes": distinct,
+                   "certified": certified})
 
 
 def _position_candidates(model: TextTransformer, basis: torch.Tensor, T: int, tol: float):

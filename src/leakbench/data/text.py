@@ -225,6 +225,12 @@ def text(
                f"{len(seqs):,} samples × {context + 1} (field limit); pass limit= or a shorter context")
         ids = _rows(seqs, context, tok.pad_id, tok.eos_id)
         labels = torch.tensor(labels_list, dtype=torch.int64)
+    unk = tok.unk_id
+    if unk is not None:
+        n_unk = int((ids == unk).any(1).sum())
+        expect(n_unk == 0, f"expected text the tokenizer knows, got {n_unk} of {len(ids)} sequences holding its unknown "
+               f"token (id {unk}) (field files); an attack would recover the unknown token, not your text: use a "
+               "tokenizer that covers your text (a byte-level BPE covers every string) or clean the text")
     bad = int((ids >= tok.vocab_size).sum())
     expect(bad == 0, f"expected token ids below the vocabulary size {tok.vocab_size}, got {bad} (field tokenizer)")
     return TextDataset(ids=ids, labels=labels, classes=classes, tokenizer=tok, task=task, name=name)

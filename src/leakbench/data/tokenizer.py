@@ -48,8 +48,21 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return int(self.backend.get_vocab_size(with_added_tokens=True))
 
+    @property
+    def unk_id(self) -> int | None:
+        """The id of the model's unknown token (word-level and WordPiece vocabularies), None when it has none."""
+        unk = getattr(getattr(self.backend, "model", None), "unk_token", None)
+        return None if unk is None else self.backend.token_to_id(unk)
+
     def encode(self, text: str) -> list[int]:
-        return list(self.backend.encode(text).ids)
+        """The ids of ``text``; a ConfigError (one line) where the tokenizer cannot encode it."""
+        try:
+            return list(self.backend.encode(text).ids)
+        except Exception as err:  # the tokenizers library raises a bare Exception (e.g. a WordLevel model without [UNK])
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ConfigError(f"expected text the tokenizer {self.name!r} can encode, got {text[:40]!r}: {first} "
+                              "(argument tokenizer); use a tokenizer that covers your text (a byte-level BPE covers "
+                              "every string) or give it an unknown token") from None
 
     def decode(self, ids) -> str:
         """The text of ``ids`` with padding and end-of-sequence tokens dropped."""

@@ -19,6 +19,10 @@ Each function takes a model and returns the modified copy the server sends
   bins' probability masses measured on public data the edges were not fitted to
   (``holdout``), which :func:`leakbench.analysis.imprint_expected` turns into the
   expected recovery.
+- :func:`imprint_text` — the same block on a text transformer's input vectors h⁰ = E[v] + P[t]
+  (``model.pre``): every token position is one "sample" of Fowl et al.'s construction, so a
+  position alone in its bin gives h⁰ exactly, hence its token and its position (the table
+  E[v] + P[t] is public).  Edges at equal-mass quantiles of ⟨q, h⁰⟩ over public text's positions.
 - :func:`random_head` — the partly random penultimate layer of Liu et al. (2024,
   App. F, "Technical details on feature reconstruction"): the head A σ(W z) is split into
   a trained part (here the model's own head, kept exactly) and v neurons with random
@@ -41,7 +45,7 @@ from torch import nn
 from ..errors import ConfigError
 from .layers import activation
 
-__all__ = ["ImprintBlock", "RandomFeatureHead", "imprint", "random_head", "QUERIES", "CENTERS", "find_module",
+__all__ = ["ImprintBlock", "RandomFeatureHead", "imprint", "imprint_text", "random_head", "QUERIES", "CENTERS", "find_module",
            "UncalibratedImprintWarning"]
 
 #: Query directions of the imprint block: a seeded Gaussian direction, or the mean brightness.
@@ -362,3 +366,61 @@ def random_head(model: nn.Module, *, width: int = 4096, seed: int = 0, act: str 
         setattr(parent, leaf, block)
     _copy_attributes(model, shipped, shape)
     return shipped
+
+
+#: most bins of a text imprint block (its first layer is bins × width)
+MAX_TEXT_BINS = 65536
+
+
+def imprint_text(model: nn.Module, bins: int = 1024, *, seed: int = 0, public: torch.Tensor | None = None,
+                 gain: float = 1e-3) -> nn.Module:
+    """A copy of a text transformer with an imprint block on its input vectors h⁰ = E[v] + P[t] (``model.pre``).
+
+    Fowl et al. (ICLR 2022, Sec. 3) applied per token position: K bins ReLU(⟨q, h⁰⟩ − c_k) with one
+    seeded Gaussian query q, edges c_1 < … < c_{K−1} at the equal-mass quantiles of ⟨q, h⁰⟩ over the
+    non-padding positions of ``public`` (N × T ids of public text, e.g. the bundled training split), else
+    over every (token, position) pair of the public table; c_0 lies below every pair, so bin 0 always fires.
+    A position alone in its bin is recovered exactly by ``text-imprint``.
+    """
+    from .transformers import TextTransformer
+
+    if not isinstance(model, TextTransformer):
+        raise ConfigError(f"expected a leakbench text transformer (gpt:/bert: spec), got {type(model).__name__} "
+                          "(argument model)")
+    if not (isinstance(bins, int) and not isinstance(bins, bool) and 2 <= bins <= MAX_TEXT_BINS):
+        raise ConfigError(f"expected bins in 2..{MAX_TEXT_BINS}, got {bins!r} (argument bins)")
+    if not (isinstance(gain, float) and 0 < gain <= 1):
+        raise ConfigError(f"expected gain in (0, 1], got {gain!r} (argument gain)")
+    out = copy.deepcopy(model)
+    if out.pre is not None:
+        raise ConfigError("expected an honest model, got one that already carries a block on its inputs (argument model)")
+    weight = out.tok.weight
+    d = out.width
+    gen = torch.Generator().manual_seed(int(seed))
+    q = torch.randn(d, generator=gen, dtype=torch.float64)
+    q = q / q.norm()
+    with torch.no_grad():
+        tok_s = out.tok.weight.detach().double().cpu() @ q     # ⟨q, E[v]⟩
+        pos_s = out.pos.weight.detach().double().cpu() @ q     # ⟨q, P[t]⟩
+    if public is not None:
+        if not (isinstance(public, torch.Tensor) and public.dim() == 2 and not public.is_floating_point()):
+            raise ConfigError("expected public token ids as an integer tensor N × T (argument public)")
+        out.check_tokens(public, field="public")
+        ids = public.cpu()
+        keep = ids != out.pad_id
+        scores = (tok_s[ids] + pos_s[: ids.shape[1]])[keep]
+        if scores.numel() < bins:
+            raise ConfigError(f"expected at least {bins} public positions to place {bins} edges, got "
+                              f"{scores.numel()} (argument public); give more public text or fewer bins")
+    else:
+        vocab = torch.arange(out.vocab) != out.pad_id
+        scores = (tok_s[vocab][:, None] + pos_s[None, :]).reshape(-1)
+    levels = torch.arange(1, bins, dtype=torch.float64) / bins
+    inner = torch.quantile(scores, levels) if scores.numel() <= 16_000_000 else torch.quantile(
+        scores[torch.randperm(scores.numel(), generator=gen)[:16_000_000]], levels)
+    low = float(torch.minimum(tok_s.min() + pos_s.min(), scores.min())) - 1.0
+    thresholds = torch.cat([torch.tensor([low], dtype=torch.float64), inner])
+    block = ImprintBlock((d,), q.to(weight.dtype), thresholds.to(weight.dtype), gain=gain,
+                         masses_source="public text" if public is not None else "the public table, uniform")
+    out.pre = block.to(weight.device)
+    return out

@@ -94,6 +94,9 @@ class TextTransformer(nn.Module):
         self.head = nn.Linear(width, classes)
         self.vocab, self.context, self.width, self.heads = vocab, context, width, heads
         self.causal, self.pad_id = causal, pad_id
+        #: a module a malicious server places on h⁰ = E[v] + P[t] (:func:`leakbench.models.malicious.imprint_text`),
+        #: applied to every position's vector (rows of width ``width``); None: the honest model.
+        self.pre: nn.Module | None = None
 
     # ------------------------------------------------------------------ shapes
     def check_tokens(self, tokens: torch.Tensor, field: str = "x") -> None:
@@ -116,7 +119,7 @@ class TextTransformer(nn.Module):
 
     def forward_embeddings(self, emb: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The logits for token embeddings ``emb`` (B × T × width); ``keep`` (B × T bool) marks non-padding."""
-        h = emb + self.pos.weight[: emb.shape[1]]
+        h = self._pre(emb + self.pos.weight[: emb.shape[1]])
         for block in self.blocks:
             h = block(h, None if self.causal else keep)
         h = self.ln_f(h)
@@ -127,6 +130,9 @@ class TextTransformer(nn.Module):
         w = keep.to(h.dtype).unsqueeze(-1)
         return self.head((h * w).sum(1) / w.sum(1).clamp_min(1))
 
+    def _pre(self, h: torch.Tensor) -> torch.Tensor:
+        return h if self.pre is None else self.pre(h.reshape(-1, h.shape[-1])).reshape(h.shape)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.forward_embeddings(self.tok(tokens), tokens != self.pad_id)
 
@@ -134,7 +140,7 @@ class TextTransformer(nn.Module):
     def block_input(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
         """LN₁ of block ``layer``'s input (B × T × width): what its ``attn.qkv`` multiplies."""
         keep = tokens != self.pad_id
-        h = self.tok(tokens) + self.pos.weight[: tokens.shape[1]]
+        h = self._pre(self.tok(tokens) + self.pos.weight[: tokens.shape[1]])
         for block in self.blocks[:layer]:
             h = block(h, None if self.causal else keep)
         return self.blocks[layer].ln1(h)
