@@ -20,7 +20,8 @@ from torch import nn
 from ..errors import UnsupportedThreatModel
 from ..threat import Observation
 
-__all__ = ["param_index", "shared_gradient", "layer_gradients", "attacker_model", "block_input"]
+__all__ = ["param_index", "shared_gradient", "layer_gradients", "attacker_model", "block_input",
+           "bin_differences"]
 
 
 def param_index(obs: Observation) -> dict[int, int]:
@@ -93,3 +94,10 @@ def block_input(model: nn.Module, module: nn.Module, x: torch.Tensor, *, stop: b
     if not seen:
         raise UnsupportedThreatModel("the feature block is not on the model's forward path")
     return seen[0].reshape(seen[0].shape[0], -1)
+
+
+def bin_differences(grad_w: torch.Tensor, grad_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(∇W_k − ∇W_{k+1}, ∇b_k − ∇b_{k+1}) for k = 0..K−1, with the (K+1)-th bin zero."""
+    zero_w = torch.zeros_like(grad_w[:1])
+    zero_b = torch.zeros_like(grad_b[:1])
+    return grad_w - torch.cat([grad_w[1:], zero_w]), grad_b - torch.cat([grad_b[1:], zero_b])

@@ -36,8 +36,7 @@ from ..models.malicious import ImprintBlock
 from ..models.transformers import TextTransformer
 from ..threat import Observation
 from .base import Attack, Reconstruction, register
-from .gradient.robbing_the_fed import bin_differences
-from .observed import shared_gradient
+from .observed import bin_differences, shared_gradient
 
 __all__ = ["TextImprint", "TextImprintOptions"]
 

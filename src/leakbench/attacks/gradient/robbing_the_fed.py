@@ -53,9 +53,9 @@ from ...losses import get_loss
 from ...models.malicious import ImprintBlock, find_module
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
-from ..observed import shared_gradient
+from ..observed import bin_differences, shared_gradient
 
-__all__ = ["RobbingTheFed", "RobbingOptions", "bin_differences", "lone_check_reason", "lone_gradients"]
+__all__ = ["RobbingTheFed", "RobbingOptions", "lone_check_reason", "lone_gradients"]
 
 
 @dataclass
@@ -71,13 +71,6 @@ class RobbingOptions:
         expect(0 <= self.threshold < 1, f"expected 0 ≤ threshold < 1, got {self.threshold} (option threshold)")
         expect(self.consistency is None or self.consistency > 0,
                f"expected consistency > 0 (or None for the dtype's default), got {self.consistency} (option consistency)")
-
-
-def bin_differences(grad_w: torch.Tensor, grad_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(∇W_k − ∇W_{k+1}, ∇b_k − ∇b_{k+1}) for k = 0..K−1, with the (K+1)-th bin zero."""
-    zero_w = torch.zeros_like(grad_w[:1])
-    zero_b = torch.zeros_like(grad_b[:1])
-    return grad_w - torch.cat([grad_w[1:], zero_w]), grad_b - torch.cat([grad_b[1:], zero_b])
 
 
 def lone_check_reason(obs: Observation) -> str | None:
