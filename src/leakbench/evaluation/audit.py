@@ -47,8 +47,24 @@ __all__ = ["EpsilonAudit", "epsilon_lower_bound", "audit_scores", "OneRunAudit",
            "one_run_epsilon", "one_run_audit", "include_canaries"]
 
 
+class _Claimed:
+    """An ε lower bound beside the accountant's claimed ε (``epsilon`` and ``claimed`` are the subclass's fields)."""
+
+    epsilon: float
+    claimed: float | None
+
+    @property
+    def violated(self) -> bool:
+        """The empirical lower bound exceeds the accountant's ε: the DP implementation (or its accounting) is broken."""
+        return self.claimed is not None and self.epsilon > self.claimed
+
+    def _claim(self) -> str:
+        return "" if self.claimed is None else f" vs claimed ε = {self.claimed:.3g}" + (
+            " — VIOLATED: the implementation does not give the ε it claims" if self.violated else "")
+
+
 @dataclass
-class EpsilonAudit:
+class EpsilonAudit(_Claimed):
     """An empirical lower bound on ε (0 when none is shown) with the counts it rests on and the claimed ε."""
 
     epsilon: float
@@ -63,14 +79,8 @@ class EpsilonAudit:
     confidence: float
     claimed: float | None = None
 
-    @property
-    def violated(self) -> bool:
-        """The empirical lower bound exceeds the accountant's ε: the DP implementation (or its accounting) is broken."""
-        return self.claimed is not None and self.epsilon > self.claimed
-
     def text(self) -> str:
-        claim = "" if self.claimed is None else f" vs claimed ε = {self.claimed:.3g}" + (
-            " — VIOLATED: the implementation does not give the ε it claims" if self.violated else "")
+        claim = self._claim()
         return (f"empirical ε ≥ {self.epsilon:.3g} (TP {self.true_positives}/{self.members}, "
                 f"FP {self.false_positives}/{self.nonmembers}, δ = {self.delta:g}, {self.confidence:.0%}){claim}")
 
@@ -188,7 +198,7 @@ def one_run_epsilon(m: int, r: int, v: int, *, delta: float = 0.0, confidence: f
 
 
 @dataclass
-class OneRunAudit:
+class OneRunAudit(_Claimed):
     """The one-run ε lower bound: the best guess counts of the grid, its correct guesses and the claimed ε."""
 
     epsilon: float
@@ -200,14 +210,8 @@ class OneRunAudit:
     confidence: float
     claimed: float | None = None
 
-    @property
-    def violated(self) -> bool:
-        """The bound exceeds the accountant's ε: the DP implementation (or its accounting) is broken."""
-        return self.claimed is not None and self.epsilon > self.claimed
-
     def text(self) -> str:
-        claim = "" if self.claimed is None else f" vs claimed ε = {self.claimed:.3g}" + (
-            " — VIOLATED: the implementation does not give the ε it claims" if self.violated else "")
+        claim = self._claim()
         return (f"one-run ε ≥ {self.epsilon:.3g} ({self.correct} of {self.guesses_in + self.guesses_out} guesses "
                 f"right about {self.canaries} canaries, δ = {self.delta:g}, {self.confidence:.1%}){claim}")
 
