@@ -261,16 +261,27 @@ class TrainedTarget:
     cached: bool = False
 
 
+def _named_cache(cache_dir, config: dict, prefix: str):
+    """(the cache file ``<prefix>-<key>.pt`` for ``config`` or None, ``config`` as JSON reads it back)."""
+    path = _cache_path(cache_dir, config)
+    return (None if path is None else path.with_name(f"{prefix}-{path.name}"),
+            json.loads(json.dumps(config, default=str)))
+
+
+def _saved(path, canonical: dict) -> dict | None:
+    """The cache file's contents when it exists and was written for ``canonical``, else None."""
+    saved = _load(path) if path is not None and path.is_file() else None
+    return saved if saved is not None and saved.get("config") == canonical else None
+
+
 def cached_target(recipe: Recipe, pool: ImageDataset, *, seed: int, device: str | torch.device = "cpu",
                   cache_dir: str | os.PathLike | bool | None = None) -> TrainedTarget:
     """:func:`target_on_half`, cached on disk like the reference models (``target-<key>.pt``, tensors only)."""
     config = {"version": CACHE_VERSION, "target": recipe.key(), "pool": _fingerprint(pool), "seed": int(seed)}
-    path = _cache_path(cache_dir, config)
-    path = None if path is None else path.with_name(f"target-{path.name}")
-    canonical = json.loads(json.dumps(config, default=str))
+    path, canonical = _named_cache(cache_dir, config, "target")
     with cache_lock(path):
-        saved = _load(path) if path is not None and path.is_file() else None
-        if saved is not None and saved.get("config") == canonical:
+        saved = _saved(path, canonical)
+        if saved is not None:
             model = recipe.build(pool, seed, device)
             model.load_state_dict(saved["state"])
             return TrainedTarget(model, saved["mask"].bool(), float(saved["train_loss"]),
@@ -299,12 +310,10 @@ def canary_audit(recipe: Recipe, pool: ImageDataset, *, canaries: int, seed: int
         raise ConfigError(f"expected canaries ≥ 1, got {canaries!r} (field canaries)")
     config = {"version": CACHE_VERSION, "canaries": int(canaries), "recipe": recipe.key(),
               "pool": _fingerprint(pool), "seed": int(seed)}
-    path = _cache_path(cache_dir, config)
-    path = None if path is None else path.with_name(f"canaries-{path.name}")
-    canonical = json.loads(json.dumps(config, default=str))
+    path, canonical = _named_cache(cache_dir, config, "canaries")
     with cache_lock(path):
-        saved = _load(path) if path is not None and path.is_file() else None
-        if saved is not None and saved.get("config") == canonical:
+        saved = _saved(path, canonical)
+        if saved is not None:
             return dict(saved["audit"])
         gen = torch.Generator().manual_seed(int(seed) + 31)
         images = torch.rand((canaries, *pool.shape), generator=gen, dtype=pool.images.dtype)
