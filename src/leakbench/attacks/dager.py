@@ -47,6 +47,7 @@ from ..errors import ConfigError, NothingRecovered
 from ..models.transformers import TextTransformer
 from ..threat import Observation
 from .base import Attack, Reconstruction, register
+from .dager_encoder import encoder_batch
 
 __all__ = ["Dager", "DagerOptions", "span_basis", "span_distance"]
 
@@ -118,6 +119,22 @@ class DagerOptions:
     #: singular values below rank_tol·σ_max are taken as zero when the gradient's rank is read; the rank is
     #: also capped by the number of tokens (Σ of the granted sequence lengths, else B·T).
     rank_tol: float = 1e-9
+    #: encoders at B > 1 (:mod:`.dager_encoder`): every combination of a length's candidates is scored when
+    #: there are at most this many (the paper's exhaustive search), else our coordinate search runs.
+    max_combinations: int = 4096
+    #: encoders: random starts of the coordinate search per sequence sought, in each round.
+    restarts: int = 4
+    #: encoders: rounds of starts per length (a round that finds no new sequence ends the length).
+    rounds: int = 4
+    #: encoders: most sweeps over the positions per round.
+    sweeps: int = 8
+    #: encoders: candidates per position scored on the whole sequence after screening by their own position.
+    screen: int = 4
+    #: encoders: a bound on the search's wall-clock seconds (what is found by then is returned, flagged as usual).
+    seconds: float = 300.0
+    #: encoders: the tokenizer's end-of-sequence id (the threat model grants the tokenizer; the bundled one's
+    #: ``[EOS]`` is 1), which ends every sequence shorter than T; None for a tokenizer that appends none.
+    eos_id: int | None = 1
 
     def check(self) -> None:
         for name in ("tol", "tol2", "rank_tol", "margin"):
@@ -126,6 +143,17 @@ class DagerOptions:
                 raise ConfigError(f"expected {name} in (0, 1), got {value!r} (option {name})")
         if not (isinstance(self.beam, int) and 1 <= self.beam <= 1000):
             raise ConfigError(f"expected beam in 1..1000, got {self.beam!r} (option beam)")
+        for name, high in (("max_combinations", 10_000_000), ("restarts", 1000), ("rounds", 100), ("sweeps", 100),
+                           ("screen", 10_000)):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= high):
+                raise ConfigError(f"expected {name} an integer in 1..{high}, got {value!r} (option {name})")
+        if not (isinstance(self.seconds, (int, float)) and not isinstance(self.seconds, bool)
+                and 0 < self.seconds <= 86_400):
+            raise ConfigError(f"expected seconds in (0, 86400], got {self.seconds!r} (option seconds)")
+        if self.eos_id is not None and not (isinstance(self.eos_id, int) and not isinstance(self.eos_id, bool)
+                                            and self.eos_id >= 0):
+            raise ConfigError(f"expected eos_id a token id ≥ 0 or None, got {self.eos_id!r} (option eos_id)")
 
 
 @register
@@ -156,9 +184,9 @@ class Dager(Attack):
         if model.causal and len(model.blocks) < 2 and obs.batch_size > 1:
             reasons.append("a decoder batch of B > 1 needs 2 blocks (the second block's span check orders the "
                            "tokens)")
-        if not model.causal and obs.batch_size > 1:
-            reasons.append("encoder batches of B > 1 need DAGER's search over token combinations (Sec. 5.3), not "
-                           "implemented; B = 1 works")
+        if not model.causal and len(model.blocks) < 2 and obs.batch_size > 1:
+            reasons.append("an encoder batch of B > 1 needs 2 blocks: block 1 checks each position alone, and only "
+                           "block 2's span check ties the tokens of one sequence together (Sec. 5.3); B = 1 works")
         return reasons
 
     def run(self, obs: Observation, *, seed: int = 0, callback=None, progress=None) -> Reconstruction:
@@ -192,6 +220,9 @@ class Dager(Attack):
             candidates, first = _position_candidates(model, bases[0], T, opts.tol)
             if not any(candidates):
                 raise NothingRecovered("no vocabulary token passed the first layer's span check")
+            if not model.causal and obs.batch_size > 1:
+                return encoder_batch(obs, model, bases, candidates, signal, lengths, opts, seed,
+                                     signal_share=SIGNAL_SHARE)
             if model.causal and len(bases) > 1:
                 seqs, scores = _greedy_decode(model, bases[1], candidates, first, opts.tol2,
                                               opts.beam * obs.batch_size)
