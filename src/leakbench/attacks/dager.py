@@ -125,7 +125,7 @@ class DagerOptions:
     #: encoders: random starts of the coordinate search per sequence sought, in each round.
     restarts: int = 4
     #: encoders: rounds of starts per length (a round that finds no new sequence ends the length).
-    rounds: int = 4
+    rounds: int = 6
     #: encoders: most sweeps over the positions per round.
     sweeps: int = 8
     #: encoders: candidates per position scored on the whole sequence after screening by their own position.

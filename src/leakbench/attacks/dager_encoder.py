@@ -126,7 +126,9 @@ def _coordinate_search(model, basis2, starts: torch.Tensor, options: list[torch.
             base = (dist ** 2).sum(-1)
             objective = torch.where(current, base.unsqueeze(1), objective)
             best = objective.argmin(1)
-            better = objective.gather(1, best[:, None])[:, 0] < base
+            # a sequence already within tol2 everywhere stays: it is checked, not traded for a neighbour that also
+            # passes (two true sentences one token apart)
+            better = (objective.gather(1, best[:, None])[:, 0] < base) & (dist.amax(-1) >= opts.tol2)
             rows = torch.nonzero(better).flatten()
             if rows.numel():
                 cur[rows, t] = trial[rows, best[rows], t]
@@ -178,7 +180,11 @@ def encoder_search(model, basis2: torch.Tensor, candidates: list[list[int]], *, 
                                "last position has no candidate")
     found: dict[tuple, dict] = {}  # sequence → {"dist", "isolated", "threats"}
     trace = {"lengths": {}, "combinations": {}, "rounds": {}, "timed_out": False}
-    for l, count in plan.items():
+    # the lengths most sequences share first: their sequences explain the most tokens for the later starts
+    for l, count in sorted(plan.items(), key=lambda e: (-(e[1] or 0), -e[0])):
+        if sum(len(k) for k, e in found.items() if e["dist"] < opts.tol2) >= signal2:
+            trace["lengths"][l] = "not searched: the sequences found explain block 2's directions"
+            continue
         options = _options(candidates, l, T, eos, device)
         if options is None:
             trace["lengths"][l] = "a position without candidates"
@@ -201,29 +207,38 @@ def encoder_search(model, basis2: torch.Tensor, candidates: list[list[int]], *, 
             if time.monotonic() > deadline:
                 trace["timed_out"] = True
                 break
+            pending = [k for e in found.values() if e["dist"] < opts.tol2 for k in e["near"]
+                       if len(k) == l and k not in found]
             if starts_list:
                 starts = starts_list.pop()
+            elif pending:  # single-token changes of found sequences that came as close to the span: check them
+                starts = torch.tensor(sorted(set(pending)), dtype=torch.int64, device=device)
             else:
-                starts = _random_starts(options, opts.restarts * want, [s for s in local], gen, device)
+                known = [k for k, e in found.items() if e["dist"] < opts.tol2]
+                starts = _random_starts(options, opts.restarts * want, known, gen, device)
             seqs, dist, converged, neighbours = _coordinate_search(model, basis2, starts, options, opts, deadline)
             new = 0
             worst = dist.amax(-1)
             for i in range(seqs.shape[0]):
                 key = tuple(seqs[i].tolist())
                 if float(worst[i]) >= opts.tol2:  # kept only as a best guess, never over a passing one
-                    found.setdefault(key, {"dist": float(worst[i]), "isolated": False, "threats": []})
+                    found.setdefault(key, {"dist": float(worst[i]), "isolated": False, "threats": [], "near": []})
                     continue
                 threat = torch.nonzero(neighbours[i] < float(worst[i]) / opts.margin)
                 threats = [key[:t] + (int(options[t][j]),) + key[t + 1:] for t, j in threat.tolist()]
-                entry = {"dist": float(worst[i]), "isolated": bool(converged[i]), "threats": threats}
+                near = [th for th, (t, j) in zip(threats, threat.tolist()) if float(neighbours[i, t, j]) < opts.tol2]
+                entry = {"dist": float(worst[i]), "isolated": bool(converged[i]), "threats": threats, "near": near}
                 old = found.get(key)
                 if old is None or old["dist"] >= opts.tol2 or (entry["isolated"] and not old["isolated"]):
                     found[key] = entry
                 new += key not in local
                 local.add(key)
             trace["rounds"][l] = r + 1
-            if (count is None and new == 0) or (count is not None and len(local) >= count):
-                break  # unknown count: a round that finds nothing new ends the length
+            explained = sum(len(k) for k, e in found.items() if e["dist"] < opts.tol2)
+            if count is not None and len(local) >= count:
+                break
+            if new == 0 and explained >= signal_share * signal2:
+                break  # nothing new, and the found sequences explain block 2's directions
         trace["lengths"][l] = len(local)
     return _choose(found, batch, granted, opts, signal2, signal_share, trace)
 
@@ -234,7 +249,7 @@ def _random_starts(options, n: int, known: list[tuple], gen, device) -> torch.Te
     for t, o in enumerate(options):
         ids = o.cpu()
         draw = ids[torch.randint(len(ids), (n,), generator=gen)]
-        used = {s[t] for s in known}
+        used = {s[t] for s in known if len(s) > t}
         fresh = torch.tensor([v for v in ids.tolist() if v not in used], dtype=torch.int64)
         if known and fresh.numel():
             half = torch.rand(n, generator=gen) < 0.5
