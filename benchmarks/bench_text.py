@@ -8,7 +8,10 @@ originals' lengths drawn from the bundled corpus's unigram distribution, scored 
    must not be full), at several (B, T); and on decoders trained briefly (Adam, lr 1e-3: 50 steps at
    width 64/128, 200 at width 320) on the training split.  Columns: sequences recovered exactly (k of n), of them flagged exact, token
    accuracy, ROUGE-1/2, seconds per batch.
-2. TAG and LAMP at B = 1 on ``gpt:layers=1,width=64`` (labels unknown: soft next-token targets optimised
+2. DAGER on ``bert:layers=2`` encoders (module labels, 21 classes) at B = 1/4/8 (B = 16 with ``--device cuda``),
+   untrained and trained briefly (Adam lr 1e-4, 100 steps on the training split; at lr 1e-3 block 2's gradient
+   loses its per-token directions, docs/text.md); the encoder search is bounded to ``ENCODER_SECONDS`` per batch.
+3. TAG and LAMP at B = 1 on ``gpt:layers=1,width=64`` (labels unknown: soft next-token targets optimised
    too), on the same sentences.
 
 ``--quick``: fewer batches; ``--device cuda`` adds B = 64 (width 1088), too slow on 2 CPU cores.
@@ -75,6 +78,54 @@ def _dager_row(label: str, B: int, T: int, width: int, batches: int, device: str
             f"{round(chance['exact'] * n)}/{n}", chance["token_acc"], chance["rouge1"]]
 
 
+#: the encoder search's bound on seconds per batch here.
+ENCODER_SECONDS = 60.0
+
+
+def _train_encoder(model, device: str, steps: int = 100, lr: float = 1e-4) -> None:
+    """Brief training on the module labels: ``steps`` Adam steps on batches of 16 from the training split."""
+    train = lb.load("text", split="train", context=16).with_task("classify")
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for step in range(steps):
+        xb, yb = train.batch(16, seed=step)
+        loss = torch.nn.functional.cross_entropy(model(xb.to(device)), yb.to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _encoder_row(label: str, B: int, width: int, batches: int, device: str, unigram, trained: int = 0):
+    data = lb.load("text", split="test", context=16).with_task("classify")
+    model = lb.build(f"bert:layers=2,width={width},heads=4,vocab={data.vocab_size}", input_shape=data.shape,
+                     classes=data.num_classes, seed=1 if trained else 0, device=device)
+    if trained:
+        _train_encoder(model, device, steps=trained)
+    exact = flagged = wrong = 0
+    acc = seconds = chance_acc = 0.0
+    chance_exact = 0
+    for k in range(batches):
+        x, y = data.batch(B, seed=100 + k)
+        obs = lb.observe(model, x.to(device), y.to(device))
+        start = time.perf_counter()
+        try:
+            rec = lb.attack("dager", obs, seconds=ENCODER_SECONDS)
+            tokens, flags = rec.images.cpu(), rec.trace["exact"]
+        except LeakbenchError:
+            tokens, flags = torch.zeros_like(x), [False] * B
+        seconds += (time.perf_counter() - start) / batches
+        s = text_scores(tokens, x, **_kw(data))
+        exact += round(s["exact"] * B)
+        flagged += int(sum(flags))
+        truth = {tuple(r[r != data.pad_id].tolist()) for r in x}
+        wrong += sum(1 for r, f in zip(tokens, flags) if f and tuple(r[r != data.pad_id].tolist()) not in truth)
+        acc += s["token_acc"] / batches
+        c = unigram_chance(x, unigram, **_kw(data))
+        chance_acc += c["token_acc"] / batches
+        chance_exact += round(c["exact"] * B)
+    n = B * batches
+    return [label, B, width, f"{exact}/{n}", flagged, wrong, acc, seconds, f"{chance_exact}/{n}", chance_acc]
+
+
 def run(quick: bool = False, device: str = "cpu") -> None:
     torch.manual_seed(0)
     unigram = lb.load("text").unigram()
@@ -89,6 +140,14 @@ def run(quick: bool = False, device: str = "cpu") -> None:
           ["model", "B", "T", "width", "exact", "flagged", "token acc", "ROUGE-1", "ROUGE-2", "s/batch",
            "chance exact", "chance acc", "chance R-1"], rows,
           note=f"{batches} batches per untrained row (n = B·batches sequences); chance: unigram draws")
+
+    enc = [(1, 64), (4, 128), (8, 160)] + ([(16, 320)] if device != "cpu" else [])
+    rows = [_encoder_row(f"{'trained 100 steps' if steps else 'untrained'}", B, W, 2 if quick else 3, device, unigram,
+                         trained=steps) for steps in (0, 100) for B, W in enc]
+    table("DAGER on bert:layers=2 encoders (T = 16, granted lengths), held-out bundled sentences",
+          ["model", "B", "width", "exact", "flagged", "flagged wrong", "token acc", "s/batch", "chance exact",
+           "chance acc"], rows,
+          note=f"n = B·batches sequences; search bounded to {ENCODER_SECONDS:.0f} s per batch; chance: unigram draws")
 
     data = lb.load("text", split="test", context=16)
     model = lb.build("gpt:layers=1,width=64,heads=4", input_shape=data.shape, classes=data.vocab_size, seed=0,

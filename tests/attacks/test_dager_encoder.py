@@ -60,6 +60,17 @@ def test_exact_recovery_at_batch_8(data):
     assert text_scores(rec.images, x, **kw(data))["exact"] == 1.0 and all(rec.trace["exact"])
 
 
+@pytest.mark.slow
+def test_batch_16_at_random_init_flags_no_wrong_sequence(data):
+    # at B = 16 block 1's span accepts ~150 tokens at every position (LN₁ with β = 0 keeps E[w] + P[s'] in the span
+    # whenever (w, s), (u, s), (u, s') are batch pairs), and the search finds few sequences in its time bound
+    # (docs/text.md); what it flags must still be right
+    x, y = data.batch(16, seed=100)
+    rec = lb.attack("dager", lb.observe(encoder(data, 320), x, y), seconds=20.0)
+    assert max(rec.trace["candidates"]) > 100
+    assert_no_wrong_flag(rec, x, data)
+
+
 def briefly_trained(data, width, steps=100, lr=1e-4, seed=1):
     """An encoder trained ``steps`` Adam steps on the module labels (batches of 16 from the training split); its mean
     loss over the first and the last 10 steps."""

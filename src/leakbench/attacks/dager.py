@@ -20,8 +20,14 @@ Here (the models of :mod:`leakbench.models.transformers`, pre-LN, learned positi
    input at position t a function of the prefix v_0..v_t only; every recovered prefix is extended
    by every v ∈ C_t and kept when block 2's LN₁ input at t passes the span check of block 2's
    ∇W_qkv.  A prefix with no passing extension is a finished sequence.
-3. **Encoders** (Sec. 5.3 searches over combinations): only B = 1 here — the candidate sets are
-   then the sequence; larger encoder batches are refused with the reason.
+3. **Encoders** (Sec. 5.3).  B = 1: the candidate sets are the sequence.  B > 1
+   (:mod:`.dager_encoder`): bidirectional attention makes block 2's input at every position depend
+   on the whole sequence, so whole sequences are scored: the lengths are read from the
+   end-of-sequence token among the C_t (or granted), the sequences of C_0 × … × C_{l-1} are scored
+   by block 2's span check at every position — exhaustively up to ``max_combinations`` (the
+   paper), else by our seeded coordinate search (one position at a time, every candidate tried
+   with the rest fixed, batched) — and the ones within ``tol2`` everywhere are kept; an encoder
+   batch of B > 1 needs 2 blocks.  Flags: :mod:`.dager_encoder`.
 
 Each recovered sequence is flagged exact (``confidence`` 1) when every one of its positions passed
 both span checks, unambiguously (its token ``margin`` times closer to block 2's span than any other

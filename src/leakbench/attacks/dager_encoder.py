@@ -46,14 +46,14 @@ from .base import Reconstruction
 
 __all__ = ["encoder_batch", "encoder_search", "block2_distances"]
 
-#: most token vectors pushed through block 1 in one forward (a bound on memory).
-CHUNK_TOKENS = 1 << 16
+#: most activations (floats of block 1's MLP, 4·width per token) in one forward: a bound on memory (64 MiB).
+CHUNK_FLOATS = 1 << 24
 
 
 def block2_distances(model, basis2: torch.Tensor, seqs: torch.Tensor) -> torch.Tensor:
     """Relative span distance of every position's block-2 input for N whole sequences (N × l ids): N × l."""
     out = []
-    step = max(1, CHUNK_TOKENS // max(1, seqs.shape[1]))
+    step = max(1, CHUNK_FLOATS // (4 * model.width * max(1, seqs.shape[1])))
     for i in range(0, seqs.shape[0], step):
         z = model.block_input(1, seqs[i: i + step]).to(torch.float64)
         r = z - (z @ basis2.T) @ basis2
@@ -111,7 +111,8 @@ def _coordinate_search(model, basis2, starts: torch.Tensor, options: list[torch.
             if k == 1:
                 neighbours[:, t] = math.inf
                 continue
-            own = _own_distances(model, basis2, cur, t, cands)  # S × k: lower bounds of each change's max
+            step = max(1, CHUNK_FLOATS // (4 * model.width * k))  # S × k: lower bounds of each change's max
+            own = torch.cat([_own_distances(model, basis2, cur[i: i + step], t, cands) for i in range(0, S, step)])
             screen = min(opts.screen, k)
             pick = own.topk(screen, dim=1, largest=False).indices  # S × screen
             trial = cur.unsqueeze(1).repeat(1, screen, 1)
@@ -192,7 +193,7 @@ def encoder_search(model, basis2: torch.Tensor, candidates: list[list[int]], *, 
         want = count if count is not None else batch
         sizes = [len(o) for o in options]
         total = math.prod(sizes)
-        trace["combinations"][l] = total
+        trace["combinations"][l] = float(total)
         if total <= opts.max_combinations:  # the paper's exhaustive search: every combination, scored
             grid = torch.cartesian_prod(*options) if l > 1 else options[0][:, None]
             grid = grid.reshape(-1, l)
