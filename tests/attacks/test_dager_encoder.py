@@ -89,11 +89,12 @@ def briefly_trained(data, width, steps=100, lr=1e-4, seed=1):
 
 
 def test_exact_recovery_of_a_briefly_trained_encoder_at_batch_4(data):
-    # Adam lr 1e-4, 100 steps: mean loss of the first / last 10 steps 2.98 → 2.65 (uniform over 21 classes: 3.04).
-    # At lr 1e-3 (20 or 50 steps) block 2's gradient keeps fewer directions above its float32 floor than the batch
-    # has positions (measured: 35–44 of 57–61) and nothing passes; see docs/text.md
-    model, first, last = briefly_trained(data, 128)
-    assert last < first - 0.2
+    # Adam lr 2e-4, 50 steps: mean loss of the first / last 10 steps 2.95 → 2.74 (uniform over 21 classes: 3.04;
+    # the benchmark's recipe, lr 1e-4 × 100 steps, 2.98 → 2.65, takes longer).  At lr 1e-3 (20 or 50 steps) block 2's
+    # gradient keeps fewer directions above its float32 floor than the batch has positions (measured: 35–44 of
+    # 57–61) and nothing passes; see docs/text.md
+    model, first, last = briefly_trained(data, 128, steps=50, lr=2e-4)
+    assert last < first - 0.15
     x, y = data.batch(4, seed=100)
     rec = lb.attack("dager", lb.observe(model, x, y))
     s = text_scores(rec.images, x, **kw(data))
