@@ -458,13 +458,6 @@ def imprint_text(model: nn.Module, bins: int = 1024, *, seed: int = 0, public: t
     block = ImprintBlock((d,), q.to(weight.dtype), thresholds.to(weight.dtype), gain=gain,
                          masses_source="public text" if public is not None else
                          ("random token sequences" if signature else "the public table, uniform"))
-    # V's columns: all equal to (gain / K)·u with u a seeded Gaussian direction (‖u‖ = √d, as the all-ones
-    # vector), not the all-ones vector: every consumer of a pre-LN residual stream is a LayerNorm, whose
-    # input gradient is orthogonal to 1, so ones would leave each position's g_p = 0 up to float rounding.
-    u = torch.randn(d, generator=gen, dtype=torch.float64)
-    u = u * (math.sqrt(d) / u.norm())
-    with torch.no_grad():
-        block.linear1.weight.copy_((u[:, None] * (gain / bins)).expand(d, bins).to(block.linear1.weight.dtype))
     block = block.to(weight.device)
     if signature:
         block.register_buffer("reserved", reserved.to(weight.device))
