@@ -458,6 +458,15 @@ def imprint_text(model: nn.Module, bins: int = 1024, *, seed: int = 0, public: t
     block = ImprintBlock((d,), q.to(weight.dtype), thresholds.to(weight.dtype), gain=gain,
                          masses_source="public text" if public is not None else
                          ("random token sequences" if signature else "the public table, uniform"))
+    if signature:
+        # V's columns all equal to (gain / K)·u, u a seeded unit Gaussian direction, where Robbing the Fed's block
+        # uses the all-ones vector: every consumer of a pre-LN residual stream is a LayerNorm, whose input gradient
+        # is orthogonal to 1, so with ones each position's g_p = (gain / K)·1ᵀ∂L/∂out_p vanishes up to float
+        # rounding (measured: |∇b| ≈ 1e-13 against 1e-7 with u; eq. (1) is then a ratio of round-off, which any
+        # defense noise swamps).  Decepticons' backward-flow layer likewise writes into one coordinate, not 1.
+        u = torch.randn(d, generator=gen, dtype=torch.float64)
+        with torch.no_grad():
+            block.linear1.weight.copy_((u / u.norm())[:, None].expand(d, bins) * (gain / bins))
     block = block.to(weight.device)
     if signature:
         block.register_buffer("reserved", reserved.to(weight.device))
