@@ -139,6 +139,8 @@ class TextImprint(Attack):
     modality = "text"
     Options = TextImprintOptions
     presets = {"quick": {}}
+    #: revision 1: link_tol and the round-off test on lone bins (rounding) were added
+    preset_revisions = {"default": 1, "quick": 1}
 
     def requirements(self, obs: Observation) -> list[str]:
         model = obs.model
