@@ -193,7 +193,8 @@ class TextImprint(Attack):
         norms = grad_w.norm(dim=1)
         nxt = torch.cat([norms[1:], norms[:1] * 0])
         roundoff = eps * (norms + nxt)[occupied] / (diff_b[occupied].abs() * vectors.norm(dim=1)).clamp_min(1e-300)
-        lone = (rel < opts.tol) & (rel < opts.rounding * roundoff)
+        accept = torch.minimum(torch.full_like(roundoff, opts.tol), opts.rounding * roundoff)
+        lone = rel < accept
         pairs = sorted((int(t), int(v)) for t, v, ok in zip(place, token, lone) if ok)
         B = obs.batch_size
         blends = int((~lone).sum())
@@ -203,7 +204,7 @@ class TextImprint(Attack):
         if signed:
             with torch.no_grad():
                 tokens, exact, more = _group(model, block, obs, vectors, keep, token, place, lone, occupied, T, B,
-                                             opts.link_tol)
+                                             opts.link_tol, accept)
             trace.update(more)
         else:
             tokens = torch.full((B, T), model.pad_id, dtype=torch.int64)
@@ -259,7 +260,7 @@ def _x_table(model: TextTransformer, positions, reserved: torch.Tensor, device) 
     return torch.stack(out)
 
 
-def _group(model, block, obs, vectors, keep, token, place, lone, occupied, T, B, link_tol):
+def _group(model, block, obs, vectors, keep, token, place, lone, occupied, T, B, link_tol, accept):
     """Rows, exact flags and trace of the signature grouping (module docstring, equations (2)–(3))."""
     dev = vectors.device
     reserved = block.reserved.to(dev)
@@ -274,7 +275,7 @@ def _group(model, block, obs, vectors, keep, token, place, lone, occupied, T, B,
     more: dict = {"signature_dims": int(len(reserved)), "lengths_granted": lengths is not None}
     if model.causal:
         rows, flags, info = _chains(model, block, X, t_n, v_n, s_n, x_n, xnorm, lone, occupied, keep, T, B, n,
-                                    link_tol, lengths)
+                                    link_tol, lengths, (vectors, accept))
     else:
         rows, flags, info = _groups(t_n, v_n, s_n, X, T, B, n, link_tol, lengths)
     more.update(info)
@@ -290,11 +291,12 @@ def _group(model, block, obs, vectors, keep, token, place, lone, occupied, T, B,
     return tokens, exact, more
 
 
-def _chains(model, block, X, t_n, v_n, s_n, x_n, xnorm, lone, occupied, keep, T, B, n, link_tol, lengths):
+def _chains(model, block, X, t_n, v_n, s_n, x_n, xnorm, lone, occupied, keep, T, B, n, link_tol, lengths, seen):
     """Causal grouping: link nodes by equation (3), read root-to-leaf paths, certify their ends."""
     dev = s_n.device
     parent = torch.full((n,), -1, dtype=torch.int64)
     ambiguous = 0
+    ambiguous_nodes: set[int] = set()
     worst = 0.0
     root_res = ((s_n - x_n).norm(dim=1) / xnorm).cpu()
     is_root = (t_n.cpu() == 0) & (root_res < link_tol)
@@ -309,10 +311,24 @@ def _chains(model, block, X, t_n, v_n, s_n, x_n, xnorm, lone, occupied, keep, T,
         ok = res < link_tol
         count = ok.sum(1)
         ambiguous += int((count > 1).sum())
+        ambiguous_nodes.update(int(kids[i]) for i in (count > 1).nonzero().reshape(-1).tolist())
         for i in (count == 1).nonzero().reshape(-1).tolist():
             j = int(ok[i].nonzero()[0])
             parent[int(kids[i])] = int(dads[j])
             worst = max(worst, float(res[i, j]))
+    # one position lost in a blend between two lone nodes: (3) twice gives its x, hence its token (the repair)
+    repaired = _repair(model, block, X, t_n, v_n, s_n, x_n, parent, is_root, ambiguous_nodes, lone, occupied, keep,
+                       link_tol)
+    if repaired:
+        t_n = torch.cat([t_n, torch.tensor([r[0] for r in repaired], device=dev)])
+        v_n = torch.cat([v_n, torch.tensor([r[1] for r in repaired], device=dev)])
+        parent = torch.cat([parent, torch.tensor([r[3] for r in repaired], dtype=torch.int64)])
+        is_root = torch.cat([is_root, torch.tensor([r[0] == 0 for r in repaired])])
+        for k, r in enumerate(repaired):
+            for child in r[4]:
+                parent[child] = n + k
+        n = n + len(repaired)
+    fixed = [False] * (n - len(repaired)) + [True] * len(repaired)
     t_list, v_list = t_n.tolist(), v_n.tolist()
     order = sorted(range(n), key=lambda i: t_list[i])
     rooted = [False] * n
@@ -330,13 +346,19 @@ def _chains(model, block, X, t_n, v_n, s_n, x_n, xnorm, lone, occupied, keep, T,
             i = int(parent[i]) if t_list[i] > 0 else -1
         return out[::-1]
 
+    def mended(i):
+        while i >= 0:
+            if fixed[i]:
+                return True
+            i = int(parent[i]) if t_list[i] > 0 else -1
+        return False
+
     leaves = [i for i in range(n) if rooted[i] and not has_child[i]]
     # ends: where could a continuation of each short path hide?  bins holding a blend
-    blend_bins = torch.zeros(block.bins + 2, dtype=torch.int64, device=dev)
-    blend_bins[occupied[~lone].to(dev) + 1] = 1
-    cum = blend_bins.cumsum(0)                                                  # cum[k + 1] = blends in bins ≤ k
-    q = block.query.double().to(dev)
-    edges = block.thresholds.double().to(dev)
+    blend = torch.zeros(block.bins, dtype=torch.bool, device=dev)
+    blend[occupied[~lone].to(dev)] = True
+    explained = _explained(model, block, repaired, occupied, keep, seen)
+    blend[explained] = False                                                   # fully accounted for by repairs
     emb = model.tok.weight.detach().double().to(dev)
     vocab = torch.arange(model.vocab, device=dev) != model.pad_id
     reserved = block.reserved.to(dev)
@@ -350,16 +372,12 @@ def _chains(model, block, X, t_n, v_n, s_n, x_n, xnorm, lone, occupied, keep, T,
             h = torch.zeros(model.vocab, model.width, dtype=torch.float64, device=dev)
             h[:, keep] = (emb + model.pos.weight[e + 1].detach().double().to(dev))[:, keep]
             h[:, reserved] = ((e + 1) * s_n[i] + X[e + 1]) / (e + 2)
-            score = h[vocab] @ q
-            slack = 1e-5 * (score.abs() + 1.0)                                 # float32 forward vs float64 here
-            lo = (torch.searchsorted(edges, score - slack) - 1).clamp_min(0)  # bin k: c_k < score ≤ c_{k+1}
-            hi = (torch.searchsorted(edges, score + slack) - 1).clamp_min(0)
-            certain = not bool(((cum[hi + 1] - cum[lo]) > 0).any())
+            certain = not bool(_bins_touch(block, h[vocab], blend).any())
         if allowed is not None and not ((e + 2) in allowed or (e == T - 1 and T in allowed)):
             certain = False
         open_ends += not certain
         rows.append(path(i))
-        flags.append(certain)
+        flags.append(certain and not mended(i))
     # what is left: orphan chains (a parent fell in a blend), longest first, never flagged
     orphans = [i for i in range(n) if not rooted[i] and not has_child[i]]
 
@@ -373,9 +391,100 @@ def _chains(model, block, X, t_n, v_n, s_n, x_n, xnorm, lone, occupied, keep, T,
     for i in sorted(orphans, key=lambda i: (-len(chain(i)), chain(i))):
         rows.append(chain(i))
         flags.append(False)
-    info = {"sentences": len(leaves), "open_ends": open_ends, "orphans": len(orphans), "ambiguous_links": ambiguous,
+    info = {"sentences": len(leaves), "repaired_positions": len(repaired), "explained_blends": len(explained),
+            "open_ends": open_ends, "orphans": len(orphans), "ambiguous_links": ambiguous,
             "max_link_residual": worst, "certified": int(sum(flags[: len(leaves)])) if len(leaves) <= B else 0}
     return rows, flags, info
+
+
+def _bins_touch(block, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Whether the bin of each vector of h (N × d, float64) — or a neighbour within float32 slack — is in ``mask``."""
+    score = h @ block.query.double().to(h.device)
+    edges = block.thresholds.double().to(h.device)
+    cum = torch.cat([torch.zeros(1, dtype=torch.int64, device=h.device), mask.long().to(h.device).cumsum(0)])
+    slack = 1e-5 * (score.abs() + 1.0)                                         # float32 forward vs float64 here
+    lo = (torch.searchsorted(edges, score - slack) - 1).clamp_min(0)          # bin k: c_k < score ≤ c_{k+1}
+    hi = (torch.searchsorted(edges, score + slack) - 1).clamp_min(0)
+    return (cum[hi + 1] - cum[lo]) > 0
+
+
+def _repair(model, block, X, t_n, v_n, s_n, x_n, parent, is_root, ambiguous_nodes, lone, occupied, keep, link_tol):
+    """Positions lost in a blend between two lone nodes, rebuilt from equation (3) applied twice.
+
+    An orphan o at t (no parent) whose grandparent g at t − 2 is lone: (t+1)s_t − (t−1)s_{t−2} − x(v_t, t) =
+    x(v, t−1), and the unique v that fits (residual < link_tol), checked to land in a bin holding a blend, is the
+    lost token; its signature is ((t−1)s_{t−2} + x(v, t−1))/t.  At t = 1 the root is x_0 = 2 s_1 − x(v_1, 1).
+    Returns [(t−1, v, s, g or −1, [orphans])]; rows through a rebuilt position are never flagged exact.
+    """
+    dev = s_n.device
+    blend = torch.zeros(block.bins, dtype=torch.bool, device=dev)
+    blend[occupied[~lone].to(dev)] = True
+    if not bool(blend.any()):
+        return []
+    emb, pos = model.tok.weight.detach().double().to(dev), model.pos.weight.detach().double().to(dev)
+    reserved = block.reserved.to(dev)
+    found: dict[tuple[int, int, int], list] = {}
+    t_all = t_n.tolist()
+    for o in range(len(t_all)):
+        t = t_all[o]
+        if t == 0 or int(parent[o]) >= 0 or o in ambiguous_nodes:
+            continue
+        if t == 1:
+            grand = [-1]
+            y = (2 * s_n[o] - x_n[o])[None]                                     # x_0
+        else:
+            grand = [g for g in range(len(t_all)) if t_all[g] == t - 2 and (t - 2 > 0 or bool(is_root[g]))]
+            if not grand:
+                continue
+            y = (t + 1) * s_n[o] - (t - 1) * s_n[grand] - x_n[o]               # |G| × r
+        table = X[t - 1]                                                       # V × r
+        res = (y[:, None] - table[None]).norm(dim=2) / table.norm(dim=1).clamp_min(1e-300)[None]
+        hits = (res < link_tol).nonzero()
+        if len(hits) != 1:
+            continue
+        gi, v = int(hits[0, 0]), int(hits[0, 1])
+        g = grand[gi]
+        s_lost = table[v] if t == 1 else ((t - 1) * s_n[g] + table[v]) / t
+        h = torch.zeros(model.width, dtype=torch.float64, device=dev)
+        h[keep] = (emb[v] + pos[t - 1])[keep]
+        h[reserved] = s_lost
+        if not bool(_bins_touch(block, h[None], blend)[0]):
+            continue                                                           # it would have been seen: no repair
+        found.setdefault((t - 1, v, g), [t - 1, v, s_lost, g, []])[4].append(o)
+    return [tuple(r) for r in found.values()]
+
+
+def _explained(model, block, repaired, occupied, keep, seen) -> list[int]:
+    """Blend bins whose vector lies in the affine hull of the rebuilt positions that fall in them (to round-off).
+
+    A further position hidden in such a bin would pull its vector off that hull (its weight g_p / Σg is not zero
+    for a visible position), so the bin hides nothing else: a continuation landing there does not open an end.
+    """
+    vectors, accept = seen
+    if not repaired:
+        return []
+    dev = vectors.device
+    reserved = block.reserved.to(dev)
+    emb, pos = model.tok.weight.detach().double().to(dev), model.pos.weight.detach().double().to(dev)
+    h = torch.zeros(len(repaired), model.width, dtype=torch.float64, device=dev)
+    for k, (t, v, s_lost, _, _) in enumerate(repaired):
+        h[k, keep] = (emb[v] + pos[t])[keep]
+        h[k, reserved] = s_lost
+    score = h @ block.query.double().to(dev)
+    where = torch.searchsorted(block.thresholds.double().to(dev), score) - 1   # each rebuilt position's bin
+    index = {int(b): i for i, b in enumerate(occupied.tolist())}
+    out = []
+    for b in sorted(set(where.tolist())):
+        members = h[where == b]
+        if b not in index or len(members) < 2:
+            continue
+        z = vectors[index[b]]
+        basis = (members[1:] - members[0]).T                                    # d × (m − 1)
+        coef = torch.linalg.lstsq(basis, (z - members[0])[:, None]).solution
+        rel = float((basis @ coef - (z - members[0])[:, None]).norm() / z.norm().clamp_min(1e-300))
+        if rel < float(accept[index[b]]):
+            out.append(b)
+    return out
 
 
 def _groups(t_n, v_n, s_n, X, T, B, n, link_tol, lengths):
