@@ -69,8 +69,11 @@ def run(quick: bool = False) -> None:
     rows = []
     for bins in (4096, 16384):
         shipped = imprint_text(honest, bins=bins, seed=0, public=public, signature=8)
-        for B in (1, 4, 8, 16):
+        for B in (1, 4, 8, 16, 32):
             rows.append(_cell(data, shipped, B, batches, unigram, "gpt, signature 8", bins))
+    # many collisions, many batches: are the flags ever wrong?
+    crowded = imprint_text(honest, bins=1024, seed=0, public=public, signature=8)
+    rows.append(_cell(data, crowded, 16, 4 if quick else 20, unigram, "gpt, signature 8 (crowded)", 1024))
     plain = imprint_text(honest, bins=16384, seed=0, public=public)
     for B in (1, 4):
         rows.append(_cell(data, plain, B, batches, unigram, "gpt, no signature", 16384))
