@@ -23,6 +23,10 @@ Each function takes a model and returns the modified copy the server sends
   (``model.pre``): every token position is one "sample" of Fowl et al.'s construction, so a
   position alone in its bin gives h⁰ exactly, hence its token and its position (the table
   E[v] + P[t] is public).  Edges at equal-mass quantiles of ⟨q, h⁰⟩ over public text's positions.
+  With ``signature=r`` (Decepticons, Fowl et al. ICLR 2023): block 1's attention is made uniform (Q = K = 0)
+  and writes a map of each token's LN₁ input averaged over the prefix (the sentence, for an encoder) into r
+  reserved dimensions, and the block sits after that attention (``blocks[0].mid``), so each recovered vector
+  carries its sentence's signature; ``text-imprint`` groups the pairs into sentences by it.
 - :func:`random_head` — the partly random penultimate layer of Liu et al. (2024,
   App. F, "Technical details on feature reconstruction"): the head A σ(W z) is split into
   a trained part (here the model's own head, kept exactly) and v neurons with random
