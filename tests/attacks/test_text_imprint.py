@@ -180,6 +180,27 @@ def test_a_bin_collision_leaves_its_sentences_unflagged(data, honest):
     assert n <= sum(clean) < 4
 
 
+def test_rebuilt_positions_are_collided_pairs_and_leave_rows_unflagged(data, signed):
+    # B = 16: positions share bins; those rebuilt by equation (4) are true (position, token) pairs that collided
+    x, y = data.batch(16, seed=1017)
+    rec = lb.attack("text-imprint", lb.observe(signed, x, y))
+    with torch.no_grad():
+        h = signed.attended(x)
+    visible = y != -100
+    bins = signed.blocks[0].mid.bin_of(h[visible])
+    pairs = [(t, int(x[b, t])) for b in range(16) for t in range(16) if visible[b, t]]
+    collided = set()
+    for k in bins.unique().tolist():
+        members = (bins == k).nonzero().reshape(-1).tolist()
+        if len({pairs[m] for m in members}) > 1 or (h[visible][members] - h[visible][members[0]]).abs().max() > 1e-4:
+            collided.update(pairs[m] for m in members)
+    assert rec.trace["rebuilt"] and set(rec.trace["rebuilt"]) <= collided
+    s = text_scores(rec.images, x, **kw(data))
+    n = _check_flags(rec, x, data)
+    assert round(s["exact"] * 16) > n                    # rebuilt rows are exact but not flagged
+    assert rec.trace["sentences"] <= 16
+
+
 def test_noise_of_growing_sigma_degrades_the_sentences(data, signed):
     # the block's weight gradients are ~1e-11 (gain 1e-3 spread over 16 384 bins): σ = 1e-16 already moves them
     x, y = data.batch(4, seed=101)

@@ -404,7 +404,8 @@ def _chains(model, block, X, t_n, v_n, s_n, x_n, xnorm, lone, occupied, keep, T,
     for i in sorted(orphans, key=lambda i: (-len(chain(i)), chain(i))):
         rows.append(chain(i))
         flags.append(False)
-    info = {"sentences": len(leaves), "repaired_positions": len(repaired), "explained_blends": len(explained),
+    info = {"sentences": len(leaves), "repaired_positions": len(repaired),
+            "rebuilt": sorted((int(r[0]), int(r[1])) for r in repaired), "explained_blends": len(explained),
             "open_ends": open_ends, "orphans": len(orphans), "ambiguous_links": ambiguous,
             "max_link_residual": worst, "certified": int(sum(flags[: len(leaves)])) if len(leaves) <= B else 0}
     return rows, flags, info
