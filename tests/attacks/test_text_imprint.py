@@ -244,3 +244,14 @@ def test_signature_bad_options(data, honest, signed):
         lb.attack("text-imprint", lb.observe(tampered, x, y))
     with pytest.raises(UnsupportedThreatModel, match="mid"):
         lb.attack("dager", lb.observe(signed, x, y))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_signature_on_cuda_gives_the_cpu_sentences(data, honest):
+    public = lb.load("text", split="train", context=16).ids[:, :16]
+    on_gpu = imprint_text(honest.to("cuda"), bins=16384, seed=0, public=public.cuda(), signature=8)
+    honest.to("cpu")
+    x, y = data.batch(8, seed=101)
+    rec = lb.attack("text-imprint", lb.observe(on_gpu, x.cuda(), y.cuda()))
+    assert rec.images.device.type == "cuda" and rec.trace["exact"] == [True] * 8
+    assert text_scores(rec.images.cpu(), x, **kw(data))["exact"] == 1.0
