@@ -249,8 +249,7 @@ def test_signature_bad_options(data, honest, signed):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_signature_on_cuda_gives_the_cpu_sentences(data, honest):
     public = lb.load("text", split="train", context=16).ids[:, :16]
-    on_gpu = imprint_text(honest.to("cuda"), bins=16384, seed=0, public=public.cuda(), signature=8)
-    honest.to("cpu")
+    on_gpu = imprint_text(copy.deepcopy(honest).to("cuda"), bins=16384, seed=0, public=public.cuda(), signature=8)
     x, y = data.batch(8, seed=101)
     rec = lb.attack("text-imprint", lb.observe(on_gpu, x.cuda(), y.cuda()))
     assert rec.images.device.type == "cuda" and rec.trace["exact"] == [True] * 8
