@@ -1,6 +1,27 @@
-"""Hugging Face GPT-2 models handed over as leakbench text transformers (the optional ``transformers`` extra).
+"""Hugging Face language models handed over as leakbench text models (the optional ``transformers`` extra).
 
-A client that fine-tunes a GPT-2-family model (``transformers.GPT2LMHeadModel``, built from a
+**Any causal LM or encoder classifier: :class:`HFTextModel`.**  A ``*ForCausalLM`` (next-token logits) or
+an encoder's ``*ForSequenceClassification`` (BERT-style: one class per sequence), built from a config,
+is wrapped — its modules are the wrapper's, under the same parameter names — and gives leakbench's text
+interface (:mod:`.text_model`) through ``inputs_embeds=`` / ``attention_mask=`` /
+``get_input_embeddings()``: ``observe``, the gradient defenses, TAG and LAMP take it.  DAGER's span view
+(Petrov et al. 2024, Sec. 4–5) reads block i's attention input projections, found by name:
+
+- BERT layout, ``….layer.{i}.attention.self.{query,key,value}`` (BERT, Devlin et al. 2019: post-LN,
+  token-type embeddings, an embedding LayerNorm): block 1 multiplies LN_emb(E[v] + P[t] + T[0]),
+  block i > 1 the post-LN output of block i − 1;
+- Llama layout, ``….layers.{i}.self_attn.{q,k,v}_proj`` (Llama, Touvron et al. 2023: RMSNorm, rotary
+  positions, SwiGLU): block i multiplies RMSNorm(h); the rotary positions act after the projection, so
+  block 1's input RMSNorm(E[v]) does not depend on the position (``position_free``: DAGER's layer-1
+  candidates are one set, placed by the greedy extension through block 2, as the paper does for
+  LLaMa-2).
+
+What a projection multiplies is read, not re-implemented: a forward pre-hook on block i's query
+projection takes its input and stops the forward there (block 1's inputs of every token at position t:
+V sequences with the token at t; block 2's inputs of prefix + option sequences: the prefixes and options
+run together, in chunks).  The concatenated q, k, v gradients (all multiply the same inputs) give the span.
+
+**GPT-2: the exact conversion.**  A client that fine-tunes a GPT-2-family model (``transformers.GPT2LMHeadModel``, built from a
 ``GPT2Config`` — nothing is downloaded) gives it to :func:`leakbench.build`, which returns the same
 function as a :class:`~leakbench.models.transformers.TextTransformer`, so ``observe`` and the text attacks
 (DAGER reads ``blocks[i].attn.qkv``) take it as they take ``gpt:`` specs.
@@ -21,9 +42,10 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .text_model import EXTENSION_CHUNK, TextModel
 from .transformers import TextTransformer
 
-__all__ = ["is_gpt2", "from_gpt2"]
+__all__ = ["is_gpt2", "from_gpt2", "is_hf_model", "HFTextModel"]
 
 #: GPT-2's activations (``config.activation_function``) and the torch module of each
 ACTIVATIONS = {"gelu_new": lambda: nn.GELU(approximate="tanh"), "gelu_pytorch_tanh": lambda: nn.GELU(approximate="tanh"),
@@ -96,3 +118,156 @@ def _check_same(model: nn.Module, ours: TextTransformer) -> None:
     if gap > 1e-4 * scale:
         raise ConfigError(f"the GPT-2 model could not be copied faithfully (logits differ by {gap:.3g}); a GPT-2 "
                           "variant leakbench does not model (argument model)")
+
+
+# --------------------------------------------------------------------------- any causal LM / encoder classifier
+
+#: block i's attention input projections by layout: a regex on module names (group i the block) and the layout.
+SPAN_LAYOUTS = (
+    ("bert", r"^(?:.+\.)?layer\.(\d+)\.attention\.self\.(query|key|value)$"),
+    ("llama", r"^(?:.+\.)?layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj)$"),
+)
+SUPPORTED = ("*ForCausalLM (any family), an encoder's *ForSequenceClassification (BERT layout), GPT2LMHeadModel "
+             "(converted)")
+
+
+def is_hf_model(model: Any) -> bool:
+    """True for a module defined by ``transformers`` (checked without importing it)."""
+    return type(model).__module__.startswith("transformers.")
+
+
+class _Stop(Exception):
+    """Raised by the capture hook: the rest of the forward is not needed."""
+
+
+class HFTextModel(TextModel):
+    """A Hugging Face causal LM or encoder classifier with leakbench's text interface (module docstring).
+
+    ``model``: the ``transformers`` model (its modules become this wrapper's; the wrapper and the model
+    share parameters).  ``pad_id``: the token the batches pad with (leakbench's tokenizer: 0).
+    """
+
+    def __init__(self, model: nn.Module, *, pad_id: int = 0) -> None:
+        super().__init__()
+        name = type(model).__name__
+        if not is_hf_model(model):
+            raise ConfigError(f"expected a transformers model ({SUPPORTED}), got {name} (argument model)")
+        causal = name.endswith("ForCausalLM") or name == "GPT2LMHeadModel"
+        if not causal and not name.endswith("ForSequenceClassification"):
+            raise ConfigError(f"{name} is not a model leakbench's text side serves; supported: {SUPPORTED} "
+                              "(argument model)")
+        cfg = model.config
+        if getattr(cfg, "is_encoder_decoder", False):
+            raise ConfigError(f"{name} is an encoder-decoder; supported: {SUPPORTED} (argument model)")
+        emb = model.get_input_embeddings()
+        if not isinstance(emb, nn.Embedding):
+            raise ConfigError(f"{name}'s input embeddings are a {type(emb).__name__}, not an nn.Embedding (argument model)")
+        layout, spans = _span_layout(model)
+        if not causal and layout != "bert":
+            raise ConfigError(f"{name} is a decoder's sequence classifier (it pools the last non-padding token found "
+                              f"from input ids, which embeddings do not carry); supported: {SUPPORTED} (argument model)")
+        hidden = int(getattr(cfg, "hidden_size", emb.embedding_dim))
+        if emb.embedding_dim != hidden:
+            raise ConfigError(f"{name} embeds in {emb.embedding_dim} dimensions but its blocks are {hidden} wide "
+                              "(a factorised embedding); not supported (argument model)")
+        context = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        if not isinstance(context, int) or context < 1:
+            raise ConfigError(f"{name}'s config states no max_position_embeddings (config)")
+        vocab = emb.num_embeddings
+        if not (isinstance(pad_id, int) and 0 <= pad_id < vocab):
+            raise ConfigError(f"expected pad_id in 0..{vocab - 1}, got {pad_id!r} (argument pad_id)")
+        if model._parameters or model._buffers:
+            raise ConfigError(f"{name} holds parameters outside its submodules; not supported (argument model)")
+        for child, module in model.named_children():
+            self.add_module(child, module)
+        object.__setattr__(self, "hf", model)  # not a submodule: its modules are this wrapper's
+        self.pre = None  # no server block (DAGER reads block 1's inputs as the model computes them)
+        self.vocab, self.context, self.width, self.causal, self.pad_id = vocab, int(context), hidden, causal, pad_id
+        self.layout = layout
+        self._spans = spans
+        self._outputs = vocab if causal else int(cfg.num_labels)
+        self.token_table = next(n for n, p in self.named_parameters() if p is emb.weight)
+        self.position_free = layout == "llama"
+        self.span_unsupported = None if spans else (
+            f"DAGER reads block i's attention input projection by name; {name} has neither the BERT layout "
+            "(layer.i.attention.self.query) nor the Llama layout (layers.i.self_attn.q_proj)")
+        self.train(model.training)
+
+    def train(self, mode: bool = True) -> HFTextModel:
+        super().train(mode)
+        self.hf.training = mode  # the top-level flag (its modules are this wrapper's)
+        return self
+
+    # ------------------------------------------------------------------ the text interface
+    @property
+    def tok(self) -> nn.Embedding:
+        return self.hf.get_input_embeddings()
+
+    @property
+    def outputs(self) -> int:
+        return self._outputs
+
+    @property
+    def depth(self) -> int:
+        return len(self._spans) if self._spans else int(getattr(self.hf.config, "num_hidden_layers", 0))
+
+    def forward_embeddings(self, emb: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        mask = None if self.causal or keep is None else keep.to(torch.long)
+        return self.hf(inputs_embeds=emb, attention_mask=mask).logits
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.check_tokens(tokens)
+        return self.forward_embeddings(self.tok(tokens), tokens != self.pad_id)
+
+    # ------------------------------------------------------------------ the span view
+    def span_weights(self, layer: int) -> list[str]:
+        """Block ``layer``'s query, key and value weights (all multiply the same inputs)."""
+        return [f"{m}.weight" for m in self._spans[layer]]
+
+    def layer_inputs(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
+        """The input of block ``layer``'s query projection for the ids ``tokens`` (B × T × width)."""
+        keep = tokens != self.pad_id
+        query = self.get_submodule(self._spans[layer][0])
+        box: dict[str, torch.Tensor] = {}
+
+        def hook(_module, args):
+            box["x"] = args[0]
+            raise _Stop
+
+        handle = query.register_forward_pre_hook(hook)
+        try:
+            self.forward_embeddings(self.tok(tokens), keep)
+        except _Stop:
+            pass
+        finally:
+            handle.remove()
+        return box["x"]
+
+    def vocab_inputs(self, position: int) -> torch.Tensor:
+        """Block 1's input of every token at ``position`` (V × width): V sequences, the token at ``position``."""
+        if self.position_free:
+            position = 0
+        device = self.tok.weight.device
+        out = []
+        for start in range(0, self.vocab, EXTENSION_CHUNK):
+            rows = torch.arange(start, min(start + EXTENSION_CHUNK, self.vocab), device=device)
+            ids = torch.full((rows.shape[0], position + 1), self.pad_id, dtype=torch.int64, device=device)
+            ids[:, position] = rows
+            out.append(self.layer_inputs(0, ids)[:, position])
+        return torch.cat(out)
+
+
+def _span_layout(model: nn.Module) -> tuple[str | None, list[list[str]]]:
+    """The layout and, per block, the module names of its q, k, v projections ([] when no layout matches)."""
+    import re
+
+    for layout, pattern in SPAN_LAYOUTS:
+        found: dict[int, dict[str, str]] = {}
+        for name, module in model.named_modules():
+            m = re.match(pattern, name)
+            if m and isinstance(module, nn.Linear):
+                found.setdefault(int(m.group(1)), {})[m.group(2)] = name
+        if found and sorted(found) == list(range(len(found))) and all(len(v) == 3 for v in found.values()):
+            order = ("query", "key", "value") if layout == "bert" else ("q_proj", "k_proj", "v_proj")
+            return layout, [[found[i][k] for k in order] for i in range(len(found))]
+    return None, []
