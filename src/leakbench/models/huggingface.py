@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import ConfigError
 from .text_model import EXTENSION_CHUNK, TextModel
@@ -212,11 +213,16 @@ class HFTextModel(TextModel):
         return len(self._spans) if self._spans else int(getattr(self.hf.config, "num_hidden_layers", 0))
 
     def forward_embeddings(self, emb: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The Hugging Face model's logits for ``inputs_embeds=emb`` (encoders: ``attention_mask=keep``).
+
+        Attention runs in PyTorch's math kernel: TAG and LAMP differentiate the gradient again, which
+        the fused CPU kernel does not support.
+        """
         mask = None if self.causal or keep is None else keep.to(torch.long)
-        return self.hf(inputs_embeds=emb, attention_mask=mask).logits
+        with sdpa_kernel([SDPBackend.MATH]):
+            return self.hf(inputs_embeds=emb, attention_mask=mask).logits
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.check_tokens(tokens)
         return self.forward_embeddings(self.tok(tokens), tokens != self.pad_id)
 
     # ------------------------------------------------------------------ the span view
