@@ -2,6 +2,8 @@
 Llama wrapped (HFTextModel) with DAGER's span view."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -98,7 +100,10 @@ def test_the_wrapper_computes_the_hugging_face_logits(data, bert, llama):
             theirs, ours = hf(input_ids=x, attention_mask=mask).logits, model(x)
         assert ours.shape == theirs.shape
         assert float((theirs - ours).abs().max()) < 1e-5 * float(theirs.abs().max())
-    assert lb.build(llama).token_table == "model.embed_tokens.weight"
+    model = lb.build(llama)
+    assert model.token_table == "model.embed_tokens.weight"
+    twin = copy.deepcopy(model)  # observe's copies: the wrapped model still runs the wrapper's modules
+    assert twin.hf.model is twin.model and twin.model is not model.model
 
 
 def test_observe_shares_the_gradient_torch_autograd_computes_on_the_hugging_face_model(data, bert, llama):
