@@ -76,9 +76,9 @@ def run(quick: bool = False, device: str = "cpu") -> None:
         console.print("[yellow]hf_text needs the transformers extra (pip install 'leakbench[transformers]')[/yellow]")
         return
     unigram = lb.load("text").unigram()
-    batches = 2 if quick else 3
-    rows = [_row(family, B, width, batches, device, unigram)
-            for family in ("llama", "bert") for B, width in ((1, 64), (4, 96), (16, 320))]
+    cells = ((1, 64, 10), (4, 96, 5), (16, 320, 3))  # (B, width, batches)
+    rows = [_row(family, B, width, 2 if quick else batches, device, unigram)
+            for family in ("llama", "bert") for B, width, batches in cells]
     table("DAGER on Hugging Face models from configs (random init, T = 16, 2 layers)",
           ["model", "B", "width", "exact", "flagged", "token acc", "s/batch", "chance exact", "chance acc", "note"],
-          rows, note=f"{batches} batches per row (n = B·batches sequences); chance: unigram draws")
+          rows, note="10 / 5 / 3 batches at B = 1 / 4 / 16 (n = B·batches sequences); chance: unigram draws")

@@ -79,6 +79,11 @@ def span_basis(grad: torch.Tensor, rank_tol: float, max_rank: int | None = None)
     return vh[: rank if max_rank is None else min(rank, max_rank)]
 
 
+def _unit(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` / ‖grad‖_F (zero stays zero)."""
+    return grad / grad.norm().clamp_min(1e-30)
+
+
 def _beyond_rank(s: torch.Tensor, rank: int) -> float:
     """σ_{rank+1}/σ_1 of the singular values ``s`` (descending; 0 when there are no more): what lies past the token count."""
     return float(s[rank] / s[0]) if s.numel() > rank and float(s[0]) > 0 else 0.0
@@ -172,7 +177,10 @@ class Dager(Attack):
         n_tokens = int(sum(lengths)) if lengths is not None else obs.batch_size * T
         bases, signal = [], []
         for layer in range(min(2, model.depth)):
-            grad = torch.cat([grads[name] for name in model.span_weights(layer)])
+            # each projection's gradient (q, k, v of a Hugging Face model) scaled to norm 1: their rows share one span,
+            # and a raw concatenation lets the largest one's float32 floor bury the others' directions
+            names = model.span_weights(layer)
+            grad = grads[names[0]] if len(names) == 1 else torch.cat([_unit(grads[name]) for name in names])
             sv = torch.linalg.svdvals(grad.detach().to(torch.float64))
             tail = _beyond_rank(sv, n_tokens)
             signal.append(_signal_rank(sv, tail))
