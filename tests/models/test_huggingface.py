@@ -147,6 +147,19 @@ def test_the_span_view_reads_what_the_query_projection_multiplies(data, bert, ll
     assert enc.span_weights(0) == [f"bert.encoder.layer.0.attention.self.{k}.weight" for k in ("query", "key", "value")]
 
 
+def test_the_packed_extension_equals_the_plain_sequences(data, llama):
+    model = lb.build(llama)
+    x, _ = data.batch(3, seed=7)
+    options = torch.arange(2, 60)
+    with torch.no_grad():
+        for t in (0, 1, 6):
+            got = model.extension_inputs(x[:, :t], options)  # every option behind each prefix, one forward
+            plain = torch.stack([model.layer_inputs(1, torch.cat([x[:, :t], o.repeat(3, 1)], dim=1))[:, t]
+                                 for o in options[:, None]], dim=1)
+            assert model._packs and got.shape == plain.shape == (3, 58, 96)
+            assert float((got - plain).abs().max()) < 1e-5 * float(plain.abs().max())
+
+
 @pytest.mark.parametrize("B", [1, 4])
 def test_dager_recovers_a_llama_clients_batch_exactly(data, llama, B):
     x, y = data.batch(B, seed=2 + B)  # B·T ≤ 64 < width 96
