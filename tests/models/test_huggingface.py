@@ -184,6 +184,17 @@ def test_tag_beats_the_unigram_chance_on_a_llama_model(data):
     assert text_scores(rec.images, x, **_kw(data))["rouge1"] > chance + 0.2, chance
 
 
+def test_lamp_runs_on_both_wrapped_families_and_lowers_the_gradient_distance(data, bert):
+    small = _llama(data.vocab_size, width=48)
+    x, y = data.batch(1, seed=8)
+    for hf, target in ((small, y), (bert, torch.tensor([1]))):
+        rec = lb.attack("lamp", lb.observe(lb.build(hf), x, target), iterations=40, every=20, candidates=4,
+                        prior_steps=20, lr=0.02)
+        loss = rec.trace["loss"]
+        assert rec.images.shape == x.shape and int(rec.images.max()) < data.vocab_size
+        assert all(v == v for v in loss) and loss[-1] < 0.8 * loss[0], type(hf).__name__
+
+
 def test_dp_sgd_and_noise_apply_to_a_wrapped_encoder(data, bert):
     x, _ = data.batch(2, seed=1)
     y = torch.tensor([0, 2])
