@@ -36,11 +36,11 @@ attacked round is one deterministic gradient).  :func:`from_gpt2` checks the cop
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import ConfigError
 from .text_model import EXTENSION_CHUNK, TextModel
@@ -137,6 +137,15 @@ def is_hf_model(model: Any) -> bool:
     return type(model).__module__.startswith("transformers.")
 
 
+def _math_attention():
+    """PyTorch's math attention kernel (differentiable twice), where torch has the switch (2.3 and later)."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch 2.2: the default kernels
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.MATH])
+
+
 class _Stop(Exception):
     """Raised by the capture hook: the rest of the forward is not needed."""
 
@@ -220,7 +229,7 @@ class HFTextModel(TextModel):
         the fused CPU kernel does not support.
         """
         mask = None if self.causal or keep is None else keep.to(torch.long)
-        with sdpa_kernel([SDPBackend.MATH]):
+        with _math_attention():
             return self.hf(inputs_embeds=emb, attention_mask=mask).logits
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -294,7 +303,7 @@ class HFTextModel(TextModel):
         mask = mask.masked_fill(~allowed, torch.finfo(emb.dtype).min)[None, None].expand(n_p, 1, -1, -1)
 
         def run():
-            with sdpa_kernel([SDPBackend.MATH]):
+            with _math_attention():
                 self.hf(inputs_embeds=emb, attention_mask=mask, position_ids=pos[None].expand(n_p, -1))
 
         return self._capture(1, run)[:, t:]
