@@ -177,6 +177,30 @@ def test_dager_recovers_a_bert_classifiers_sentence_exactly(data, bert):
     assert s["token_acc"] == 1.0 and s["exact"] == 1.0 and rec.trace["exact"] == [True]
 
 
+def _other(family: str, vocab: int):
+    torch.manual_seed(0)
+    if family == "opt":  # learned positions (added before block 1), the Llama layout's names
+        return transformers.OPTForCausalLM(transformers.OPTConfig(
+            vocab_size=vocab, hidden_size=96, num_hidden_layers=2, num_attention_heads=4, ffn_dim=192,
+            max_position_embeddings=64, word_embed_proj_dim=96)).eval()
+    if family == "qwen2":  # rotary, grouped keys and values, biased q/k/v
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+            vocab_size=vocab, hidden_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=192, max_position_embeddings=64)).eval()
+    return transformers.RobertaForSequenceClassification(transformers.RobertaConfig(
+        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        max_position_embeddings=80, num_labels=3, pad_token_id=0)).eval()
+
+
+@pytest.mark.parametrize("family,B,free", [("opt", 4, False), ("qwen2", 4, True), ("roberta", 1, False)])
+def test_dager_on_other_families_with_the_same_layouts(data, family, B, free):
+    model = lb.build(_other(family, data.vocab_size))
+    assert model.position_free == free  # probed: rotary positions act after the projection
+    x, y = data.batch(B, seed=11)
+    rec = lb.attack("dager", lb.observe(model, x, y if model.causal else torch.tensor([1])))
+    assert text_scores(rec.images, x, **_kw(data))["exact"] == 1.0 and rec.trace["exact"] == [True] * B
+
+
 def test_tag_beats_the_unigram_chance_on_a_llama_model(data):
     x, y = data.batch(1, seed=5)
     rec = lb.attack("tag", lb.observe(lb.build(_llama(data.vocab_size, width=48)), x, y), preset="quick")
@@ -220,7 +244,8 @@ def test_bad_input_to_a_wrapped_model_gives_one_clear_line(data):
     _one_line(err)
     lcfg = transformers.LlamaConfig(vocab_size=data.vocab_size, hidden_size=32, num_hidden_layers=1,
                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=8)
-    with pytest.raises(ConfigError, match="LlamaForSequenceClassification is a decoder's sequence classifier") as err:
+    with pytest.raises(ConfigError, match="LlamaForSequenceClassification: sequence classifiers are served for encoders "
+                       "with the BERT layout") as err:
         lb.build(transformers.LlamaForSequenceClassification(lcfg))
     _one_line(err)
     x, y = data.batch(1, seed=1)

@@ -12,9 +12,9 @@ interface (:mod:`.text_model`) through ``inputs_embeds=`` / ``attention_mask=`` 
   block i > 1 the post-LN output of block i − 1;
 - Llama layout, ``….layers.{i}.self_attn.{q,k,v}_proj`` (Llama, Touvron et al. 2023: RMSNorm, rotary
   positions, SwiGLU): block i multiplies RMSNorm(h); the rotary positions act after the projection, so
-  block 1's input RMSNorm(E[v]) does not depend on the position (``position_free``: DAGER's layer-1
-  candidates are one set, placed by the greedy extension through block 2, as the paper does for
-  LLaMa-2).
+  block 1's input RMSNorm(E[v]) does not depend on the position (``position_free``, probed on two
+  positions at construction: DAGER's layer-1 candidates are one set, placed by the greedy extension
+  through block 2, as the paper does for LLaMa-2).
 
 What a projection multiplies is read, not re-implemented: a forward pre-hook on block i's query
 projection takes its input and stops the forward there (block 1's inputs of every token at position t:
@@ -174,8 +174,9 @@ class HFTextModel(TextModel):
             raise ConfigError(f"{name}'s input embeddings are a {type(emb).__name__}, not an nn.Embedding (argument model)")
         layout, spans = _span_layout(model)
         if not causal and layout != "bert":
-            raise ConfigError(f"{name} is a decoder's sequence classifier (it pools the last non-padding token found "
-                              f"from input ids, which embeddings do not carry); supported: {SUPPORTED} (argument model)")
+            raise ConfigError(f"{name}: sequence classifiers are served for encoders with the BERT layout "
+                              "(layer.i.attention.self.query); a decoder's classifier pools the last non-padding token "
+                              f"it finds in the ids, which embeddings do not carry; supported: {SUPPORTED} (argument model)")
         hidden = int(getattr(cfg, "hidden_size", emb.embedding_dim))
         if emb.embedding_dim != hidden:
             raise ConfigError(f"{name} embeds in {emb.embedding_dim} dimensions but its blocks are {hidden} wide "
@@ -197,12 +198,27 @@ class HFTextModel(TextModel):
         self._spans = spans
         self._outputs = vocab if causal else int(cfg.num_labels)
         self.token_table = next(n for n, p in self.named_parameters() if p is emb.weight)
-        self.position_free = layout == "llama"
+        self.position_free = False
         self._packs: bool | None = None  # extension_inputs packs the options behind each prefix (None: not checked)
         self.span_unsupported = None if spans else (
             f"DAGER reads block i's attention input projection by name; {name} has neither the BERT layout "
             "(layer.i.attention.self.query) nor the Llama layout (layers.i.self_attn.q_proj)")
         self.train(model.training)
+        if spans:
+            self.position_free = self._probe_position_free()
+
+    def _probe_position_free(self) -> bool:
+        """Whether block 1's input of a token is the same at positions 0 and 1 (rotary positions: they act after
+        the projection; learned or sinusoidal positions are added before it)."""
+        was = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                ids = torch.tensor([[1, 1], [2, 2]], device=self.tok.weight.device)
+                z = self.layer_inputs(0, (ids + self.pad_id) % self.vocab)
+        finally:
+            self.train(was)
+        return bool(torch.allclose(z[:, 0], z[:, 1], rtol=1e-5, atol=1e-6 * float(z.abs().max())))
 
     def train(self, mode: bool = True) -> HFTextModel:
         super().train(mode)
