@@ -150,8 +150,9 @@ class Dager(Attack):
         reasons = []
         if model.span_unsupported:
             reasons.append(model.span_unsupported)
-        if model.pre is not None:
-            reasons.append("the model carries a server's block on its input vectors (model.pre): DAGER reads block "
+        if model.modified:
+            reasons.append("the model carries a server's block on its residual stream (model.pre or a block's mid): "
+                           "DAGER reads block "
                            "1's input as LN₁(E[v] + P[t]); attack the server's block with text-imprint instead")
         if obs.kind != "gradient" and obs.local_steps != 1:
             reasons.append(f"DAGER needs the gradient of one step, got an update after {obs.local_steps} steps")

@@ -192,7 +192,6 @@ class HFTextModel(TextModel):
         for child, module in model.named_children():
             self.add_module(child, module)
         object.__setattr__(self, "hf", model)  # not a submodule: its modules are this wrapper's
-        self.pre = None  # no server block (DAGER reads block 1's inputs as the model computes them)
         self.vocab, self.context, self.width, self.causal, self.pad_id = vocab, int(context), hidden, causal, pad_id
         self.layout = layout
         self._spans = spans

@@ -4,8 +4,8 @@
 ``takes_tokens``, ``vocab`` (the embedding table's rows), ``context`` (the longest sequence),
 ``width`` (the embedding width), ``causal`` (next-token logits B × T × V, else one class per
 sequence B × K), ``outputs`` (V or K), ``pad_id``, ``tok`` (the token-embedding module) and
-``token_table`` (its weight's parameter name, left out of the gradient matching), ``pre`` (a server's
-module on the input vectors, :func:`~.malicious.imprint_text`; None for an honest model),
+``token_table`` (its weight's parameter name, left out of the gradient matching), ``modified``
+(whether a server placed a module on the residual stream, :func:`~.malicious.imprint_text`),
 :meth:`check_tokens`, :meth:`embed` and :meth:`forward_embeddings`.
 
 DAGER (Petrov et al. 2024, Sec. 4–5) reads, per block, the weight whose gradient spans the block's
@@ -67,6 +67,11 @@ class TextModel(nn.Module):
             lo, hi = int(tokens.min()), int(tokens.max())
             expect(lo >= 0 and hi < self.vocab, f"expected token ids in 0..{self.vocab - 1} (the model's vocabulary), "
                    f"got range {lo}..{hi} (argument {field}); the tokenizer does not match the model")
+
+    @property
+    def modified(self) -> bool:
+        """Whether a server placed a module on the residual stream (only a TextTransformer takes one)."""
+        return False
 
     @property
     def outputs(self) -> int:

@@ -56,7 +56,13 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block: h + Attn(LN₁ h), then + MLP(LN₂ h)."""
+    """Pre-LN transformer block: h + Attn(LN₁ h), then + MLP(LN₂ h).
+
+    ``mid`` (None in an honest model) is a module a malicious server places on the residual stream
+    between the two halves, applied to every position's vector (rows of width ``width``):
+    h ← h + Attn(LN₁ h); h ← mid(h); h ← h + MLP(LN₂ h)
+    (:func:`leakbench.models.malicious.imprint_text` with ``signature=r`` puts its imprint block there in block 1).
+    """
 
     def __init__(self, width: int, heads: int, *, causal: bool, act: nn.Module) -> None:
         super().__init__()
@@ -64,9 +70,16 @@ class Block(nn.Module):
         self.attn = Attention(width, heads, causal=causal)
         self.ln2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), act, nn.Linear(4 * width, width))
+        self.mid: nn.Module | None = None
+
+    def attend(self, h: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The residual stream after the attention half: h + Attn(LN₁ h) (what ``mid`` receives)."""
+        return h + self.attn(self.ln1(h), keep)
 
     def forward(self, h: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-        h = h + self.attn(self.ln1(h), keep)
+        h = self.attend(h, keep)
+        if self.mid is not None:
+            h = self.mid(h.reshape(-1, h.shape[-1])).reshape(h.shape)
         return h + self.mlp(self.ln2(h))
 
 
@@ -126,7 +139,18 @@ class TextTransformer(TextModel):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.forward_embeddings(self.tok(tokens), tokens != self.pad_id)
 
+    @property
+    def modified(self) -> bool:
+        """Whether a server placed a module on the residual stream (``pre``, or a block's ``mid``)."""
+        return self.pre is not None or any(getattr(b, "mid", None) is not None for b in self.blocks)
+
     # ------------------------------------------------------------------ for the attacks (the span view, .text_model)
+    def attended(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Block 1's residual stream after its attention half, h⁰ + Attn(LN₁ h⁰) (B × T × width): block 1's ``mid`` input."""
+        keep = tokens != self.pad_id
+        h = self._pre(self.tok(tokens) + self.pos.weight[: tokens.shape[1]])
+        return self.blocks[0].attend(h, None if self.causal else keep)
+
     def block_input(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
         """LN₁ of block ``layer``'s input (B × T × width): what its ``attn.qkv`` multiplies."""
         keep = tokens != self.pad_id
