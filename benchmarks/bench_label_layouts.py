@@ -16,10 +16,12 @@ and the flat grey image at the batch mean as the chance level.  Layouts: ``disti
 (one label); ``distinct`` is a batch of 5 (the subset's first 500 images hold 5 classes), the others of 8.
 The table gives mean PSNR over the three batches and the paired difference to ``off`` (mean, min, max over the
 batches); a difference inside the spread of three batches is a tie.  The three batches of one layout and variant
-run as one stacked call (:func:`leakbench.attacks.attack_batch`).
+run as one stacked call (:func:`leakbench.attacks.attack_batch`).  ``LEAKBENCH_LAYOUTS=2x4,1x8`` runs some layouts
+only.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -36,6 +38,7 @@ LAYOUTS = {"distinct": [0, 1, 2, 3, 4], "mixed": [0, 1, 2, 3, 4, 0, 1, 2], "2x4"
            "1x8": [2] * 8}
 VARIANTS = {"all": {}, "unique": {"features_labels": "unique"}, "off": {"features": 0.0, "feature_phase": 0.0}}
 LIMIT = 500  # tuning range: images with index below it
+LAYOUTS_ENV = "LEAKBENCH_LAYOUTS"  # e.g. "2x4,1x8": run these layouts only
 
 
 def _batches(labels: torch.Tensor, layout: list[int], count: int) -> list[list[int]]:
@@ -64,7 +67,12 @@ def run(*, quick: bool = False, model_name: str = MODEL, device: str = "cpu") ->
     iterations = 100 if quick else 500
     rows = []
     start = time.perf_counter()
-    for layout, pattern in LAYOUTS.items():
+    chosen = [n.strip() for n in os.environ.get(LAYOUTS_ENV, "").split(",") if n.strip()] or list(LAYOUTS)
+    unknown = [n for n in chosen if n not in LAYOUTS]
+    if unknown:
+        raise SystemExit(f"{LAYOUTS_ENV}: unknown layout {unknown[0]!r}; known: {', '.join(LAYOUTS)}")
+    for layout in chosen:
+        pattern = LAYOUTS[layout]
         batches = _batches(data.labels, pattern, 3)
         pairs = [data.batch(indices=idx) for idx in batches]
         observations = [lb.observe(model, x.to(where), y.to(where), labels_known=True) for x, y in pairs]

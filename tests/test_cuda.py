@@ -128,3 +128,34 @@ def test_a_sweep_on_the_gpu_commits_every_trial_and_resumes(tmp_path):
     assert {r["status"] for r in rows} == {"done"}
     on_cpu = {t.key: t for t in plan(load_spec({**spec, "device": "cpu"}))}
     assert set(on_cpu) == {r["key"] for r in rows}, "the device is no part of a trial's key"
+
+
+def test_spear_on_the_gpu_certifies_the_batch_the_cpu_certifies():
+    """SPEAR's peeling, factorisation and certificates on CUDA tensors: the same certified, exact samples."""
+    data = lb.load("digits", size=28)
+    x, y = data.batch(32, seed=11)
+    model = lb.build("mlp:1000", input_shape=data.shape, classes=10, seed=0)
+    on_cpu = lb.attack("spear", lb.observe(model, x, y))
+    on_gpu = lb.attack("spear", lb.observe(model.to(CUDA), x.to(CUDA), y.to(CUDA)))
+    assert on_gpu.images.device.type == "cuda"
+    assert int(on_gpu.confidence.sum()) == int(on_cpu.confidence.sum()) >= 30
+    scores = lb.compare(on_gpu.images.cpu(), x, y)
+    assert sum(p > 60 for p in scores["per_sample"]["psnr"]) >= 30
+
+
+def test_dager_and_tag_on_the_gpu():
+    """DAGER's span checks and greedy extension on CUDA: exact, flagged; TAG runs there and returns ids."""
+    from leakbench.metrics.text_metrics import text_scores
+
+    data = lb.load("text", split="test", context=16)
+    model = lb.build("gpt:layers=2,width=128,heads=4", input_shape=data.shape, classes=data.vocab_size,
+                     seed=0).to(CUDA)
+    x, y = data.batch(4, seed=4)
+    obs = lb.observe(model, x.to(CUDA), y.to(CUDA))
+    rec = lb.attack("dager", obs)
+    assert rec.images.device.type == "cuda" and rec.trace["exact"] == [True] * 4
+    s = text_scores(rec.images.cpu(), x, decode=data.tokenizer.decode, pad_id=data.pad_id,
+                    eos_id=data.tokenizer.eos_id)
+    assert s["token_acc"] == 1.0
+    tag = lb.attack("tag", obs, iterations=5)
+    assert tag.images.device.type == "cuda" and tag.images.shape == x.shape

@@ -204,3 +204,20 @@ def test_an_attack_that_ends_at_chance_says_so_in_its_trace():
     assert early.trace["final_match"] >= early.trace["grey_match"], early.trace
     assert "no better than a grey image" in early.trace["chance"]
     assert lb.compare(early, x, y)["psnr"] < lb.compare(torch.full_like(x, 0.5), x, y)["psnr"]
+
+
+def test_stacked_problems_say_when_they_end_at_chance_as_alone():
+    """attack_batch (what sweeps run) measures each problem against a grey image too: the same grey distance and
+    the same chance line as the problem run alone."""
+    from leakbench.attacks import attack_batch
+
+    ds = lb.load("digits", size=16)
+    model = lb.build("lenet", input_shape=ds.shape, classes=10, seed=0)
+    observations = [lb.observe(model, *ds.batch(1, seed=s)) for s in (0, 1)]
+    options = dict(iterations=2, lr=10.0)   # a step far too large: ends at chance
+    stacked = attack_batch("inverting-gradients", observations, seeds=[0, 0], **options)
+    for obs, rec in zip(observations, stacked):
+        alone = lb.attack("inverting-gradients", obs, seed=0, **options)
+        assert rec.trace["grey_match"] == pytest.approx(alone.trace["grey_match"], rel=1e-5)
+        assert ("chance" in rec.trace) == ("chance" in alone.trace) == (rec.trace["final_match"] >= rec.trace["grey_match"])
+    assert any("no better than a grey image" in r.trace.get("chance", "") for r in stacked)

@@ -51,8 +51,8 @@ RECORDED = {
     ("tag", "quick"): (0, "0fc94cc1ba29"),
     ("tensor-features", "default"): (0, "605added5eee"),
     ("tensor-features", "quick"): (0, "e3157edcf819"),
-    ("text-imprint", "default"): (0, "6d6f1962a347"),
-    ("text-imprint", "quick"): (0, "6d6f1962a347"),
+    ("text-imprint", "default"): (1, "883d41f642a7"),
+    ("text-imprint", "quick"): (1, "883d41f642a7"),
     ("univariate", "default"): (0, "7ec421753c92"),
 }
 

@@ -167,3 +167,67 @@ def test_random_head_noise_centre_is_seeded_and_paper_form_has_none():
 def test_random_head_bad_centre(kwargs, field):
     with pytest.raises(lb.ConfigError, match=field):
         random_head(_model(), width=8, **kwargs)
+
+
+# ---------------------------------------------------------------- imprint_text(signature=r): Decepticons
+def _text_models():
+    import leakbench as lb
+    from leakbench.models.malicious import imprint_text
+
+    data = lb.load("text", split="test", context=16)
+    honest = lb.build("gpt:layers=2,width=64,heads=4", input_shape=data.shape, classes=data.vocab_size, seed=0)
+    public = lb.load("text", split="train", context=16).ids[:200, :16]
+    return data, honest, public, imprint_text(honest, bins=512, seed=3, public=public, signature=8)
+
+
+def test_imprint_text_signature_sets_block_one_and_reserves_dimensions():
+    data, honest, public, shipped = _text_models()
+    R = torch.arange(56, 64)
+    assert honest.blocks[0].mid is None and honest.tok.weight[:, R].abs().sum() > 0  # the caller's model untouched
+    block = shipped.blocks[0].mid
+    assert shipped.pre is None and torch.equal(block.reserved.cpu(), R)
+    assert not shipped.tok.weight[:, R].any() and not shipped.pos.weight[:, R].any()
+    qkv = shipped.blocks[0].attn.qkv
+    assert not qkv.weight[:128].any() and not qkv.bias.any()         # Q = K = 0: uniform attention
+    assert not shipped.blocks[0].attn.proj.weight[:56].any()         # writes into R only
+    # bin 0 fires for every public position, and the edges at quantiles spread them over the bins (identical
+    # vectors — a common first token — share one bin, so the masses are not all equal)
+    with torch.no_grad():
+        h = shipped.attended(public)
+    seen = h[public != 0]
+    assert bool((seen @ block.query > block.thresholds[0]).all())
+    masses = block.bin_masses(seen)
+    assert float((masses > 0).double().mean()) > 0.9 and float(masses.median()) == pytest.approx(1 / 512, rel=0.5)
+
+
+def test_imprint_text_signature_is_the_prefix_mean_of_each_tokens_value():
+    # an independent computation of equation (2): h¹_t = h⁰_t + (1/(t+1)) Σ_{j≤t} W_o LN₁(h⁰_j)
+    data, _, _, shipped = _text_models()
+    x, _ = data.batch(3, seed=4)
+    with torch.no_grad():
+        h0 = shipped.tok(x) + shipped.pos.weight[:16]
+        blk = shipped.blocks[0]
+        xj = blk.attn.proj(torch.nn.functional.linear(blk.ln1(h0), blk.attn.qkv.weight[128:], blk.attn.qkv.bias[128:]))
+        expect = h0.clone()
+        for t in range(16):
+            expect[:, t] += xj[:, : t + 1].mean(1)
+        got = shipped.attended(x)
+    assert float((got - expect).abs().max()) < 1e-5
+    assert float((got[:, :, :56] - h0[:, :, :56]).abs().max()) == 0.0  # the kept dimensions carry h⁰ unchanged
+
+
+def test_imprint_text_signature_changes_the_model_and_is_seeded():
+    from leakbench.models.malicious import imprint_text
+
+    data, honest, public, shipped = _text_models()
+    x, _ = data.batch(2, seed=0)
+    with torch.no_grad():
+        assert float((shipped(x) - honest(x)).abs().max()) > 1e-2      # a different model: the threat model
+    again = imprint_text(honest, bins=512, seed=3, public=public, signature=8)
+    other = imprint_text(honest, bins=512, seed=4, public=public, signature=8)
+    assert torch.equal(again.blocks[0].attn.proj.weight, shipped.blocks[0].attn.proj.weight)
+    assert not torch.equal(other.blocks[0].attn.proj.weight, shipped.blocks[0].attn.proj.weight)
+    with pytest.raises(lb.ConfigError, match="argument signature"):
+        imprint_text(honest, signature=33)
+    with pytest.raises(lb.ConfigError, match="argument signature"):
+        imprint_text(honest, signature=True)

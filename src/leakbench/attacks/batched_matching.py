@@ -409,8 +409,10 @@ def solve_many(matchers: Sequence[GradientMatcher], labels: Sequence[torch.Tenso
             alone.update({i: f"stacking failed ({type(err).__name__}: {err}); ran alone" for i in chosen})
             continue
         for i, result in zip(chosen, solved):
-            if isinstance(result, MatchResult) and entries[i]:
-                result.trace["features"] = entries[i]
+            if isinstance(result, MatchResult):
+                matchers[i]._against_grey(result)
+                if entries[i]:
+                    result.trace["features"] = entries[i]
             results[i] = result
     for i, reason in sorted(alone.items()):
         try:

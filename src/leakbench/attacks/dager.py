@@ -50,7 +50,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from ..errors import ConfigError, NothingRecovered
-from ..models.transformers import TextTransformer
+from ..models.text_model import TextModel
 from ..threat import Observation
 from .base import Attack, Reconstruction, register
 from .dager_encoder import encoder_batch
@@ -84,6 +84,11 @@ def span_basis(grad: torch.Tensor, rank_tol: float, max_rank: int | None = None)
         return vh[:0]
     rank = int((s > rank_tol * s[0]).sum())
     return vh[: rank if max_rank is None else min(rank, max_rank)]
+
+
+def _unit(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` / ‖grad‖_F (zero stays zero)."""
+    return grad / grad.norm().clamp_min(1e-30)
 
 
 def _beyond_rank(s: torch.Tensor, rank: int) -> float:
@@ -173,12 +178,15 @@ class Dager(Attack):
 
     def requirements(self, obs: Observation) -> list[str]:
         model = obs.model
-        if not isinstance(model, TextTransformer):
-            return ["DAGER reads the first attention layers of leakbench's text transformers (gpt:/bert: specs); "
-                    f"got a {type(model).__name__}"]
+        if not isinstance(model, TextModel):
+            return ["DAGER reads the first attention layers of leakbench's text transformers (gpt:/bert: specs, Hugging Face "
+                    f"models given to lb.build); got a {type(model).__name__}"]
         reasons = []
-        if model.pre is not None:
-            reasons.append("the model carries a server's block on its input vectors (model.pre): DAGER reads block "
+        if model.span_unsupported:
+            reasons.append(model.span_unsupported)
+        if model.modified:
+            reasons.append("the model carries a server's block on its residual stream (model.pre or a block's mid): "
+                           "DAGER reads block "
                            "1's input as LN₁(E[v] + P[t]); attack the server's block with text-imprint instead")
         if obs.kind != "gradient" and obs.local_steps != 1:
             reasons.append(f"DAGER needs the gradient of one step, got an update after {obs.local_steps} steps")
@@ -187,24 +195,27 @@ class Dager(Attack):
             reasons.append(f"B·T = {obs.batch_size}·{obs.input_shape[0]} = {tokens} ≥ width {model.width}: the "
                            "attention gradient's span can be the whole space and every token would pass the span "
                            "check (DAGER needs B·T < width); use a smaller batch, shorter sequences or a wider model")
-        if model.causal and len(model.blocks) < 2 and obs.batch_size > 1:
+        if model.causal and model.depth < 2 and obs.batch_size > 1:
             reasons.append("a decoder batch of B > 1 needs 2 blocks (the second block's span check orders the "
                            "tokens)")
-        if not model.causal and len(model.blocks) < 2 and obs.batch_size > 1:
+        if not model.causal and model.depth < 2 and obs.batch_size > 1:
             reasons.append("an encoder batch of B > 1 needs 2 blocks: block 1 checks each position alone, and only "
                            "block 2's span check ties the tokens of one sequence together (Sec. 5.3); B = 1 works")
         return reasons
 
     def run(self, obs: Observation, *, seed: int = 0, callback=None, progress=None) -> Reconstruction:
-        model: TextTransformer = obs.model
+        model: TextModel = obs.model
         opts = self.options
         grads = dict(zip(obs.param_names, obs.gradients))
         T = int(obs.input_shape[0])
         lengths = (obs.extras.get("text") or {}).get("lengths")
         n_tokens = int(sum(lengths)) if lengths is not None else obs.batch_size * T
         bases, signal = [], []
-        for layer in range(min(2, len(model.blocks))):
-            grad = grads[f"blocks.{layer}.attn.qkv.weight"]
+        for layer in range(min(2, model.depth)):
+            # each projection's gradient (q, k, v of a Hugging Face model) scaled to norm 1: their rows share one span,
+            # and a raw concatenation lets the largest one's float32 floor bury the others' directions
+            names = model.span_weights(layer)
+            grad = grads[names[0]] if len(names) == 1 else torch.cat([_unit(grads[name]) for name in names])
             sv = torch.linalg.svdvals(grad.detach().to(torch.float64))
             tail = _beyond_rank(sv, n_tokens)
             signal.append(_signal_rank(sv, tail))
@@ -266,14 +277,12 @@ class Dager(Attack):
                    "certified": certified})
 
 
-def _position_candidates(model: TextTransformer, basis: torch.Tensor, T: int, tol: float):
+def _position_candidates(model: TextModel, basis: torch.Tensor, T: int, tol: float):
     """C_t (token ids passing layer 1's span check at position t) and their distances {(t, v): d}."""
-    block = model.blocks[0]
-    emb = model.tok.weight
     candidates: list[list[int]] = []
     dist: dict[tuple[int, int], float] = {}
     for t in range(T):
-        z = block.ln1(emb + model.pos.weight[t])
+        z = model.vocab_inputs(t)
         d = span_distance(z, basis.to(z.device))
         ids = torch.nonzero(d < tol).flatten().tolist()
         candidates.append(ids)
@@ -282,7 +291,7 @@ def _position_candidates(model: TextTransformer, basis: torch.Tensor, T: int, to
     return candidates, dist
 
 
-def _greedy_decode(model: TextTransformer, basis2: torch.Tensor, candidates, first, tol, beam: int):
+def _greedy_decode(model: TextModel, basis2: torch.Tensor, candidates, first, tol, beam: int):
     """Prefixes extended position by position through block 2's span check (Sec. 5.2); (sequences, max distance).
 
     Position 0 goes through block 2's check too: block 1's span accepts every E[u] + P[s] that a
@@ -318,36 +327,13 @@ def _greedy_decode(model: TextTransformer, basis2: torch.Tensor, candidates, fir
     return [s for s, _ in finished], [d for _, d in finished]
 
 
-def extension_inputs(model: TextTransformer, prefixes: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
-    """Block 2's LN₁ input at position t for every prefix (P × t ids) followed by every option (O ids): P × O × d.
-
-    Equals ``model.block_input(1, prefix + [v])[:, t]`` (tested) but computes block 1's keys and values
-    of a prefix once: causal attention makes them independent of what follows.
-    """
-    block, attn = model.blocks[0], model.blocks[0].attn
-    n_p, t = prefixes.shape
-    d, heads = model.width, attn.heads
-    dh = d // heads
-    h_new = model.tok(options) + model.pos.weight[t]  # O × d
-    q, k, v = attn.qkv(block.ln1(h_new)).split(d, dim=-1)  # O × d each
-    q, k, v = (z.reshape(-1, heads, dh) for z in (q, k, v))
-    own = (q * k).sum(-1) / dh**0.5  # O × H
-    if t:
-        h_prev = model.tok(prefixes) + model.pos.weight[:t]  # P × t × d
-        _, kp, vp = attn.qkv(block.ln1(h_prev)).split(d, dim=-1)
-        kp, vp = (z.reshape(n_p, t, heads, dh) for z in (kp, vp))
-        past = torch.einsum("ohd,pshd->pohs", q, kp) / dh**0.5  # P × O × H × t
-        scores = torch.cat([past, own.expand(n_p, -1, -1).unsqueeze(-1)], dim=-1)
-        w = torch.softmax(scores, dim=-1)
-        out = torch.einsum("pohs,pshd->pohd", w[..., :t], vp) + w[..., t:] * v.unsqueeze(0)
-    else:
-        out = v.unsqueeze(0).expand(n_p, -1, -1, -1)
-    h = h_new + attn.proj(out.reshape(n_p, -1, d))  # P × O × d
-    h = h + block.mlp(block.ln2(h))
-    return model.blocks[1].ln1(h)
+def extension_inputs(model: TextModel, prefixes: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
+    """Block 2's attention input at position t for every prefix (P × t ids) followed by every option (O ids): P × O × d
+    (the model's span view, :meth:`~leakbench.models.text_model.TextModel.extension_inputs`)."""
+    return model.extension_inputs(prefixes, options)
 
 
-def _select(model: TextTransformer, seqs: list[list[int]], scores: list[float], limit: int, *,
+def _select(model: TextModel, seqs: list[list[int]], scores: list[float], limit: int, *,
             causal: bool) -> list[int]:
     """At most ``limit`` of the recovered sequences: those that together explain the most of block 2's span.
 
@@ -360,9 +346,11 @@ def _select(model: TextTransformer, seqs: list[list[int]], scores: list[float], 
     if not causal or len(seqs) <= 1:
         return sorted(range(len(seqs)), key=lambda i: scores[i])[:limit]
     device = model.tok.weight.device
-    vectors = [model.block_input(1, torch.tensor([q], dtype=torch.int64, device=device))[0].to(torch.float64)
+    vectors = [model.layer_inputs(1, torch.tensor([q], dtype=torch.int64, device=device))[0].to(torch.float64)
                for q in seqs]
     vectors = [v / v.norm(dim=-1, keepdim=True).clamp_min(1e-300) for v in vectors]
+    if model.position_free:  # a leading run of one token repeats one vector (rotary positions): one direction
+        vectors = [_distinct_rows(v) for v in vectors]
     basis = torch.zeros(0, model.width, dtype=torch.float64, device=device)
     chosen: list[int] = []
     for _ in range(min(limit, len(seqs))):
@@ -380,7 +368,16 @@ def _select(model: TextTransformer, seqs: list[list[int]], scores: list[float], 
     return chosen
 
 
-def _unambiguous(model: TextTransformer, basis2: torch.Tensor, rows: list[list[int]], candidates, margin: float):
+def _distinct_rows(v: torch.Tensor, tol: float = 1e-6) -> torch.Tensor:
+    """The unit rows of ``v`` (t × d) with each row that repeats an earlier one (within ``tol``) left out."""
+    keep = [0]
+    for i in range(1, v.shape[0]):
+        if float((v[keep] - v[i]).norm(dim=-1).min()) > tol:
+            keep.append(i)
+    return v[keep]
+
+
+def _unambiguous(model: TextModel, basis2: torch.Tensor, rows: list[list[int]], candidates, margin: float):
     """Per kept sequence: whether each of its tokens is ``margin`` times closer to block 2's span than any
     other candidate after the same prefix (the tokens that kept sequences sharing that prefix have there excepted)."""
     device = model.tok.weight.device
@@ -389,6 +386,8 @@ def _unambiguous(model: TextTransformer, basis2: torch.Tensor, rows: list[list[i
         ok = True
         for t in range(len(s)):
             taken = {r[t] for r in rows if len(r) > t and r[:t] == s[:t]} - {s[t]}
+            if model.position_free and t and len(set(s[:t])) == 1:  # a run of one token repeats its first vector
+                taken.add(s[0])
             others = [v for v in candidates[t] if v != s[t] and v not in taken]
             if not others:
                 continue

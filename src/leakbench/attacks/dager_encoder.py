@@ -9,7 +9,7 @@ extension (Sec. 5.2) has nothing to hold on to: a candidate is a *whole* sequenc
    ``[EOS]`` to every sentence that fits; a sequence cut at T has none and fills all T positions),
    or, where the threat model grants them (``extras["text"]["lengths"]``), from the grant;
 3. for every length l, the sequences of C_0 × … × C_{l-2} × {EOS} are scored by block 2's span check
-   — every position's LN₁ input to block 2 (``model.block_input(1, ·)``) must lie in the span of
+   — every position's LN₁ input to block 2 (``model.layer_inputs(1, ·)``) must lie in the span of
    block 2's ∇W_qkv — exhaustively when there are at most ``max_combinations`` of them.
 
 **Ours, beyond the paper**, where the product is larger: a coordinate search from seeded random
@@ -42,6 +42,7 @@ from collections import Counter
 import torch
 
 from ..errors import NothingRecovered
+from ..models.transformers import TextTransformer
 from .base import Reconstruction
 
 __all__ = ["encoder_batch", "encoder_search", "block2_distances"]
@@ -55,7 +56,7 @@ def block2_distances(model, basis2: torch.Tensor, seqs: torch.Tensor) -> torch.T
     out = []
     step = max(1, CHUNK_FLOATS // (4 * model.width * max(1, seqs.shape[1])))
     for i in range(0, seqs.shape[0], step):
-        z = model.block_input(1, seqs[i: i + step]).to(torch.float64)
+        z = model.layer_inputs(1, seqs[i: i + step]).to(torch.float64)
         r = z - (z @ basis2.T) @ basis2
         out.append(r.norm(dim=-1) / z.norm(dim=-1).clamp_min(1e-300))
     return torch.cat(out) if out else torch.zeros(0, seqs.shape[1], dtype=torch.float64, device=seqs.device)
@@ -64,9 +65,16 @@ def block2_distances(model, basis2: torch.Tensor, seqs: torch.Tensor) -> torch.T
 def _own_distances(model, basis2, cur: torch.Tensor, t: int, cands: torch.Tensor) -> torch.Tensor:
     """Block-2 distance at position t of every start (S × l) with its token t replaced by each candidate: S × k.
 
-    Block 1's keys and values of the other positions do not depend on token t, so they are computed
-    once; only position t's query, key, value and its residual branch are recomputed per candidate.
+    For leakbench's transformer, block 1's keys and values of the other positions do not depend on
+    token t, so they are computed once; only position t's query, key, value and its residual branch
+    are recomputed per candidate.  Other models (the span view of Hugging Face models) run the S·k
+    changed sequences through :meth:`layer_inputs`.
     """
+    if not (isinstance(model, TextTransformer) and not model.modified):
+        S, l = cur.shape
+        trial = cur.unsqueeze(1).repeat(1, cands.shape[0], 1)
+        trial[:, :, t] = cands
+        return block2_distances(model, basis2, trial.reshape(-1, l))[:, t].reshape(S, -1)
     block, attn = model.blocks[0], model.blocks[0].attn
     d, heads = model.width, attn.heads
     dh = d // heads

@@ -32,6 +32,7 @@ import torch
 from ..data import load
 from ..errors import ConfigError
 from ..models.spec import build
+from ..models.text_model import TextModel
 from ..models.transformers import TextTransformer
 from ..threat import Observation
 from .base import Attack, Reconstruction, register
@@ -103,8 +104,8 @@ class Lamp(Attack):
     matching = True
 
     def requirements(self, obs: Observation) -> list[str]:
-        if not isinstance(obs.model, TextTransformer):
-            return ["LAMP feeds embeddings to leakbench's text transformers (gpt:/bert: specs); "
+        if not isinstance(obs.model, TextModel):
+            return ["LAMP feeds embeddings to leakbench's text transformers (gpt:/bert: specs, Hugging Face models); "
                     f"got a {type(obs.model).__name__}"]
         reasons = []
         if obs.kind != "gradient" and obs.local_steps != 1:
@@ -115,7 +116,7 @@ class Lamp(Attack):
         return reasons
 
     def run(self, obs: Observation, *, seed: int = 0, callback=None, progress=None) -> Reconstruction:
-        model: TextTransformer = obs.model
+        model: TextModel = obs.model
         opts = self.options
         B, T, device = obs.batch_size, int(obs.input_shape[0]), obs.device
         prior = language_prior(model.vocab, T, opts.prior_steps).to(device)
@@ -124,10 +125,10 @@ class Lamp(Attack):
         pos = torch.arange(T, device=device)
         keep = pos[None] < length[:, None]
         has_loss = keep & ((pos[None] < length[:, None] - 1) | (length[:, None] == T))
-        names = [n for n in obs.param_names if n != "tok.weight"]
+        names = [n for n in obs.param_names if n != model.token_table]
         named = dict(model.named_parameters())
         params = [named[n] for n in names]
-        target = [g for n, g in zip(obs.param_names, obs.gradients) if n != "tok.weight"]
+        target = [g for n, g in zip(obs.param_names, obs.gradients) if n != model.token_table]
         table = model.tok.weight.detach()
         mean_norm = float(table.norm(dim=-1).mean())
 
@@ -136,7 +137,7 @@ class Lamp(Attack):
         variables = [emb]
         label_logits = None
         if obs.labels is None:
-            shape = (B, T, model.head.out_features) if model.causal else (B, model.head.out_features)
+            shape = (B, T, model.outputs) if model.causal else (B, model.outputs)
             label_logits = torch.randn(*shape, generator=gen).to(device).requires_grad_(True)
             variables.append(label_logits)
 

@@ -28,6 +28,14 @@ shows: images that share a label but get different predictions (a trained networ
 is then not exact, whatever the defense), a defense named in the observation, several local steps, or a fixed
 point that did not converge.
 
+One feature per image instead (B·r unknowns in the r ≤ B dimensional row space of ∇W, K·r + K equations,
+Levenberg–Marquardt from four seeded starts around the label means) was tried where labels are shared and
+refused, on convnet-16 trained 2 epochs on digits 0–999 (held-out accuracy 0.84), B = 8 held-out batches:
+mixed labels, residual 7·10⁻⁵ but the Jacobian's σ_min/σ_max 10⁻¹⁷; one label × 8, residual 2·10⁻⁷ but the
+starts disagreed (up to the order within the label).  Confidently classified images have Δ rows near zero
+(p ≥ 0.96 on 6 of 8), so their features barely enter the gradient: not identifiable in float32, and not
+built.
+
 Used by the gradient-matching engine's ``features`` option (:mod:`.gradient_matching`), which adds
 a feature-matching term per label: a batch's gradient pins each image less as B grows, while these
 features pin each label's images.

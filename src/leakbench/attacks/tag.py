@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
-from ..models.transformers import TextTransformer
+from ..models.text_model import TextModel
 from ..threat import Observation
 from .base import Attack, Reconstruction, register
 
@@ -64,15 +64,15 @@ class Tag(Attack):
     matching = True
 
     def requirements(self, obs: Observation) -> list[str]:
-        if not isinstance(obs.model, TextTransformer):
-            return ["TAG feeds embeddings to leakbench's text transformers (gpt:/bert: specs); "
+        if not isinstance(obs.model, TextModel):
+            return ["TAG feeds embeddings to leakbench's text transformers (gpt:/bert: specs, Hugging Face models); "
                     f"got a {type(obs.model).__name__}"]
         if obs.kind != "gradient" and obs.local_steps != 1:
             return [f"TAG matches the gradient of one step, got an update after {obs.local_steps} steps"]
         return []
 
     def run(self, obs: Observation, *, seed: int = 0, callback=None, progress=None) -> Reconstruction:
-        model: TextTransformer = obs.model
+        model: TextModel = obs.model
         opts = self.options
         B, T, device = obs.batch_size, int(obs.input_shape[0]), obs.device
         lengths = (obs.extras.get("text") or {}).get("lengths") or [T] * B
@@ -80,10 +80,10 @@ class Tag(Attack):
         pos = torch.arange(T, device=device)
         keep = pos[None] < length[:, None]  # non-padding positions
         has_loss = keep & ((pos[None] < length[:, None] - 1) | (length[:, None] == T))
-        names = [n for n in obs.param_names if n != "tok.weight"]
+        names = [n for n in obs.param_names if n != model.token_table]
         named = dict(model.named_parameters())
         params = [named[n] for n in names]
-        target = [g for n, g in zip(obs.param_names, obs.gradients) if n != "tok.weight"]
+        target = [g for n, g in zip(obs.param_names, obs.gradients) if n != model.token_table]
 
         gen = torch.Generator(device="cpu").manual_seed(int(seed))
         table = model.tok.weight.detach()
@@ -91,7 +91,7 @@ class Tag(Attack):
         variables = [emb]
         labels = obs.labels
         if labels is None:
-            shape = (B, T, model.head.out_features) if model.causal else (B, model.head.out_features)
+            shape = (B, T, model.outputs) if model.causal else (B, model.outputs)
             label_logits = torch.randn(*shape, generator=gen).to(device).requires_grad_(True)
             variables.append(label_logits)
         opt = torch.optim.Adam(variables, lr=opts.lr)

@@ -53,7 +53,13 @@ def per_sample_gradients(model: nn.Module, params: dict[str, torch.Tensor], x: t
     def one(p, xi, yi):
         return loss_fn(functional_call(model, p, (xi.unsqueeze(0),), strict=False), yi.unsqueeze(0))
 
-    grads = vmap(grad(one), in_dims=(None, 0, 0), randomness="different")(detached, x, y)
+    try:
+        grads = vmap(grad(one), in_dims=(None, 0, 0), randomness="different")(detached, x, y)
+    except RuntimeError as err:  # data-dependent control flow vmap cannot map (a transformers attention mask):
+        if "vmap" not in str(err):  # the same gradients, one sample after the other
+            raise
+        rows = [grad(one)(detached, x[i], y[i]) for i in range(x.shape[0])]
+        grads = {n: torch.stack([r[n] for r in rows]) for n in params}
     return [grads[n] for n in params]
 
 

@@ -23,6 +23,10 @@ Each function takes a model and returns the modified copy the server sends
   (``model.pre``): every token position is one "sample" of Fowl et al.'s construction, so a
   position alone in its bin gives h⁰ exactly, hence its token and its position (the table
   E[v] + P[t] is public).  Edges at equal-mass quantiles of ⟨q, h⁰⟩ over public text's positions.
+  With ``signature=r`` (Decepticons, Fowl et al. ICLR 2023): block 1's attention is made uniform (Q = K = 0)
+  and writes a map of each token's LN₁ input averaged over the prefix (the sentence, for an encoder) into r
+  reserved dimensions, and the block sits after that attention (``blocks[0].mid``), so each recovered vector
+  carries its sentence's signature; ``text-imprint`` groups the pairs into sentences by it.
 - :func:`random_head` — the partly random penultimate layer of Liu et al. (2024,
   App. F, "Technical details on feature reconstruction"): the head A σ(W z) is split into
   a trained part (here the model's own head, kept exactly) and v neurons with random
@@ -373,14 +377,29 @@ MAX_TEXT_BINS = 65536
 
 
 def imprint_text(model: nn.Module, bins: int = 1024, *, seed: int = 0, public: torch.Tensor | None = None,
-                 gain: float = 1e-3) -> nn.Module:
-    """A copy of a text transformer with an imprint block on its input vectors h⁰ = E[v] + P[t] (``model.pre``).
+                 gain: float = 1e-3, signature: int = 0) -> nn.Module:
+    """A copy of a text transformer carrying the server's imprint block (and, with ``signature``, a signature attention).
 
-    Fowl et al. (ICLR 2022, Sec. 3) applied per token position: K bins ReLU(⟨q, h⁰⟩ − c_k) with one
-    seeded Gaussian query q, edges c_1 < … < c_{K−1} at the equal-mass quantiles of ⟨q, h⁰⟩ over the
-    non-padding positions of ``public`` (N × T ids of public text, e.g. the bundled training split), else
-    over every (token, position) pair of the public table; c_0 lies below every pair, so bin 0 always fires.
-    A position alone in its bin is recovered exactly by ``text-imprint``.
+    ``signature=0`` (Robbing the Fed, Fowl et al. ICLR 2022, Sec. 3, per token position): the block sits on the
+    input vectors h⁰ = E[v] + P[t] (``model.pre``): K bins ReLU(⟨q, h⁰⟩ − c_k) with one seeded Gaussian query q,
+    edges c_1 < … < c_{K−1} at the equal-mass quantiles of ⟨q, h⁰⟩ over the non-padding positions of ``public``
+    (N × T ids of public text, e.g. the bundled training split), else over every (token, position) pair of the
+    public table; c_0 lies below every vector, so bin 0 always fires.  A position alone in its bin is recovered
+    exactly by ``text-imprint``.
+
+    ``signature=r`` (Decepticons, Fowl et al. ICLR 2023, Sec. 3): the server also changes *parameters* so that
+    block 1's attention writes a sentence signature into r dimensions R it reserves (the last r), and places
+    the imprint block after that attention (``blocks[0].mid``, on h¹ = h⁰ + Attn(LN₁ h⁰)):
+
+    - E[:, R] = P[:, R] = 0, so h⁰ lives on the other width − r dimensions;
+    - Q = K = 0 (weights and biases of block 1's ``qkv``): every score is 0 and the softmax is uniform over the
+      allowed keys, j ≤ t for ``gpt:``, the non-padding positions for ``bert:``;
+    - V = LN₁(h⁰) (identity value projection, no bias) and W_o = G, a seeded Gaussian map into R (zero outside R,
+      no bias), scaled so its entries match the table's:  x_j = G·LN₁(h⁰_j),  h¹_t = h⁰_t + mean_{j ≤ t} x_j.
+
+    The edges are quantiles of ⟨q, h¹⟩ over ``public`` text (else 256 seeded sequences of uniform tokens).  The
+    shipped model is a different model from the caller's (block 1 no longer attends by content, r embedding
+    dimensions are zero): the malicious-server threat model.  ``r`` must leave width to spare: 1 ≤ r ≤ width/2.
     """
     from .transformers import TextTransformer
 
@@ -391,36 +410,105 @@ def imprint_text(model: nn.Module, bins: int = 1024, *, seed: int = 0, public: t
         raise ConfigError(f"expected bins in 2..{MAX_TEXT_BINS}, got {bins!r} (argument bins)")
     if not (isinstance(gain, float) and 0 < gain <= 1):
         raise ConfigError(f"expected gain in (0, 1], got {gain!r} (argument gain)")
+    if not (isinstance(signature, int) and not isinstance(signature, bool) and 0 <= signature <= model.width // 2):
+        raise ConfigError(f"expected signature in 0..{model.width // 2} (reserved dimensions, at most half the width "
+                          f"{model.width}), got {signature!r} (argument signature); 0: no sentence signature")
     out = copy.deepcopy(model)
-    if out.pre is not None:
-        raise ConfigError("expected an honest model, got one that already carries a block on its inputs (argument model)")
+    if out.modified:
+        raise ConfigError("expected an honest model, got one that already carries a server's block (argument model)")
     weight = out.tok.weight
     d = out.width
     gen = torch.Generator().manual_seed(int(seed))
     q = torch.randn(d, generator=gen, dtype=torch.float64)
     q = q / q.norm()
-    with torch.no_grad():
-        tok_s = out.tok.weight.detach().double().cpu() @ q     # ⟨q, E[v]⟩
-        pos_s = out.pos.weight.detach().double().cpu() @ q     # ⟨q, P[t]⟩
     if public is not None:
         if not (isinstance(public, torch.Tensor) and public.dim() == 2 and not public.is_floating_point()):
             raise ConfigError("expected public token ids as an integer tensor N × T (argument public)")
         out.check_tokens(public, field="public")
-        ids = public.cpu()
+    if signature:
+        reserved = torch.arange(d - signature, d)
+        bound = _signature_attention(out, reserved, gen)
+        ids = public.cpu() if public is not None else _random_text(out, gen)
         keep = ids != out.pad_id
-        scores = (tok_s[ids] + pos_s[: ids.shape[1]])[keep]
+        scores = []
+        with torch.no_grad():
+            for s in range(0, ids.shape[0], 256):
+                h = out.attended(ids[s:s + 256].to(weight.device)).double().cpu()
+                scores.append((h @ q)[keep[s:s + 256]])
+        scores = torch.cat(scores)
         if scores.numel() < bins:
             raise ConfigError(f"expected at least {bins} public positions to place {bins} edges, got "
                               f"{scores.numel()} (argument public); give more public text or fewer bins")
+        low = -bound - 1.0  # |⟨q, h¹⟩| ≤ ‖h¹‖ ≤ bound for every input: bin 0 always fires
     else:
-        vocab = torch.arange(out.vocab) != out.pad_id
-        scores = (tok_s[vocab][:, None] + pos_s[None, :]).reshape(-1)
+        with torch.no_grad():
+            tok_s = out.tok.weight.detach().double().cpu() @ q     # ⟨q, E[v]⟩
+            pos_s = out.pos.weight.detach().double().cpu() @ q     # ⟨q, P[t]⟩
+        if public is not None:
+            ids = public.cpu()
+            keep = ids != out.pad_id
+            scores = (tok_s[ids] + pos_s[: ids.shape[1]])[keep]
+            if scores.numel() < bins:
+                raise ConfigError(f"expected at least {bins} public positions to place {bins} edges, got "
+                                  f"{scores.numel()} (argument public); give more public text or fewer bins")
+        else:
+            vocab = torch.arange(out.vocab) != out.pad_id
+            scores = (tok_s[vocab][:, None] + pos_s[None, :]).reshape(-1)
+        low = float(torch.minimum(tok_s.min() + pos_s.min(), scores.min())) - 1.0
     levels = torch.arange(1, bins, dtype=torch.float64) / bins
     inner = torch.quantile(scores, levels) if scores.numel() <= 16_000_000 else torch.quantile(
         scores[torch.randperm(scores.numel(), generator=gen)[:16_000_000]], levels)
-    low = float(torch.minimum(tok_s.min() + pos_s.min(), scores.min())) - 1.0
     thresholds = torch.cat([torch.tensor([low], dtype=torch.float64), inner])
     block = ImprintBlock((d,), q.to(weight.dtype), thresholds.to(weight.dtype), gain=gain,
-                         masses_source="public text" if public is not None else "the public table, uniform")
-    out.pre = block.to(weight.device)
+                         masses_source="public text" if public is not None else
+                         ("random token sequences" if signature else "the public table, uniform"))
+    if signature:
+        # V's columns all equal to (gain / K)·u, u a seeded unit Gaussian direction, where Robbing the Fed's block
+        # uses the all-ones vector: every consumer of a pre-LN residual stream is a LayerNorm, whose input gradient
+        # is orthogonal to 1, so with ones each position's g_p = (gain / K)·1ᵀ∂L/∂out_p vanishes up to float
+        # rounding (measured: |∇b| ≈ 1e-13 against 1e-7 with u; eq. (1) is then a ratio of round-off, which any
+        # defense noise swamps).  Decepticons' backward-flow layer likewise writes into one coordinate, not 1.
+        u = torch.randn(d, generator=gen, dtype=torch.float64)
+        with torch.no_grad():
+            block.linear1.weight.copy_((u / u.norm())[:, None].expand(d, bins) * (gain / bins))
+    block = block.to(weight.device)
+    if signature:
+        block.register_buffer("reserved", reserved.to(weight.device))
+        out.blocks[0].mid = block
+    else:
+        out.pre = block
     return out
+
+
+def _random_text(model: nn.Module, gen: torch.Generator, n: int = 256) -> torch.Tensor:
+    """n seeded sequences of ``context`` tokens drawn uniformly from the vocabulary without padding."""
+    ids = torch.randint(0, model.vocab - 1, (n, model.context), generator=gen)
+    return ids + (ids >= model.pad_id).long()
+
+
+def _signature_attention(model: nn.Module, reserved: torch.Tensor, gen: torch.Generator) -> float:
+    """Set block 1's attention and the embeddings for the sentence signature (see :func:`imprint_text`).
+
+    Returns a bound on ‖h¹‖ over every input: max ‖E[v]‖ + max ‖P[t]‖ + ‖G‖₂ (√d max|γ₁| + ‖β₁‖)."""
+    d = model.width
+    rest = torch.ones(d, dtype=torch.bool)
+    rest[reserved] = False
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        model.tok.weight[:, reserved] = 0
+        model.pos.weight[:, reserved] = 0
+        table = model.tok.weight.detach().double()[:, rest]
+        scale = float(table.pow(2).mean().sqrt()) or 1.0      # rms entry of E on the kept dimensions
+        attn.qkv.weight.zero_()
+        attn.qkv.bias.zero_()
+        attn.qkv.weight[2 * d:] = torch.eye(d, dtype=attn.qkv.weight.dtype, device=attn.qkv.weight.device)
+        g = torch.randn(len(reserved), d, generator=gen, dtype=torch.float64) * (scale / math.sqrt(d))
+        attn.proj.weight.zero_()
+        attn.proj.bias.zero_()
+        attn.proj.weight[reserved] = g.to(attn.proj.weight)
+        ln = model.blocks[0].ln1
+        gamma = ln.weight.detach().double().abs().max() if ln.weight is not None else 1.0
+        beta = ln.bias.detach().double().norm() if ln.bias is not None else 0.0
+        bound = (model.tok.weight.detach().double().norm(dim=1).max() + model.pos.weight.detach().double().norm(dim=1).max()
+                 + torch.linalg.matrix_norm(g, ord=2) * (math.sqrt(d) * gamma + beta))
+    return float(bound)

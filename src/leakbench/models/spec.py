@@ -392,7 +392,8 @@ def build(
     :class:`torch.nn.Module`, returned as is after moving it to
     ``device``/``dtype`` (the other options must then keep their defaults).  A ``transformers``
     ``GPT2LMHeadModel`` comes back as the :class:`~.transformers.TextTransformer` computing the same
-    logits (:mod:`.huggingface`; ``pad_id=`` the batches' padding token, default 0).
+    logits, any other ``*ForCausalLM`` or encoder ``*ForSequenceClassification`` wrapped as a
+    :class:`~.huggingface.HFTextModel` (:mod:`.huggingface`; ``pad_id=`` the batches' padding token, default 0).
 
     ``act``: one of :data:`~leakbench.models.ACTIVATIONS` (``None`` = the
     family's default: sigmoid for lenet, ReLU otherwise); ``negative_slope=``
@@ -420,10 +421,16 @@ def build(
         if normalize is not None:
             raise ConfigError("normalize applies to spec strings only, got a module; wrap it yourself with "
                               "leakbench.models.custom.normalized(module, (mean, std))")
-        from .huggingface import from_gpt2, is_gpt2
+        from .huggingface import HFTextModel, from_gpt2, is_gpt2, is_hf_model
 
         if is_gpt2(spec):  # a transformers GPT-2: the same function as a TextTransformer (.huggingface)
             spec = from_gpt2(spec, pad_id=int(family_options.pop("pad_id", 0)))
+        elif is_hf_model(spec):  # any other causal LM / encoder classifier: wrapped (.huggingface)
+            spec = HFTextModel(spec, pad_id=int(family_options.pop("pad_id", 0)))
+        if getattr(spec, "takes_tokens", False) and hasattr(spec, "outputs") and classes is not None \
+                and classes != spec.outputs:
+            raise ConfigError(f"the model has {spec.outputs} outputs ({'its vocabulary' if spec.causal else 'classes'}), "
+                              f"got classes={classes} (argument classes); the tokenizer or labels do not match the model")
         return _adopt(spec, input_shape, classes, act=act, bias=bias, init=init, seed=seed,
                       options=family_options, dtype=dtype, device=dev)
     name, args = parse_spec(spec)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, expect
+from .text_model import TextModel
 
 __all__ = ["TextTransformer", "Block", "Attention", "MAX_WIDTH", "MAX_LAYERS"]
 
@@ -55,7 +56,13 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block: h + Attn(LN₁ h), then + MLP(LN₂ h)."""
+    """Pre-LN transformer block: h + Attn(LN₁ h), then + MLP(LN₂ h).
+
+    ``mid`` (None in an honest model) is a module a malicious server places on the residual stream
+    between the two halves, applied to every position's vector (rows of width ``width``):
+    h ← h + Attn(LN₁ h); h ← mid(h); h ← h + MLP(LN₂ h)
+    (:func:`leakbench.models.malicious.imprint_text` with ``signature=r`` puts its imprint block there in block 1).
+    """
 
     def __init__(self, width: int, heads: int, *, causal: bool, act: nn.Module) -> None:
         super().__init__()
@@ -63,17 +70,23 @@ class Block(nn.Module):
         self.attn = Attention(width, heads, causal=causal)
         self.ln2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), act, nn.Linear(4 * width, width))
+        self.mid: nn.Module | None = None
+
+    def attend(self, h: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The residual stream after the attention half: h + Attn(LN₁ h) (what ``mid`` receives)."""
+        return h + self.attn(self.ln1(h), keep)
 
     def forward(self, h: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-        h = h + self.attn(self.ln1(h), keep)
+        h = self.attend(h, keep)
+        if self.mid is not None:
+            h = self.mid(h.reshape(-1, h.shape[-1])).reshape(h.shape)
         return h + self.mlp(self.ln2(h))
 
 
-class TextTransformer(nn.Module):
+class TextTransformer(TextModel):
     """Token + position embeddings, ``layers`` pre-LN blocks, final LN and a linear head (see the module docstring)."""
 
     default_init = "gpt"
-    takes_tokens = True
 
     def __init__(self, vocab: int, context: int, classes: int, *, layers: int = 2, width: int = 64, heads: int = 4,
                  causal: bool = True, pad_id: int = 0, act: type[nn.Module] | None = None) -> None:
@@ -98,24 +111,14 @@ class TextTransformer(nn.Module):
         #: applied to every position's vector (rows of width ``width``); None: the honest model.
         self.pre: nn.Module | None = None
 
-    # ------------------------------------------------------------------ shapes
-    def check_tokens(self, tokens: torch.Tensor, field: str = "x") -> None:
-        """Refuse ids that are not an int batch B × T with T ≤ context and every id in the vocabulary."""
-        expect(isinstance(tokens, torch.Tensor) and tokens.dim() == 2 and not tokens.is_floating_point()
-               and tokens.dtype != torch.bool,
-               f"expected token ids as an integer tensor B × T, got "
-               f"{getattr(tokens, 'dtype', type(tokens).__name__)} {tuple(getattr(tokens, 'shape', ()))} (argument {field})")
-        expect(tokens.shape[1] <= self.context, f"expected sequences of at most {self.context} tokens (the model's "
-               f"context), got {tokens.shape[1]} (argument {field}); cut them or build with a longer context")
-        if tokens.numel():
-            lo, hi = int(tokens.min()), int(tokens.max())
-            expect(lo >= 0 and hi < self.vocab, f"expected token ids in 0..{self.vocab - 1} (the model's vocabulary), "
-                   f"got range {lo}..{hi} (argument {field}); the tokenizer does not match the model")
-
     # ------------------------------------------------------------------ forward
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """E[v_t]: the token embeddings B × T × width (no position)."""
-        return self.tok(tokens)
+    @property
+    def outputs(self) -> int:
+        return self.head.out_features
+
+    @property
+    def depth(self) -> int:
+        return len(self.blocks)
 
     def forward_embeddings(self, emb: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The logits for token embeddings ``emb`` (B × T × width); ``keep`` (B × T bool) marks non-padding."""
@@ -136,7 +139,18 @@ class TextTransformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.forward_embeddings(self.tok(tokens), tokens != self.pad_id)
 
-    # ------------------------------------------------------------------ for the attacks
+    @property
+    def modified(self) -> bool:
+        """Whether a server placed a module on the residual stream (``pre``, or a block's ``mid``)."""
+        return self.pre is not None or any(getattr(b, "mid", None) is not None for b in self.blocks)
+
+    # ------------------------------------------------------------------ for the attacks (the span view, .text_model)
+    def attended(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Block 1's residual stream after its attention half, h⁰ + Attn(LN₁ h⁰) (B × T × width): block 1's ``mid`` input."""
+        keep = tokens != self.pad_id
+        h = self._pre(self.tok(tokens) + self.pos.weight[: tokens.shape[1]])
+        return self.blocks[0].attend(h, None if self.causal else keep)
+
     def block_input(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
         """LN₁ of block ``layer``'s input (B × T × width): what its ``attn.qkv`` multiplies."""
         keep = tokens != self.pad_id
@@ -145,3 +159,41 @@ class TextTransformer(nn.Module):
             h = block(h, None if self.causal else keep)
         return self.blocks[layer].ln1(h)
 
+    def layer_inputs(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
+        return self.block_input(layer, tokens)
+
+    def span_weights(self, layer: int) -> list[str]:
+        """The fused [Q; K; V] projection of block ``layer``."""
+        return [f"blocks.{layer}.attn.qkv.weight"]
+
+    def vocab_inputs(self, position: int) -> torch.Tensor:
+        """LN₁(E[v] + P[t]) for every token v at position t (V × width)."""
+        return self.blocks[0].ln1(self.tok.weight + self.pos.weight[position])
+
+    def extension_inputs(self, prefixes: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
+        """Block 2's LN₁ input at position t for every prefix (P × t ids) followed by every option (O ids): P × O × d.
+
+        Equals ``self.block_input(1, prefix + [v])[:, t]`` (tested) but computes block 1's keys and values
+        of a prefix once: causal attention makes them independent of what follows.
+        """
+        block, attn = self.blocks[0], self.blocks[0].attn
+        n_p, t = prefixes.shape
+        d, heads = self.width, attn.heads
+        dh = d // heads
+        h_new = self.tok(options) + self.pos.weight[t]  # O × d
+        q, k, v = attn.qkv(block.ln1(h_new)).split(d, dim=-1)  # O × d each
+        q, k, v = (z.reshape(-1, heads, dh) for z in (q, k, v))
+        own = (q * k).sum(-1) / dh**0.5  # O × H
+        if t:
+            h_prev = self.tok(prefixes) + self.pos.weight[:t]  # P × t × d
+            _, kp, vp = attn.qkv(block.ln1(h_prev)).split(d, dim=-1)
+            kp, vp = (z.reshape(n_p, t, heads, dh) for z in (kp, vp))
+            past = torch.einsum("ohd,pshd->pohs", q, kp) / dh**0.5  # P × O × H × t
+            scores = torch.cat([past, own.expand(n_p, -1, -1).unsqueeze(-1)], dim=-1)
+            w = torch.softmax(scores, dim=-1)
+            out = torch.einsum("pohs,pshd->pohd", w[..., :t], vp) + w[..., t:] * v.unsqueeze(0)
+        else:
+            out = v.unsqueeze(0).expand(n_p, -1, -1, -1)
+        h = h_new + attn.proj(out.reshape(n_p, -1, d))  # P × O × d
+        h = h + block.mlp(block.ln2(h))
+        return self.blocks[1].ln1(h)
