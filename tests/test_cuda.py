@@ -159,3 +159,16 @@ def test_dager_and_tag_on_the_gpu():
     assert s["token_acc"] == 1.0
     tag = lb.attack("tag", obs, iterations=5)
     assert tag.images.device.type == "cuda" and tag.images.shape == x.shape
+
+
+def test_dager_encoder_search_on_the_gpu():
+    """DAGER's encoder search (B > 1) on CUDA: the same sequences and flags as on the CPU."""
+    data = lb.load("text", split="test", context=16).with_task("classify")
+    model = lb.build(f"bert:layers=2,width=128,heads=4,vocab={data.vocab_size}", input_shape=data.shape,
+                     classes=data.num_classes, seed=0)
+    x, y = data.batch(4, seed=100)
+    on_cpu = lb.attack("dager", lb.observe(model, x, y))
+    model = model.to(CUDA)
+    on_gpu = lb.attack("dager", lb.observe(model, x.to(CUDA), y.to(CUDA)))
+    assert on_gpu.images.device.type == "cuda" and on_gpu.trace["exact"] == on_cpu.trace["exact"] == [True] * 4
+    assert {tuple(r) for r in on_gpu.images.cpu().tolist()} == {tuple(r) for r in x.tolist()}
