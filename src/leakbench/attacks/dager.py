@@ -175,6 +175,9 @@ class Dager(Attack):
     modality = "text"
     Options = DagerOptions
     presets = {"quick": {}}
+    # 1: encoders at B > 1 run the search (dager_encoder) instead of being refused; models read through the span
+    # view (Hugging Face layouts), q/k/v gradients scaled to norm 1 where they are separate weights
+    preset_revisions = {"default": 1, "quick": 1}
 
     def requirements(self, obs: Observation) -> list[str]:
         model = obs.model
