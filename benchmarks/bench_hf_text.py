@@ -6,21 +6,19 @@ sentence labelled b mod 3), 2 layers, 4 heads, intermediate 2·width, width chos
 wrapped by ``lb.build`` (:class:`leakbench.models.huggingface.HFTextModel`).  DAGER reads q/k/v of blocks 1
 and 2 through the span view: Llama's layer-1 candidates are one position-free set (rotary positions act
 after the projection), placed by the greedy extension through block 2; BERT's are position-wise (learned
-positions, LN_emb), and encoder batches of B > 1 are refused (the search over combinations is not here).
+positions, LN_emb), and encoder batches of B > 1 go to the encoder search (:mod:`leakbench.attacks.dager_encoder`).
 Chance: the originals' lengths drawn from the corpus's unigram distribution, scored the same way.
 
 Needs the ``transformers`` extra; skipped without it.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 import leakbench as lb
-from leakbench.errors import LeakbenchError, UnsupportedThreatModel
-from leakbench.metrics.text_metrics import text_scores, unigram_chance
+from leakbench.metrics.text_metrics import unigram_chance
 
+from .bench_text import dager_scored
 from .common import console, table
 
 
@@ -48,17 +46,9 @@ def _row(family: str, B: int, width: int, batches: int, device: str, unigram) ->
         if family == "bert":
             y = torch.arange(B) % 3
         x, y = x.to(device), y.to(device)
-        obs = lb.observe(model, x, y)
-        start = time.perf_counter()
-        try:
-            rec = lb.attack("dager", obs)
-            tokens, n_flag = rec.images, int(sum(rec.trace["exact"]))
-        except UnsupportedThreatModel:
-            tokens, n_flag, note = torch.zeros_like(x), 0, "refused (encoder B > 1)" if family == "bert" else "refused"
-        except LeakbenchError as err:
-            tokens, n_flag, note = torch.zeros_like(x), 0, type(err).__name__
-        seconds += (time.perf_counter() - start) / batches
-        s = text_scores(tokens.cpu(), x.cpu(), **kw)
+        s, n_flag, took, why = dager_scored(lb.observe(model, x, y), x, kw)
+        note = why or note
+        seconds += took / batches
         exact += round(s["exact"] * B)
         flagged += n_flag
         acc += s["token_acc"] / batches

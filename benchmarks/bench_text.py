@@ -46,6 +46,20 @@ def _train(model, context: int, device: str, steps: int = 50, lr: float = 1e-3) 
         opt.step()
 
 
+def dager_scored(obs, x: torch.Tensor, kw: dict) -> tuple[dict, int, float, str]:
+    """DAGER on ``obs``: the text scores against ``x``, sequences flagged exact, seconds, and the error's name when
+    it recovered nothing (scored as all padding)."""
+    start = time.perf_counter()
+    note = ""
+    try:
+        rec = lb.attack("dager", obs)
+        tokens, n_flag = rec.images, int(sum(rec.trace["exact"]))
+    except LeakbenchError as err:
+        tokens, n_flag, note = torch.zeros_like(x), 0, type(err).__name__
+    took = time.perf_counter() - start
+    return text_scores(tokens.cpu(), x.cpu(), **kw), n_flag, took, note
+
+
 def _dager_row(label: str, B: int, T: int, width: int, batches: int, device: str, unigram, trained=0):
     data = lb.load("text", split="test", context=T)
     model = lb.build(f"gpt:layers=2,width={width},heads=4", input_shape=data.shape, classes=data.vocab_size,
@@ -58,15 +72,8 @@ def _dager_row(label: str, B: int, T: int, width: int, batches: int, device: str
     for k in range(batches):
         x, y = data.batch(B, seed=1000 + 17 * k)
         x, y = x.to(device), y.to(device)
-        obs = lb.observe(model, x, y)
-        start = time.perf_counter()
-        try:
-            rec = lb.attack("dager", obs)
-            tokens, n_flag = rec.images, int(sum(rec.trace["exact"]))
-        except LeakbenchError:
-            tokens, n_flag = torch.zeros_like(x), 0
-        seconds += (time.perf_counter() - start) / batches
-        s = text_scores(tokens.cpu(), x.cpu(), **_kw(data))
+        s, n_flag, took, _ = dager_scored(lb.observe(model, x, y), x, _kw(data))
+        seconds += took / batches
         exact += round(s["exact"] * B)
         flagged += n_flag
         acc, r1, r2 = acc + s["token_acc"] / batches, r1 + s["rouge1"] / batches, r2 + s["rouge2"] / batches
