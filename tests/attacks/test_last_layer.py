@@ -180,3 +180,23 @@ def test_unique_labels_only_leave_the_attack_unchanged_where_every_label_is_shar
     unique = lb.attack("inverting-gradients", obs, preset="fast", iterations=8, features_labels="unique")
     assert every.trace["features"]["labels"] == 2 and unique.trace["features"]["labels"] == 1
     assert not torch.equal(every.images, unique.images)
+
+
+def test_fast_matches_only_labels_of_at_most_two_images():
+    """``fast`` (features_max_images=2): on a 2 × 4 batch every label holds four images, so the term is off with
+    its reason and the images are bit-identical to ``features=0``; with no limit it matches both labels; on a
+    batch of one label × 3 and one label × 1 it matches the single image's label only."""
+    model, x, y = _setup([0, 10, 20, 30, 1, 11, 21, 42])
+    assert y[:4].unique().numel() == y[4:].unique().numel() == 1 and y[0] != y[4]
+    obs = lb.observe(model, x, y, labels_known=True)
+    fast = lb.attack("inverting-gradients", obs, preset="fast", iterations=8)
+    off = lb.attack("inverting-gradients", obs, preset="fast", iterations=8, features=0.0, feature_phase=0.0)
+    assert not fast.trace["features"]["used"] and "more than 2 images" in fast.trace["features"]["reason"]
+    assert torch.equal(fast.images, off.images)
+    every = lb.attack("inverting-gradients", obs, preset="fast", iterations=8, features_max_images=0)
+    assert every.trace["features"]["labels"] == 2
+    model, x, y = _setup([0, 10, 20, 1])
+    fast = lb.attack("inverting-gradients", lb.observe(model, x, y, labels_known=True), preset="fast", iterations=8)
+    assert fast.trace["features"]["used"] and fast.trace["features"]["labels"] == 1
+    with pytest.raises(lb.errors.ConfigError, match="features_max_images"):
+        lb.attack("inverting-gradients", obs, preset="fast", iterations=2, features_max_images=-1)

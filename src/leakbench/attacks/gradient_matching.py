@@ -99,6 +99,11 @@ class MatchingSettings:
     #: carries (a shared label's feature is the mean of several images', a weak pull that measured a cost on
     #: label-skewed batches; issue 34)
     features_labels: str = "all"
+    #: the term matches only labels carried by at most this many images of the batch (0: any number).  A label
+    #: of four images pins only their mean: measured (issue 34, 500 steps, Δ PSNR over the term off) on 2 × 4
+    #: batches +0.31 and +0.34 dB (held-out, convnet-32) but −0.14 dB on average, down to −0.51, on three tuning
+    #: batches (convnet-16), a tie that can cost; on labels of one or two images (the mixed layout) a gain
+    features_max_images: int = 0
 
     def check(self) -> None:
         expect(self.iterations >= 1, f"expected iterations ≥ 1, got {self.iterations}")
@@ -113,6 +118,9 @@ class MatchingSettings:
                f"expected features ≥ 0, got {self.features} (option features)")
         expect(self.features_labels in ("all", "unique"),
                f"expected features_labels 'all' or 'unique', got {self.features_labels!r} (option features_labels)")
+        expect(isinstance(self.features_max_images, int) and self.features_max_images >= 0,
+               f"expected features_max_images an integer ≥ 0 (0: any number), got {self.features_max_images!r} "
+               "(option features_max_images)")
         expect(self.features_from >= 1, f"expected features_from ≥ 1, got {self.features_from} (option features_from)")
         expect(0 <= self.feature_phase < 1, f"expected 0 ≤ feature_phase < 1, got {self.feature_phase} (option feature_phase)")
         expect(not (self.batched_restarts and self.features > 0),
@@ -387,6 +395,13 @@ class GradientMatcher:
             if not bool(weight.any()):
                 return {**entry, "used": False, "reason": "no label is carried by one image only (features_labels="
                         "unique): each recovered feature is a mean over several images"}
+            most = self.s.features_max_images
+            if most and not bool((weight & (counts <= most)).any()):
+                return {**entry, "used": False, "reason": f"every label is carried by more than {most} images "
+                        f"(features_max_images={most}): each recovered feature is a mean over "
+                        f"{int(counts.min())} or more images, a weak pull that measured a cost"}
+            if most:
+                weight = weight & (counts <= most)
             self._feature_weight = weight.to(found.features.dtype)
             layer = dict(self.model.named_modules())[found.layer]
             if not self._feature_hooked:
