@@ -82,6 +82,7 @@ def test_refuses_with_a_reason(case, reason):
     assert found.features is None and reason in found.reason
 
 
+@pytest.mark.slow  # 24 s: the suite is near its 10-minute bound; `make test-slow` runs it
 def test_matching_with_features_beats_matching_without_at_a_batch():
     """The feature term at B = 6 (labels repeat) against plain matching at the same budget, and a grey image
     (measured: 16.65 / 16.02 with half the steps feature-only / 15.61 / grey 12.57 dB)."""

@@ -56,6 +56,7 @@ def test_the_liu2024_preset_validates_and_plans_the_papers_grid():
     assert {t.threat_model for t in attack} == {"informed-eavesdropper", "malicious-server"}
 
 
+@pytest.mark.slow  # 15 s: the suite is near its 10-minute bound; `make test-slow` runs it
 def test_a_one_trial_slice_of_the_liu2024_preset_runs_here(tmp_path):
     # CIFAR-10 is not on a fresh machine: the same trial on a small CIFAR-shaped npz (32×32×3, 10 classes)
     rng = np.random.default_rng(0)
