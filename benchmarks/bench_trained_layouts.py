@@ -75,17 +75,19 @@ def run(*, quick: bool = False, device: str = "cpu") -> None:
     if os.environ.get(DEFAULT_ENV) == "1":
         variants["default"] = ("default", {})
     iterations = 100 if quick else None
-    rows = []
+    rows, sources = [], []
     start = time.perf_counter()
     for name in names:
         if name not in ("cifar", "digits"):
             raise SystemExit(f"{DATA_ENV}: unknown data {name!r}; known: cifar, digits")
         ds, train_idx, pool, source = _data(name)
+        sources.append(source)
         model = lb.build(MODEL, input_shape=ds.shape, classes=ds.num_classes, seed=0)
         trained = train_model(model, ds.subset(train_idx), epochs=2 if quick else 10, batch_size=16, lr=0.05,
                               seed=0, device=where)
         model = trained.model.eval().to(where)
-        test = [i for i in range(len(ds.labels)) if i not in set(train_idx)]
+        trained_on = set(train_idx)
+        test = [i for i in range(len(ds.labels)) if i not in trained_on]
         _, acc = loss_and_accuracy(model, ds.images[test].to(where), ds.labels[test].to(where))
         chance_acc = 1 / ds.num_classes
         present = sorted({int(ds.labels[i]) for i in pool})
@@ -130,6 +132,6 @@ def run(*, quick: bool = False, device: str = "cpu") -> None:
     table(f"IG on trained {MODEL} at B = 8 by label layout: PSNR (dB) of 3 held-out batches, labels known",
           ["data", "test accuracy", "layout", "attack", "PSNR per batch", "over grey per batch",
            "Δ vs fast: mean (min … max)", "labels matched", "'chance' traces", "s"],
-          rows, "; ".join(_data(n)[3] for n in names) + f"; 10 epochs SGD lr 0.05 batch 16 (quick: 2); "
+          rows, "; ".join(sources) + f"; 10 epochs SGD lr 0.05 batch 16 (quick: 2); "
                 f"{time.perf_counter() - start:.0f} s on {where.type}.  'Δ vs fast off' is paired per batch; "
                 "inside the spread of 3 batches it is a tie.")

@@ -54,6 +54,7 @@ from ..models.text_model import TextModel
 from ..threat import Observation
 from .base import Attack, Reconstruction, register
 from .dager_encoder import encoder_batch
+from .span_check import span_basis, span_distance
 
 __all__ = ["Dager", "DagerOptions", "span_basis", "span_distance"]
 
@@ -71,21 +72,6 @@ SIGNAL_SHARE = 0.9
 MAX_EXTENSIONS = 1_000_000
 
 
-def span_basis(grad: torch.Tensor, rank_tol: float, max_rank: int | None = None) -> torch.Tensor:
-    """Orthonormal rows (r × d) spanning the row space of ``grad`` (out × d) (float64 SVD).
-
-    r = #σ > rank_tol·σ_max, at most ``max_rank`` (the number of tokens behind the gradient, which
-    bounds its rank, Sec. 4): a float32 gradient's noise floor is not a clean gap, and cutting at the
-    token count keeps every true direction and few noise ones.
-    """
-    g = grad.detach().to(torch.float64)
-    _, s, vh = torch.linalg.svd(g, full_matrices=False)
-    if s.numel() == 0 or float(s[0]) == 0.0:
-        return vh[:0]
-    rank = int((s > rank_tol * s[0]).sum())
-    return vh[: rank if max_rank is None else min(rank, max_rank)]
-
-
 def _unit(grad: torch.Tensor) -> torch.Tensor:
     """``grad`` / ‖grad‖_F (zero stays zero)."""
     return grad / grad.norm().clamp_min(1e-30)
@@ -101,13 +87,6 @@ def _signal_rank(s: torch.Tensor, tail: float) -> int:
     if s.numel() == 0 or float(s[0]) == 0.0:
         return 0
     return int((s / s[0] > SIGNAL_FACTOR * tail).sum())
-
-
-def span_distance(z: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
-    """‖z − Π z‖ / ‖z‖ for every row of ``z`` (… × d): the relative distance to the span of ``basis``."""
-    z = z.to(torch.float64)
-    residual = z - (z @ basis.T) @ basis
-    return residual.norm(dim=-1) / z.norm(dim=-1).clamp_min(1e-300)
 
 
 @dataclass

@@ -44,6 +44,7 @@ import torch
 from ..errors import NothingRecovered
 from ..models.transformers import TextTransformer
 from .base import Reconstruction
+from .span_check import span_distance
 
 __all__ = ["encoder_batch", "encoder_search", "block2_distances"]
 
@@ -56,9 +57,7 @@ def block2_distances(model, basis2: torch.Tensor, seqs: torch.Tensor) -> torch.T
     out = []
     step = max(1, CHUNK_FLOATS // (4 * model.width * max(1, seqs.shape[1])))
     for i in range(0, seqs.shape[0], step):
-        z = model.layer_inputs(1, seqs[i: i + step]).to(torch.float64)
-        r = z - (z @ basis2.T) @ basis2
-        out.append(r.norm(dim=-1) / z.norm(dim=-1).clamp_min(1e-300))
+        out.append(span_distance(model.layer_inputs(1, seqs[i: i + step]), basis2))
     return torch.cat(out) if out else torch.zeros(0, seqs.shape[1], dtype=torch.float64, device=seqs.device)
 
 
@@ -94,9 +93,7 @@ def _own_distances(model, basis2, cur: torch.Tensor, t: int, cands: torch.Tensor
     out = torch.einsum("skhj,sjhd->skhd", w, vv) + wt * vc.unsqueeze(0)
     h = h_new + attn.proj(out.reshape(S, k, d))
     h = h + block.mlp(block.ln2(h))
-    z = model.blocks[1].ln1(h).to(torch.float64)
-    r = z - (z @ basis2.T) @ basis2
-    return r.norm(dim=-1) / z.norm(dim=-1).clamp_min(1e-300)
+    return span_distance(model.blocks[1].ln1(h), basis2)
 
 
 def _coordinate_search(model, basis2, starts: torch.Tensor, options: list[torch.Tensor], opts, deadline: float):

@@ -26,6 +26,8 @@ attention inputs and what that weight multiplies — the *span view*:
 """
 from __future__ import annotations
 
+import abc
+
 import torch
 from torch import nn
 
@@ -37,8 +39,9 @@ __all__ = ["TextModel"]
 EXTENSION_CHUNK = 4096
 
 
-class TextModel(nn.Module):
-    """Base of leakbench's text models: the attributes and methods above (module docstring)."""
+class TextModel(nn.Module, metaclass=abc.ABCMeta):
+    """Base of leakbench's text models: the attributes and methods above (module docstring); the abstract ones
+    are what each model implements."""
 
     takes_tokens = True
     #: the parameter name of the token-embedding table.
@@ -74,35 +77,35 @@ class TextModel(nn.Module):
         return False
 
     @property
+    @abc.abstractmethod
     def outputs(self) -> int:
         """Logits per position (decoder: the vocabulary) or per sequence (classes)."""
-        raise NotImplementedError
 
     @property
+    @abc.abstractmethod
     def depth(self) -> int:
         """The number of transformer blocks."""
-        raise NotImplementedError
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """E[v_t]: the token embeddings B × T × width (no position)."""
         return self.tok(tokens)
 
+    @abc.abstractmethod
     def forward_embeddings(self, emb: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The logits for token embeddings ``emb`` (B × T × width); ``keep`` (B × T bool) marks non-padding."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ the span view (DAGER)
+    @abc.abstractmethod
     def span_weights(self, layer: int) -> list[str]:
         """Parameter names of block ``layer``'s attention input projection(s)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def layer_inputs(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
         """What block ``layer``'s attention input projection multiplies for the ids ``tokens`` (B × T × width)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def vocab_inputs(self, position: int) -> torch.Tensor:
         """Block 1's attention input for every vocabulary token at ``position`` (V × width)."""
-        raise NotImplementedError
 
     def extension_inputs(self, prefixes: torch.Tensor, options: torch.Tensor) -> torch.Tensor:
         """Block 2's attention input at position t for every prefix (P × t ids) then every option (O ids): P × O × d.
