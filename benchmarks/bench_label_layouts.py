@@ -17,7 +17,10 @@ and the flat grey image at the batch mean as the chance level.  Layouts: ``disti
 The table gives mean PSNR over the three batches and the paired difference to ``off`` (mean, min, max over the
 batches); a difference inside the spread of three batches is a tie.  The three batches of one layout and variant
 run as one stacked call (:func:`leakbench.attacks.attack_batch`).  ``LEAKBENCH_LAYOUTS=2x4,1x8`` runs some layouts
-only.
+only; ``LEAKBENCH_LAYOUTS_TV=0.03,0.1`` adds variants ``tv=…`` (``fast`` with a fixed, stronger TV prior:
+``tv=…, tv_growth=0``); ``LEAKBENCH_LAYOUTS_VARIANTS=off,tv=0.1`` keeps some variants (``off`` always runs: the
+differences are to it).  Since ``fast`` revision 5 ``all`` and ``unique`` are the same run as ``off`` on a batch
+whose every label holds three or more images (2 × 4, 1 × 8).
 """
 from __future__ import annotations
 
@@ -39,6 +42,21 @@ LAYOUTS = {"distinct": [0, 1, 2, 3, 4], "mixed": [0, 1, 2, 3, 4, 0, 1, 2], "2x4"
 VARIANTS = {"all": {}, "unique": {"features_labels": "unique"}, "off": {"features": 0.0, "feature_phase": 0.0}}
 LIMIT = 500  # tuning range: images with index below it
 LAYOUTS_ENV = "LEAKBENCH_LAYOUTS"  # e.g. "2x4,1x8": run these layouts only
+TV_ENV, VARIANTS_ENV = "LEAKBENCH_LAYOUTS_TV", "LEAKBENCH_LAYOUTS_VARIANTS"
+
+
+def _variants() -> dict[str, dict]:
+    """The variants to run (``off`` always), from the environment (see the module docstring)."""
+    variants = dict(VARIANTS)
+    try:
+        for tv in [float(v) for v in os.environ.get(TV_ENV, "").split(",") if v.strip()]:
+            variants[f"tv={tv:g}"] = {"tv": tv, "tv_growth": 0.0}
+    except ValueError:
+        raise SystemExit(f"{TV_ENV}: expected comma-separated TV weights, e.g. {TV_ENV}=0.1") from None
+    chosen = {v.strip() for v in os.environ.get(VARIANTS_ENV, "").split(",") if v.strip()}
+    if unknown := sorted(chosen - set(variants)):
+        raise SystemExit(f"{VARIANTS_ENV}: unknown {', '.join(unknown)}; known: {', '.join(variants)}")
+    return {k: v for k, v in variants.items() if not chosen or k in chosen or k == "off"}
 
 
 def _batches(labels: torch.Tensor, layout: list[int], count: int) -> list[list[int]]:
@@ -67,6 +85,7 @@ def run(*, quick: bool = False, model_name: str = MODEL, device: str = "cpu") ->
     iterations = 100 if quick else 500
     rows = []
     start = time.perf_counter()
+    variants = _variants()
     chosen = [n.strip() for n in os.environ.get(LAYOUTS_ENV, "").split(",") if n.strip()] or list(LAYOUTS)
     unknown = [n for n in chosen if n not in LAYOUTS]
     if unknown:
@@ -79,7 +98,7 @@ def run(*, quick: bool = False, model_name: str = MODEL, device: str = "cpu") ->
         grey = [lb.compare(torch.full_like(x, 0.0) + x.mean(), x, y)["psnr"] for x, y in pairs]
         psnr: dict[str, list[float]] = {}
         used: dict[str, str] = {}
-        for variant, options in VARIANTS.items():
+        for variant, options in variants.items():
             recs = attack_batch("inverting-gradients", observations, seeds=[0, 1, 2], preset="fast",
                                 iterations=iterations, **options)
             bad = [r for r in recs if isinstance(r, Exception)]
@@ -87,14 +106,14 @@ def run(*, quick: bool = False, model_name: str = MODEL, device: str = "cpu") ->
             psnr[variant] = [lb.compare(r.images.cpu(), x, y)["psnr"] for r, (x, y) in zip(recs, pairs)]
             feats = [r.trace.get("features", {}) for r in recs]
             used[variant] = "/".join(str(f.get("labels", 0)) if f.get("used") else "–" for f in feats)
-        for variant in VARIANTS:
+        for variant in variants:
             diff = [a - b for a, b in zip(psnr[variant], psnr["off"])]
-            rows.append([layout, variant, sum(psnr[variant]) / 3,
+            rows.append([layout, variant, " / ".join(f"{p:.2f}" for p in psnr[variant]),
                          "–" if variant == "off" else f"{sum(diff) / 3:+.2f} ({min(diff):+.2f} … {max(diff):+.2f})",
-                         used[variant], sum(grey) / 3])
+                         used[variant], " / ".join(f"{g:.2f}" for g in grey)])
             console.print(f"[dim]{' | '.join(map(str, rows[-1]))} ({time.perf_counter() - start:.0f} s)[/dim]",
                           highlight=False)
-    table(f"IG fast at B = 5 (distinct) and 8 by label layout: PSNR (dB), mean of 3 batches; {model_name}, {iterations} steps",
+    table(f"IG fast at B = 5 (distinct) and 8 by label layout: PSNR (dB) of 3 batches; {model_name}, {iterations} steps",
           ["layout", "feature term", "PSNR", "Δ vs off: mean (min … max)", "labels matched per batch", "grey"],
           rows, f"{source}; indices < {LIMIT}; labels known; untrained {model_name} in eval mode; "
                 f"{time.perf_counter() - start:.0f} s on {where.type}.")

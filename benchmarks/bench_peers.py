@@ -30,7 +30,9 @@ Printed: PSNR against time for the three, and the time each leakbench preset nee
 final PSNR, against the time breaching first reaches it and against breaching's whole run.
 ``LEAKBENCH_PEERS_BATCHES=8`` keeps only some batch sizes, ``LEAKBENCH_PEERS_PRESETS=fast`` some presets;
 ``LEAKBENCH_PEERS_STARTS=0,1,2`` compares more (disjoint) held-out batches at B > 1;
-``LEAKBENCH_BREACHING_ITERATIONS`` sets breaching's budget.
+``LEAKBENCH_BREACHING_ITERATIONS`` sets breaching's budget.  ``LEAKBENCH_PEERS_VARIANTS=fast`` keeps only some
+columns of the layout table (under ``fast`` revision 5 the three are one run on batches whose every label holds
+three or more images).
 """
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ PER_CLASS = 100  # the shared subset: 100 images per class, in class order
 LAYOUTS_ENV = "LEAKBENCH_PEERS_LAYOUTS"  # e.g. "mixed,2x,1x": compare by label layout (issue 34) instead
 LAYOUTS = ("mixed", "2x", "1x")
 LAYOUT_BATCHES_ENV = "LEAKBENCH_PEERS_LAYOUT_BATCHES"  # e.g. "2": only that one of the three batches per layout
+VARIANTS_ENV = "LEAKBENCH_PEERS_VARIANTS"  # e.g. "fast": only these columns of the layout table (default: all three)
 LAYOUT_VARIANTS = {"fast": ("fast", {}), "fast unique": ("fast", {"features_labels": "unique"}),
                    "fast off": ("fast", {"features": 0.0, "feature_phase": 0.0})}
 
@@ -91,7 +94,7 @@ def layout_batch(layout: str, batch: int, k: int) -> list[int]:
 def _listed(text: str, name: str, default: list, kind=int) -> list:
     """The comma-separated values of environment variable ``name`` (``default`` when empty)."""
     try:
-        return [kind(v) for v in text.replace(" ", "").split(",") if v] or default
+        return [kind(v.strip()) for v in text.split(",") if v.strip()] or default
     except ValueError:
         raise SystemExit(f"{name}={text!r}: expected comma-separated integers, e.g. {name}=8") from None
 
@@ -206,6 +209,11 @@ def layouts(python: str, names: list[str], *, device: str = "cpu") -> None:
     warm = lb.build("convnet-32", input_shape=ds.shape, classes=ds.num_classes, seed=0).eval().to(where)
     lb.attack("inverting-gradients", lb.observe(warm, x.to(where), y.to(where), labels_known=True), preset="fast",
               iterations=2)
+    chosen = _listed(os.environ.get(VARIANTS_ENV, ""), VARIANTS_ENV, list(LAYOUT_VARIANTS), kind=str)
+    if unknown := [v for v in chosen if v not in LAYOUT_VARIANTS]:
+        raise SystemExit(f"{VARIANTS_ENV}: unknown {', '.join(unknown)}; expected some of "
+                         f"{', '.join(map(repr, LAYOUT_VARIANTS))}")
+    variants = {name: LAYOUT_VARIANTS[name] for name in chosen}
     rows, summary = [], {}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -222,7 +230,7 @@ def layouts(python: str, names: list[str], *, device: str = "cpu") -> None:
                     grey = psnr(torch.full_like(x, float(x.mean())), x)
                     target, reach = theirs[-1][2], _first(theirs, theirs[-1][2])
                     row = [layout, batch, k, f"{grey:.2f}", f"{target - grey:+.2f} ({theirs[-1][1]:.1f} s)"]
-                    for name, (preset, options) in LAYOUT_VARIANTS.items():
+                    for name, (preset, options) in variants.items():
                         ours = _curve_on(obs, x, preset, options, every=every, device=where)
                         hit = _first(ours, target)
                         ratio = hit[1] / reach[1] if hit and reach[1] > 0 else float("nan")
@@ -235,11 +243,11 @@ def layouts(python: str, names: list[str], *, device: str = "cpu") -> None:
             f"known, on {where.type}; breaching: invertinggradients, {iterations} steps; PSNR after one-to-one "
             f"matching; {time.perf_counter() - start:.0f} s in all")
     table("By label layout: final PSNR over a grey image (dB), (seconds), × = leakbench's time to breaching's final "
-          "PSNR ÷ breaching's", ["layout", "B", "batch", "grey dB", "breaching", *LAYOUT_VARIANTS], rows, note=note)
+          "PSNR ÷ breaching's", ["layout", "B", "batch", "grey dB", "breaching", *variants], rows, note=note)
     agg = []
     for layout in names:
         for batch in sizes:
-            for name in LAYOUT_VARIANTS:
+            for name in variants:
                 got = summary[(layout, batch, name)]
                 wins = sum(d > 0 for d, _ in got)
                 ratios = [r for _, r in got if r == r]

@@ -1,6 +1,8 @@
 """Quality of the gradient-matching attacks at test budgets (DLG, Inverting Gradients)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -190,6 +192,21 @@ def test_fast_preset_keeps_its_tuned_tv_at_batch_one_and_grows_it_with_the_batch
         rec = lb.attack("inverting-gradients", lb.observe(model, x, y, labels_known=True), preset="fast",
                         iterations=1)
         assert rec.trace["tv"] == pytest.approx(tv)
+
+
+def test_trained_preset_is_fast_with_a_fixed_strong_tv_at_every_batch_size():
+    """``trained`` changes only the TV prior of ``fast``: α_TV 0.1 that does not grow with B."""
+    from leakbench.attacks import create
+    fast = dataclasses.asdict(create("inverting-gradients", preset="fast").options)
+    trained = dataclasses.asdict(create("inverting-gradients", preset="trained").options)
+    assert {k for k in fast if fast[k] != trained[k]} == {"tv", "tv_growth"}
+    ds = lb.load("photos", size=16)
+    model = lb.build("convnet-8", input_shape=ds.shape, classes=ds.num_classes, seed=0).eval()
+    for batch in (1, 8):
+        x, y = ds.batch(batch, seed=0)
+        rec = lb.attack("inverting-gradients", lb.observe(model, x, y, labels_known=True), preset="trained",
+                        iterations=1)
+        assert rec.trace["tv"] == pytest.approx(0.1)
 
 
 def test_an_attack_that_ends_at_chance_says_so_in_its_trace():

@@ -31,6 +31,7 @@ RECORDED = {
     ("inverting-gradients", "fast"): (5, "2b18da2eabfb"),
     ("inverting-gradients", "paper-long"): (0, "348e0f0d56b3"),
     ("inverting-gradients", "quick"): (0, "5b37c24c1da3"),
+    ("inverting-gradients", "trained"): (0, "c507c31203a6"),
     ("kkt", "default"): (0, "7bd779622107"),
     ("kkt", "paper"): (0, "1cd5ffdf644f"),
     ("kkt", "quick"): (0, "258811ceb1d2"),
