@@ -32,7 +32,7 @@ import torch
 import leakbench as lb
 from leakbench.attacks import attack_batch
 
-from .common import benchmark_images, console, table
+from .common import benchmark_images, console, env_names, table, tv_variants
 
 MODEL = "convnet-16"
 #: label patterns (the i-th class present below LIMIT); the CIFAR-10 subset's first 500 images hold 5 classes,
@@ -48,12 +48,9 @@ TV_ENV, VARIANTS_ENV = "LEAKBENCH_LAYOUTS_TV", "LEAKBENCH_LAYOUTS_VARIANTS"
 def _variants() -> dict[str, dict]:
     """The variants to run (``off`` always), from the environment (see the module docstring)."""
     variants = dict(VARIANTS)
-    try:
-        for tv in [float(v) for v in os.environ.get(TV_ENV, "").split(",") if v.strip()]:
-            variants[f"tv={tv:g}"] = {"tv": tv, "tv_growth": 0.0}
-    except ValueError:
-        raise SystemExit(f"{TV_ENV}: expected comma-separated TV weights, e.g. {TV_ENV}=0.1") from None
-    chosen = {v.strip() for v in os.environ.get(VARIANTS_ENV, "").split(",") if v.strip()}
+    for tv in tv_variants(TV_ENV):
+        variants[f"tv={tv:g}"] = {"tv": tv, "tv_growth": 0.0}
+    chosen = set(env_names(VARIANTS_ENV))
     if unknown := sorted(chosen - set(variants)):
         raise SystemExit(f"{VARIANTS_ENV}: unknown {', '.join(unknown)}; known: {', '.join(variants)}")
     return {k: v for k, v in variants.items() if not chosen or k in chosen or k == "off"}

@@ -36,7 +36,7 @@ import leakbench as lb
 from leakbench.attacks import attack_batch
 from leakbench.evaluation.utility import loss_and_accuracy, train_model
 
-from .common import benchmark_images, console, table
+from .common import benchmark_images, console, env_names, table, tv_variants
 
 MODEL = "convnet-16"
 #: (epochs, batch size, lr) of plain SGD per dataset.  CIFAR-10's 500 training images need more: 10 epochs at lr 0.05
@@ -52,15 +52,11 @@ TV_ENV, POOL_ENV, VARIANTS_ENV = "LEAKBENCH_TRAINED_TV", "LEAKBENCH_TRAINED_POOL
 def _variants() -> dict[str, tuple[str, dict]]:
     """The attacks to run, from the environment (see the module docstring)."""
     variants = dict(VARIANTS)
-    try:
-        weights = [float(v) for v in os.environ.get(TV_ENV, "0.1").split(",") if v.strip()]
-    except ValueError:
-        raise SystemExit(f"{TV_ENV}: expected comma-separated TV weights, e.g. {TV_ENV}=0.03,0.1") from None
-    for tv in weights:
+    for tv in tv_variants(TV_ENV, "0.1"):
         variants[f"fast tv={tv:g}"] = ("fast", {"tv": tv, "tv_growth": 0.0})
     if os.environ.get(DEFAULT_ENV) == "1":
         variants["default"] = ("default", {})
-    chosen = [v.strip() for v in os.environ.get(VARIANTS_ENV, "").split(",") if v.strip()]
+    chosen = env_names(VARIANTS_ENV)
     if unknown := [v for v in chosen if v not in variants]:
         raise SystemExit(f"{VARIANTS_ENV}: unknown {', '.join(unknown)}; known: {', '.join(variants)}")
     if chosen and "fast" not in chosen:
@@ -110,12 +106,11 @@ def run(*, quick: bool = False, device: str = "cpu") -> None:
         if name not in ("cifar", "digits"):
             raise SystemExit(f"{DATA_ENV}: unknown data {name!r}; known: cifar, digits")
         ds, train_idx, pool, source = _data(name)
-        sources.append(source)
         model = lb.build(MODEL, input_shape=ds.shape, classes=ds.num_classes, seed=0)
         epochs, batch_size, lr = RECIPES[name]
         trained = train_model(model, ds.subset(train_idx), epochs=2 if quick else epochs, batch_size=batch_size,
                               lr=lr, seed=0, device=where)
-        sources[-1] += f"; {epochs} epochs of SGD, lr {lr}, batch {batch_size}"
+        sources.append(f"{source}; {epochs} epochs of SGD, lr {lr}, batch {batch_size}")
         model = trained.model.eval().to(where)
         trained_on = set(train_idx)
         test = [i for i in range(len(ds.labels)) if i not in trained_on]

@@ -1,6 +1,7 @@
 """Shared helpers for benchmarks: tables, timing, the benchmark images."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from collections.abc import Sequence
@@ -63,3 +64,16 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     if len(a) > 1:
         a = a[lb.metrics.match(a, b)]
     return float(lb.metrics.psnr(a, b).mean())
+
+
+def env_names(name: str) -> list[str]:
+    """The comma-separated entries of environment variable ``name`` (stripped, empty ones dropped)."""
+    return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
+
+
+def tv_variants(name: str, default: str = "") -> list[float]:
+    """The TV weights listed in environment variable ``name`` (``default`` when unset); a clear exit otherwise."""
+    try:
+        return [float(v.strip()) for v in os.environ.get(name, default).split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"{name}: expected comma-separated TV weights, e.g. {name}=0.03,0.1") from None
