@@ -77,15 +77,18 @@ def held_out(batch: int, start: int = 0) -> list[int]:
 def layout_batch(layout: str, batch: int, k: int) -> list[int]:
     """The ``k``-th held-out batch (k < 3) of ``batch`` images with label layout ``layout``, disjoint from the other
     k of the same layout and size and from the other layouts: ``mixed`` cycles the five held-out classes 5–9
-    (images 0… of each class, as :func:`held_out`), ``2x`` takes B/2 images of classes 5+k and 6+k (images
-    40…), ``1x`` B images of class 5+k (images 60…)."""
+    (images 0… of each class, as :func:`held_out`), ``2x`` takes B/2 images of classes 5+k and 6+k (images 40… of
+    each in batches 0 and 2, images 50… in batch 1: neighbouring batches share a class, never an image), ``1x`` B
+    images of class 5+k (images 60…)."""
     if not 0 <= k < 3 or batch > 20 or (layout == "2x" and batch % 2):
         raise SystemExit(f"layout {layout}: batches k = 0, 1, 2 of an even B ≤ 20, got B = {batch}, k = {k}")
     if layout == "mixed":
         return held_out(batch, k * -(-batch // 5))
     if layout == "2x":
         half = batch // 2
-        return [HELD_OUT + PER_CLASS * (k + c) + 40 + i for c in (0, 1) for i in range(half)]
+        # Batch 1 takes images 50… so that it shares no image with batch 0 (class 6) or batch 2 (class 7); before
+        # session 16 every batch took images 40…, so batch 1 repeated half of each neighbour (its rows were rerun).
+        return [HELD_OUT + PER_CLASS * (k + c) + 40 + 10 * (k == 1) + i for c in (0, 1) for i in range(half)]
     if layout == "1x":
         return [HELD_OUT + PER_CLASS * k + 60 + i for i in range(batch)]
     raise SystemExit(f"{LAYOUTS_ENV}: expected some of {', '.join(LAYOUTS)}, got {layout!r}")

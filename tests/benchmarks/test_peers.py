@@ -55,3 +55,24 @@ def test_settings_choose_sizes_and_disjoint_held_out_batches():
             assert "LEAKBENCH_PEERS" in str(err)
         else:
             raise AssertionError(f"{bad} was accepted")
+
+
+def test_layout_batches_are_disjoint_held_out_and_have_their_label_layout():
+    import numpy as np
+
+    from benchmarks.bench_peers import LAYOUTS, layout_batch
+
+    for batch in (2, 4, 8, 16, 20):
+        everything = []
+        for layout in LAYOUTS:
+            batches = [layout_batch(layout, batch, k) for k in range(3)]
+            seen = [i for b in batches for i in b]
+            # three disjoint batches of the layout (the 2 × B/2 batches once shared half their images)
+            assert len(seen) == len(set(seen)) == 3 * batch, (layout, batch)
+            assert min(seen) >= HELD_OUT
+            for b in batches:
+                counts = sorted(np.unique([i // PER_CLASS for i in b], return_counts=True)[1].tolist())
+                want = {"mixed": None, "2x": [batch // 2] * 2, "1x": [batch]}[layout]
+                assert want is None or counts == want, (layout, batch, counts)
+            everything += seen
+        assert len(everything) == len(set(everything))  # and no image in two layouts
