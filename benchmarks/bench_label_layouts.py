@@ -24,7 +24,6 @@ whose every label holds three or more images (2 × 4, 1 × 8).
 """
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -32,7 +31,7 @@ import torch
 import leakbench as lb
 from leakbench.attacks import attack_batch
 
-from .common import benchmark_images, console, env_names, table, tv_variants
+from .common import benchmark_images, console, env_names, env_pick, table, tv_variants
 
 MODEL = "convnet-16"
 #: label patterns (the i-th class present below LIMIT); the CIFAR-10 subset's first 500 images hold 5 classes,
@@ -50,10 +49,8 @@ def _variants() -> dict[str, dict]:
     variants = dict(VARIANTS)
     for tv in tv_variants(TV_ENV):
         variants[f"tv={tv:g}"] = {"tv": tv, "tv_growth": 0.0}
-    chosen = set(env_names(VARIANTS_ENV))
-    if unknown := sorted(chosen - set(variants)):
-        raise SystemExit(f"{VARIANTS_ENV}: unknown {', '.join(unknown)}; known: {', '.join(variants)}")
-    return {k: v for k, v in variants.items() if not chosen or k in chosen or k == "off"}
+    picked = env_pick(VARIANTS_ENV, variants)
+    return {k: v for k, v in variants.items() if k in picked or k == "off"}
 
 
 def _batches(labels: torch.Tensor, layout: list[int], count: int) -> list[list[int]]:
@@ -83,7 +80,7 @@ def run(*, quick: bool = False, model_name: str = MODEL, device: str = "cpu") ->
     rows = []
     start = time.perf_counter()
     variants = _variants()
-    chosen = [n.strip() for n in os.environ.get(LAYOUTS_ENV, "").split(",") if n.strip()] or list(LAYOUTS)
+    chosen = env_names(LAYOUTS_ENV) or list(LAYOUTS)
     unknown = [n for n in chosen if n not in LAYOUTS]
     if unknown:
         raise SystemExit(f"{LAYOUTS_ENV}: unknown layout {unknown[0]!r}; known: {', '.join(LAYOUTS)}")

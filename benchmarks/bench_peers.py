@@ -48,7 +48,7 @@ import torch
 import leakbench as lb
 
 from .bench_inverting import _curve, _first
-from .common import benchmark_images, console, psnr, table
+from .common import benchmark_images, console, env_pick, psnr, table
 
 ENV = "LEAKBENCH_BREACHING_PYTHON"
 ITERATIONS_ENV = "LEAKBENCH_BREACHING_ITERATIONS"  # breaching's budget here (its own default: 24 000)
@@ -212,11 +212,7 @@ def layouts(python: str, names: list[str], *, device: str = "cpu") -> None:
     warm = lb.build("convnet-32", input_shape=ds.shape, classes=ds.num_classes, seed=0).eval().to(where)
     lb.attack("inverting-gradients", lb.observe(warm, x.to(where), y.to(where), labels_known=True), preset="fast",
               iterations=2)
-    chosen = _listed(os.environ.get(VARIANTS_ENV, ""), VARIANTS_ENV, list(LAYOUT_VARIANTS), kind=str)
-    if unknown := [v for v in chosen if v not in LAYOUT_VARIANTS]:
-        raise SystemExit(f"{VARIANTS_ENV}: unknown {', '.join(unknown)}; expected some of "
-                         f"{', '.join(map(repr, LAYOUT_VARIANTS))}")
-    variants = {name: LAYOUT_VARIANTS[name] for name in chosen}
+    variants = env_pick(VARIANTS_ENV, LAYOUT_VARIANTS)
     rows, summary = [], {}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

@@ -36,7 +36,7 @@ import leakbench as lb
 from leakbench.attacks import attack_batch
 from leakbench.evaluation.utility import loss_and_accuracy, train_model
 
-from .common import benchmark_images, console, env_names, table, tv_variants
+from .common import benchmark_images, console, env_names, env_pick, table, tv_variants
 
 MODEL = "convnet-16"
 #: (epochs, batch size, lr) of plain SGD per dataset.  CIFAR-10's 500 training images need more: 10 epochs at lr 0.05
@@ -56,12 +56,10 @@ def _variants() -> dict[str, tuple[str, dict]]:
         variants[f"fast tv={tv:g}"] = ("fast", {"tv": tv, "tv_growth": 0.0})
     if os.environ.get(DEFAULT_ENV) == "1":
         variants["default"] = ("default", {})
-    chosen = env_names(VARIANTS_ENV)
-    if unknown := [v for v in chosen if v not in variants]:
-        raise SystemExit(f"{VARIANTS_ENV}: unknown {', '.join(unknown)}; known: {', '.join(variants)}")
-    if chosen and "fast" not in chosen:
+    picked = env_pick(VARIANTS_ENV, variants)
+    if "fast" not in picked:
         raise SystemExit(f"{VARIANTS_ENV}: keep 'fast' (the others are compared with it)")
-    return {k: v for k, v in variants.items() if not chosen or k in chosen}
+    return picked
 
 
 def _data(name: str):
@@ -97,7 +95,7 @@ def run(*, quick: bool = False, device: str = "cpu") -> None:
     where = torch.device(device)
     if where.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {device}: CUDA is not available here")
-    names = [n for n in os.environ.get(DATA_ENV, "cifar,digits").split(",") if n.strip()]
+    names = env_names(DATA_ENV) or ["cifar", "digits"]
     variants = _variants()
     iterations = 100 if quick else None
     rows, sources = [], []

@@ -71,6 +71,15 @@ def env_names(name: str) -> list[str]:
     return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
 
 
+def env_pick(name: str, known: dict) -> dict:
+    """The entries of ``known`` that environment variable ``name`` lists (all of them when unset), in ``known``'s
+    order; an unknown name is a clear exit naming the known ones."""
+    chosen = env_names(name)
+    if unknown := [v for v in chosen if v not in known]:
+        raise SystemExit(f"{name}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    return {k: v for k, v in known.items() if not chosen or k in chosen}
+
+
 def tv_variants(name: str, default: str = "") -> list[float]:
     """The TV weights listed in environment variable ``name`` (``default`` when unset); a clear exit otherwise."""
     try:
