@@ -31,7 +31,7 @@ import torch
 import leakbench as lb
 from leakbench.attacks import attack_batch
 
-from .common import benchmark_images, console, env_names, env_pick, table, tv_variants
+from .common import benchmark_images, console, env_pick, table, tv_variants
 
 MODEL = "convnet-16"
 #: label patterns (the i-th class present below LIMIT); the CIFAR-10 subset's first 500 images hold 5 classes,
@@ -80,12 +80,7 @@ def run(*, quick: bool = False, model_name: str = MODEL, device: str = "cpu") ->
     rows = []
     start = time.perf_counter()
     variants = _variants()
-    chosen = env_names(LAYOUTS_ENV) or list(LAYOUTS)
-    unknown = [n for n in chosen if n not in LAYOUTS]
-    if unknown:
-        raise SystemExit(f"{LAYOUTS_ENV}: unknown layout {unknown[0]!r}; known: {', '.join(LAYOUTS)}")
-    for layout in chosen:
-        pattern = LAYOUTS[layout]
+    for layout, pattern in env_pick(LAYOUTS_ENV, LAYOUTS).items():
         batches = _batches(data.labels, pattern, 3)
         pairs = [data.batch(indices=idx) for idx in batches]
         observations = [lb.observe(model, x.to(where), y.to(where), labels_known=True) for x, y in pairs]

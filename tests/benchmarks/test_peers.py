@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import torch
 
 import leakbench as lb
@@ -58,8 +59,6 @@ def test_settings_choose_sizes_and_disjoint_held_out_batches():
 
 
 def test_layout_batches_are_disjoint_held_out_and_have_their_label_layout():
-    import numpy as np
-
     from benchmarks.bench_peers import LAYOUTS, layout_batch
 
     for batch in (2, 4, 8, 16, 20):
