@@ -23,7 +23,8 @@ else bundled photos; and scikit-learn's digits at 28 × 28 (training on images 0
 1 000 on).  ``LEAKBENCH_TRAINED_DATA=cifar`` or ``digits`` runs one of them.  ``LEAKBENCH_TRAINED_POOL=tuning``
 attacks CIFAR-10 images below index 500 instead (index mod 100 ≥ 50, not trained on: classes 0–4, the presets'
 tuning range; the layouts' classes shift by −5), for choosing a setting before the held-out run.
-``LEAKBENCH_TRAINED_VARIANTS=fast,fast tv=0.1`` keeps only some variants.
+``LEAKBENCH_TRAINED_VARIANTS=fast,fast tv=0.1`` keeps only some variants, ``LEAKBENCH_TRAINED_LAYOUTS=mixed,2x4``
+only some layouts.
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ VARIANTS = {"fast": ("fast", {}), "fast off": ("fast", {"features": 0.0, "featur
             "fast unique": ("fast", {"features_labels": "unique"})}
 DATA_ENV, DEFAULT_ENV = "LEAKBENCH_TRAINED_DATA", "LEAKBENCH_TRAINED_DEFAULT"
 TV_ENV, POOL_ENV, VARIANTS_ENV = "LEAKBENCH_TRAINED_TV", "LEAKBENCH_TRAINED_POOL", "LEAKBENCH_TRAINED_VARIANTS"
+LAYOUTS_ENV = "LEAKBENCH_TRAINED_LAYOUTS"
 
 
 def _variants() -> dict[str, tuple[str, dict]]:
@@ -97,6 +99,7 @@ def run(*, quick: bool = False, device: str = "cpu") -> None:
         raise SystemExit(f"--device {device}: CUDA is not available here")
     names = env_names(DATA_ENV) or ["cifar", "digits"]
     variants = _variants()
+    layouts = env_pick(LAYOUTS_ENV, LAYOUTS)
     iterations = 100 if quick else None
     rows, sources = [], []
     start = time.perf_counter()
@@ -115,7 +118,7 @@ def run(*, quick: bool = False, device: str = "cpu") -> None:
         _, acc = loss_and_accuracy(model, ds.images[test].to(where), ds.labels[test].to(where))
         chance_acc = 1 / ds.num_classes
         present = sorted({int(ds.labels[i]) for i in pool})
-        for layout, pattern in LAYOUTS.items():
+        for layout, pattern in layouts.items():
             pattern = pattern or present[:8]       # distinct: the classes the attack pool holds (5 on CIFAR)
             if not set(pattern) <= set(present):   # the tuning pool holds classes 0–4: the same layout, shifted
                 pattern = [c - 5 for c in pattern]
