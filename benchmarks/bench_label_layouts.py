@@ -31,7 +31,7 @@ import torch
 import leakbench as lb
 from leakbench.attacks import attack_batch
 
-from .common import benchmark_images, console, env_pick, table, tv_variants
+from .common import benchmark_images, console, env_pick, pattern_batches, table, tv_variants
 
 MODEL = "convnet-16"
 #: label patterns (the i-th class present below LIMIT); the CIFAR-10 subset's first 500 images hold 5 classes,
@@ -58,16 +58,7 @@ def _batches(labels: torch.Tensor, layout: list[int], count: int) -> list[list[i
     head = labels[:LIMIT]
     present = sorted(set(head.tolist()))
     pools = {c: [i for i in range(len(head)) if int(head[i]) == present[c % len(present)]] for c in set(layout)}
-    out = []
-    for b in range(count):
-        used: dict[int, int] = {}
-        idx = []
-        for c in layout:
-            k = b * layout.count(c) + used.get(c, 0)
-            used[c] = used.get(c, 0) + 1
-            idx.append(pools[c][k])
-        out.append(idx)
-    return out
+    return pattern_batches(pools, layout, count)
 
 
 def run(*, quick: bool = False, model_name: str = MODEL, device: str = "cpu") -> None:

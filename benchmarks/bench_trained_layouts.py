@@ -37,7 +37,7 @@ import leakbench as lb
 from leakbench.attacks import attack_batch
 from leakbench.evaluation.utility import loss_and_accuracy, train_model
 
-from .common import benchmark_images, console, env_names, env_pick, table, tv_variants
+from .common import benchmark_images, console, env_names, env_pick, pattern_batches, table, tv_variants
 
 MODEL = "convnet-16"
 #: (epochs, batch size, lr) of plain SGD per dataset.  CIFAR-10's 500 training images need more: 10 epochs at lr 0.05
@@ -81,16 +81,7 @@ def _data(name: str):
 
 def _batches(labels: torch.Tensor, pool: list[int], layout: list[int], count: int) -> list[list[int]]:
     """``count`` disjoint index lists from ``pool`` with the class pattern ``layout``."""
-    by_class = {c: [i for i in pool if int(labels[i]) == c] for c in set(layout)}
-    taken = {c: 0 for c in by_class}
-    out = []
-    for _ in range(count):
-        idx = []
-        for c in layout:
-            idx.append(by_class[c][taken[c]])
-            taken[c] += 1
-        out.append(idx)
-    return out
+    return pattern_batches({c: [i for i in pool if int(labels[i]) == c] for c in set(layout)}, layout, count)
 
 
 def run(*, quick: bool = False, device: str = "cpu") -> None:

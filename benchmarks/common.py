@@ -66,6 +66,20 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(lb.metrics.psnr(a, b).mean())
 
 
+def pattern_batches(pools: dict, pattern: list, count: int) -> list[list[int]]:
+    """``count`` disjoint index lists: each entry ``c`` of ``pattern`` takes the next unused index of ``pools[c]``
+    (so batch b holds the b-th run of each entry's pool)."""
+    taken = dict.fromkeys(pools, 0)
+    out = []
+    for _ in range(count):
+        idx = []
+        for c in pattern:
+            idx.append(pools[c][taken[c]])
+            taken[c] += 1
+        out.append(idx)
+    return out
+
+
 def env_names(name: str) -> list[str]:
     """The comma-separated entries of environment variable ``name`` (stripped, empty ones dropped)."""
     return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
