@@ -245,3 +245,22 @@ def test_text_utility_is_next_token_accuracy_on_held_out_sentences():
     secagg = utility("gpt:layers=1,width=16,heads=2", "text", "secagg:2", epochs=1, batch_size=8, lr=0.5,
                      data_options={"context": 8, "limit": 200}, cache_dir=False)
     assert secagg.steps == math.ceil(before.steps / 2) and math.isfinite(secagg.train_loss)  # 2 clients a round
+
+
+def test_a_run_from_a_checkpoint_is_diverged_only_above_the_untrained_models_loss(tmp_path):
+    """Issue 44: fine-tuning a trained checkpoint may end a little above the checkpoint's own loss; the divergence
+    line is the untrained model's loss (a fresh build), never the checkpoint's."""
+    from leakbench.evaluation.utility import tensors
+
+    build = lb.build
+    data = lb.load("digits", limit=300)
+    trained = train_model(build("mlp:32", input_shape=data.shape, classes=10, seed=0), data, epochs=5,
+                          batch_size=16, lr=0.2, seed=0)
+    path = tmp_path / "trained.pt"
+    torch.save(trained.model.state_dict(), path)
+    fresh = build("mlp:32", input_shape=data.shape, classes=10, seed=0)
+    untrained_loss, _ = loss_and_accuracy(fresh, *tensors(split(data, 0.25, seed=0)[0]))
+    tuned = utility("mlp:32", data, "none", epochs=1, batch_size=16, lr=0.05, seed=0, model_file=path,
+                    cache_dir=False)
+    assert math.isclose(tuned.initial_loss, untrained_loss, rel_tol=1e-6)
+    assert tuned.train_loss < tuned.initial_loss  # not "diverged" although it starts from a trained model

@@ -95,6 +95,18 @@ def print_verdicts(store: Store) -> None:
         console.print(Text("• " + clean(line)), soft_wrap=True)
 
 
+def print_rounds(store: Store) -> None:
+    """A federated sweep's rounds, one line each: the attack's power beside the clients' leakage (nothing else)."""
+    from ..evaluation.rounds import round_table, sentence
+
+    found = round_table(store.rows())
+    if found:
+        console.print(Text.assemble(("Leakage along training", "bold"),
+                                    " (S_D as RMSE, mean over n batches; power = the same attacks on public images):"))
+    for row in found:
+        console.print(Text("• " + clean(f"{row.dataset} · {row.model}: {sentence(row)}")), soft_wrap=True)
+
+
 def print_summary(summary: SweepSummary) -> None:
     counts = ", ".join(f"{v} {k}" for k, v in sorted(summary.counts.items()))
     stopped = f" (stopped: {summary.stopped})" if summary.stopped else ""
@@ -200,6 +212,7 @@ def evaluate_command(
                                                      if r["key"] in sweep.by_key])):
                 console.print(table)
             print_verdicts(sweep.store)
+            print_rounds(sweep.store)
         if report is not None:
             files = write_report(sweep.store, report)
             console.print(clean(f"report: {files.index}"), highlight=False, soft_wrap=True)

@@ -65,7 +65,8 @@ def batch_group(trial: TrialSpec) -> tuple | None:
         if not _stackable_attack(trial.attack, trial.preset, json.dumps(trial.options, sort_keys=True, default=str)):
             return None
         fixed = {k: v for k, v in trial.identity().items() if k not in ATTACK_FREE}
-    elif trial.kind == "utility" and trial.device.startswith("cuda"):  # on a CPU stacked training is slower
+    elif trial.kind == "utility" and trial.device.startswith("cuda") and "federated" not in trial.training:
+        # (on a CPU stacked training is slower; a federated round's utility reads its run, nothing to stack)
         fixed = trial.identity()                                       # (:func:`~.utility.utility_seeds`)
         fixed["utility"] = {k: v for k, v in dict(trial.utility).items() if k != "seed"}
     else:
@@ -114,7 +115,7 @@ def cuda_stack(obs, device: torch.device) -> int:
 def observation_for(spec: TrialSpec, cache_dir) -> Any:
     """The observation attack trial ``spec`` attacks (as :func:`~.run.run_trial` computes it: same seeds)."""
     from ..threat import observe
-    from .trial import apply_server, batch_for, dataset_for, model_for
+    from .trial import apply_server, batch_for, dataset_for, model_for, observed_defense
 
     device = torch.device(spec.device)
     data = dataset_for(spec)
@@ -122,7 +123,7 @@ def observation_for(spec: TrialSpec, cache_dir) -> Any:
     if spec.server:
         model = apply_server(spec, model, data)
     x, y = batch_for(spec, data)
-    return observe(model, x.to(device), y.to(device), defense=spec.defense, seed=spec.seed, population=data,
+    return observe(model, x.to(device), y.to(device), defense=observed_defense(spec), seed=spec.seed, population=data,
                    **spec.threat)
 
 

@@ -24,6 +24,14 @@ def defense_family(defense: str) -> tuple[str, str]:
 
 def _absent(trial: TrialSpec) -> tuple[str, ...]:
     """Rule keys a trial of this kind does not have (utility trials have no attack, batch size or seed)."""
+    if "round" not in trial.training:  # only a federated sweep's trials have a round
+        return ("round", *_absent_keys(trial))
+    return _absent_keys(trial)
+
+
+def _absent_keys(trial: TrialSpec) -> tuple[str, ...]:
+    if trial.kind == "utility" and "federated" in trial.training:
+        return ("attack", "batch_size")
     if trial.kind == "utility":
         return ("attack", "seed") if trial.batch_size else ("attack", "batch_size", "seed")
     if trial.kind == "membership" and trial.membership.get("form") == "reference":
@@ -36,18 +44,20 @@ def matches(rule: Mapping[str, Any], trial: TrialSpec, *, absent: bool = False) 
     """True when ``trial`` matches every key of ``rule`` (a value or a list of accepted values).
 
     ``dataset``/``model``/``attack`` match the registry name or the label;
-    ``defense`` matches the exact spec or its family (``prune`` matches every ``prune:p``).
+    ``defense`` matches the exact spec or its family (``prune`` matches every ``prune:p``); ``round`` a federated
+    sweep's attacked round.
     A rule naming a key the trial does not have (``attack`` for a utility trial) gives ``absent``.
     """
     if any(key in _absent(trial) for key in rule):
         return absent
     names = {
         "dataset": {trial.dataset, trial.dataset_key},
-        "model": {trial.model, trial.model_key},
+        "model": {trial.model, trial.model_key, split_round(trial.model_key)[0]},
         "attack": {trial.attack, trial.attack_key},
         "defense": {trial.defense, defense_family(trial.defense)[0]},
         "batch_size": {trial.batch_size},
         "seed": {trial.seed},
+        "round": {trial.training.get("round")},
     }
     for key, wanted in rule.items():
         values = wanted if isinstance(wanted, list) else [wanted]
@@ -76,6 +86,11 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
                   trial_seconds=spec.budget.trial_seconds, save_images=spec.save_images)
     for d in spec.datasets:
         for m in spec.models:
+            if m.federated is not None:
+                for t in _federated(spec, d, m, defenses, common):
+                    if keep(t, spec.include, spec.exclude):
+                        trials.setdefault(t.key, t)
+                continue
             base = dict(dataset=d.name, data_options=dict(d.options), dataset_key=d.key, model=m.spec,
                         model_key=m.key, training=m.training.model_dump(),
                         model_options=m.build_options(),
@@ -117,6 +132,52 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
                     trials.setdefault(t.key, t)
     ordered = sorted(trials.values(), key=lambda t: t.kind != "utility")  # stable: utility first
     return ordered
+
+
+#: how a federated sweep names a model at a round (:func:`round_key`)
+ROUND_SEPARATOR = " · round "
+
+
+def round_key(model_key: str, round_: int) -> str:
+    """How tables name a model at a federated round: ``"cnn:3-8 · round 5"``."""
+    return f"{model_key}{ROUND_SEPARATOR}{round_}"
+
+
+def split_round(model: str) -> tuple[str, int | None]:
+    """``"cnn · round 5"`` → ``("cnn", 5)``; a model key without a round → ``(model, None)``."""
+    base, sep, tail = model.rpartition(ROUND_SEPARATOR)
+    if sep and tail.isdigit():
+        return base, int(tail)
+    return model, None
+
+
+def _federated(spec: SweepSpec, d, m, defenses: list[str], common: dict) -> list[TrialSpec]:
+    """The trials of one (dataset, model) of a federated sweep, round by round: the run's utility at each attacked
+    round (one trial per seed), each attack on the clients' batches, and each attack on the public client's (the
+    attack's power at that checkpoint, :mod:`.strongest`)."""
+    fed = m.federated
+    out = []
+    for r in fed.rounds:
+        base = dict(dataset=d.name, data_options=dict(d.options), dataset_key=d.key, model=m.spec,
+                    model_key=round_key(m.key, r), model_options=m.build_options(), server=_server(m))
+        for defense in defenses:
+            for seed in spec.seeds:
+                training = {"federated": fed.run_options(), "round": r, "seed": seed}
+                out.append(TrialSpec(kind="utility", defense=defense, seed=seed, training=training,
+                                     utility={"seed": seed}, threat={"loss": spec.threat.loss}, **base, **common))
+            for size in spec.batch_sizes:
+                for seed in spec.seeds:
+                    training = {"federated": fed.run_options(), "round": r, "seed": seed}
+                    for batch in range(max(1, spec.images // size)):
+                        for client in ("", "public") if fed.public else ("",):
+                            for a in spec.attacks:
+                                out.append(TrialSpec(
+                                    kind="attack", defense=defense, batch_size=size, images=spec.images, batch=batch,
+                                    seed=seed, attack=a.name, attack_key=a.key, preset=a.preset,
+                                    preset_revision=preset_revision(a.name, a.preset), options=dict(a.options),
+                                    threat={**spec.threat.model_dump(), **a.threat}, training=training, client=client,
+                                    **base, **common))
+    return out
 
 
 def _server(model) -> dict[str, Any]:
@@ -170,4 +231,4 @@ def _reference(entry, spec: SweepSpec, common: dict) -> list[TrialSpec]:
     return out
 
 
-__all__ = ["plan", "matches", "keep", "defense_family"]
+__all__ = ["plan", "matches", "keep", "defense_family", "round_key", "split_round", "ROUND_SEPARATOR"]

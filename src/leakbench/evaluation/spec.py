@@ -37,6 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
+from .specfederated import FederatedEntry
 from .specnames import check_names
 from .specsource import Source as _Source
 from .specsource import pydantic_message, read_spec
@@ -156,6 +157,8 @@ class ModelEntry(_Strict):
     seed: int = Field(0, ge=0, lt=MAX_SEED)
     options: dict[str, Any] = Field(default_factory=dict)
     training: TrainingEntry = Field(default_factory=TrainingEntry)
+    #: training as an axis: a FedAvg run per (dataset, defense, seed), attacked at chosen rounds (:mod:`.federated`)
+    federated: FederatedEntry | None = None
     server: ServerEntry | None = None
     label: str | None = None
 
@@ -163,6 +166,13 @@ class ModelEntry(_Strict):
     @classmethod
     def _shorthand(cls, value: Any) -> Any:
         return {"spec": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_training(self) -> ModelEntry:
+        if self.federated is not None and self.training.epochs:
+            raise ValueError(f"expected either training.epochs or federated: on model {self.spec!r}, got both; the "
+                             "FedAvg run trains the model — remove training:")
+        return self
 
     @property
     def key(self) -> str:
@@ -544,6 +554,13 @@ class SweepSpec(_Strict):
         if not (self.attacks or self.weights or self.membership):
             raise ValueError("expected at least one of attacks, weights or membership; add attacks: [dlg] "
                              "(gradient attacks), a weights: entry or a membership: entry")
+        for m in self.models:
+            if m.federated is not None and m.federated.public:
+                big = [size for size in self.batch_sizes if size > m.federated.public]
+                if big:
+                    raise ValueError(f"expected batch sizes ≤ federated.public ({m.federated.public}) of model "
+                                     f"{m.key!r} so the public client holds a batch, got {big[0]}; raise its "
+                                     "federated.public")
         return self
 
     def defense_specs(self) -> list[str]:
@@ -597,4 +614,4 @@ __all__ = ["SweepSpec", "DatasetEntry", "ModelEntry", "RecipeEntry", "REFERENCE_
            "MAX_REFERENCE_MODELS", "NormalizeEntry", "ServerEntry", "TargetEntry", "WeightsEntry",
            "MembershipEntry", "MEMBERSHIP_SETTINGS", "SERVER_MOVES", "TrainingEntry", "AttackEntry", "DefenseEntry",
            "ThreatEntry", "UtilityEntry", "BoundsEntry", "BudgetEntry", "ReplicateEntry", "load_spec", "dump_spec",
-           "MAX_SEED", "MAX_THREADS", "MAX_STACK"]
+           "MAX_SEED", "MAX_THREADS", "MAX_STACK", "FederatedEntry"]

@@ -20,7 +20,7 @@ MAX_SPEC_NODES = 100_000
 #: most trials a spec may plan unless it raises ``max_trials`` (or ``leakbench evaluate --yes``).
 MAX_TRIALS = 10_000
 #: the keys an include/exclude rule may name
-RULE_KEYS = ("dataset", "model", "batch_size", "attack", "defense", "seed")
+RULE_KEYS = ("dataset", "model", "batch_size", "attack", "defense", "seed", "round")
 #: the options of a server move that the trial sets (never the spec)
 SERVER_SET_BY_TRIAL = ("model", "calibration", "input_shape")
 

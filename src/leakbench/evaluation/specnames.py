@@ -247,7 +247,8 @@ def rule_values(spec) -> dict[str, set[str]]:
             "attack": {v for a in [*spec.attacks, *(a for e in refs for a in e.attack_list)] for v in (a.name, a.key)},
             "defense": set(defenses) | families,
             "batch_size": {str(b) for b in spec.batch_sizes},
-            "seed": {str(s) for s in [*spec.seeds, *(s for e in refs for s in e.seeds)]}}
+            "seed": {str(s) for s in [*spec.seeds, *(s for e in refs for s in e.seeds)]},
+            "round": {str(r) for m in spec.models if m.federated is not None for r in m.federated.rounds}}
 
 
 def check_rule(spec, rule: Mapping[str, Any], kind: str, i: int, where: Source) -> None:
@@ -263,4 +264,4 @@ def check_rule(spec, rule: Mapping[str, Any], kind: str, i: int, where: Source) 
         for value in values:
             if str(value) not in known.get(key, set()):
                 raise ConfigError(f"{where.where((kind, i, key))}: {kind} rule value {value!r} matches no {key} of "
-                                  f"this spec, so the rule selects nothing; known: {', '.join(sorted(known[key]))}")
+                                  f"this spec, so the rule selects nothing; known: {', '.join(sorted(known[key])) or 'none'}")

@@ -217,10 +217,21 @@ class Strongest:
     incomplete: str | None = None
     #: what ``rmse`` measures: ``"rmse"``, or ``"token_error"`` (1 − token accuracy) for text
     metric: str = "rmse"
+    #: the strongest attack on the public client at the same checkpoint (a federated sweep), else None
+    power: Strongest | None = None
+    #: why this setting gets no verdict although no attack beat chance (the attack could not see), else None
+    undetermined: str | None = None
+    #: the median norm of the shared tensors of its attack trials (None: not recorded)
+    update_norm: float | None = None
 
     @property
     def family(self) -> str:
         return defense_family(self.defense)[0]
+
+    @property
+    def sees(self) -> bool:
+        """Some attack is significantly closer than chance here (paired over batches, n ≥ MIN_N)."""
+        return any(a.below_chance for a in self.scores if a.trials)
 
     @property
     def n(self) -> int:
@@ -286,11 +297,17 @@ def _score(label: str, trials: Sequence[Mapping[str, Any]]) -> AttackScore:
         ci=bootstrap_mean(pb[k] for k in sorted(pb)), margin=paired_bootstrap(cb, pb))
 
 
-def attack_scores(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[AttackScore]]:
-    """(threat model, dataset, model, defense, batch size) → the scores of every attack with rows there."""
+def is_public(row: Mapping[str, Any]) -> bool:
+    """A federated sweep's public-client row: the attack's power at a checkpoint, never part of S_D."""
+    return ((row.get("spec") or {}).get("client") or row.get("client")) == "public"
+
+
+def attack_scores(rows: Iterable[Mapping[str, Any]], *, public: bool = False) -> dict[tuple, list[AttackScore]]:
+    """(threat model, dataset, model, defense, batch size) → the scores of every attack with rows there (with
+    ``public``, of the public client's rows only: the attack's power, :func:`strongest`)."""
     groups: dict[tuple, dict[str, list[Mapping]]] = {}
     for r in rows:
-        if (r.get("kind") or "attack") != "attack":
+        if (r.get("kind") or "attack") != "attack" or is_public(r) != public:
             continue
         r = scored(r)
         setting = (threat_model(r), r.get("dataset") or "", r.get("model") or "", r.get("defense") or "none",
@@ -318,12 +335,58 @@ def _capped(values: Mapping[tuple, float], chance: Mapping[tuple, float]) -> dic
     return {k: min(v, chance[k]) if k in chance else v for k, v in values.items()}
 
 
+#: an observation whose shared tensors have a smaller norm carries nothing an attack could use (float32 noise)
+TINY_UPDATE = 1e-6
+
+
 def strongest(rows: Iterable[Mapping[str, Any]]) -> list[Strongest]:
-    """S_D per setting (the paper's Table 4 highlight), settings in first-seen order."""
+    """S_D per setting (the paper's Table 4 highlight), settings in first-seen order.
+
+    A setting is credited with stopping every attack only where the attack could have seen something:
+    where a federated sweep measured the attack's power on the public client at the same checkpoint
+    (:attr:`Strongest.power`), that power must be significantly above chance, and no observation may be too small
+    to carry anything (median update norm below :data:`TINY_UPDATE`, a converged model); otherwise
+    :attr:`Strongest.undetermined` says why there is no verdict.
+    """
     rows = list(rows)
+    result = _strongest(rows)
+    power = {_setting(p): p for p in _strongest(rows, public=True)}
+    norms: dict[tuple, list[float]] = {}
+    for r in rows:
+        v = (r.get("metrics") or {}).get("update_norm")
+        if (r.get("kind") or "attack") == "attack" and not is_public(r) and usable(r) and finite(v):
+            r = scored(r)
+            norms.setdefault((threat_model(r), r.get("dataset") or "", r.get("model") or "",
+                              r.get("defense") or "none", batch_size(r)), []).append(float(v))
+    for s in result:
+        s.power = power.get(_setting(s))
+        norm = float(np.median(norms[_setting(s)])) if norms.get(_setting(s)) else None
+        s.update_norm = norm
+        if s.stops and norm is not None and norm < TINY_UPDATE:
+            s.stops = False
+            s.undetermined = (f"the shared update's norm is {norm:.2g}: too small to carry anything (a converged "
+                              "model), not evidence that the defense stops the attack")
+        elif s.stops and s.power is not None and not s.power.sees:
+            p = s.power
+            s.stops = False
+            s.undetermined = (f"the strongest attack cannot see at this checkpoint: on public images S_D "
+                              f"{p.sd.mean if p.sd.n else p.rmse:.3g} against chance {_fmt(p.chance_rmse)} "
+                              f"(n = {p.n}) — no verdict")
+    return result
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3g}" if finite(value) else "?"
+
+
+def _setting(s: Strongest) -> tuple:
+    return (s.threat_model, s.dataset, s.model, s.defense, s.batch_size)
+
+
+def _strongest(rows: list[Mapping[str, Any]], *, public: bool = False) -> list[Strongest]:
     result = []
     ran: dict[tuple, set[str]] = {}  # (threat, dataset, model) → registry names of attacks with usable trials
-    scored = attack_scores(rows)
+    scored = attack_scores(rows, public=public)
     for (threat, dataset, model, _d, _b), scores in scored.items():
         ran.setdefault((threat, dataset, model), set()).update(s.name for s in scores if s.trials)
     for (threat, dataset, model, defense, size), scores in scored.items():
@@ -545,6 +608,8 @@ class PrivacyUtilityPoint:
     test_accuracy_ci: Interval = EMPTY
     #: what ``rmse`` measures (``"rmse"``, or ``"token_error"`` = 1 − token accuracy for text)
     metric: str = "rmse"
+    #: why no attack beating chance here is no evidence (:attr:`Strongest.undetermined`), else None
+    undetermined: str | None = None
 
     @property
     def family(self) -> str:
@@ -573,7 +638,8 @@ def privacy_utility(best: Iterable[Strongest], utility: Mapping[tuple, Mapping[s
             threat_model=s.threat_model, utility_loss=cost.mean if cost.measured else None, gain=cost.gain,
             epsilon=u.get("epsilon"), chance_rmse=s.chance_rmse, sd=s.sd, utility=cost,
             diverged=cost.diverged, stops=s.stops, sd_per_batch=dict(s.sd_per_batch), per_image=s.per_image,
-            incomplete=s.incomplete, test_accuracy_ci=u.get("test_accuracy_ci") or EMPTY, metric=s.metric))
+            incomplete=s.incomplete, test_accuracy_ci=u.get("test_accuracy_ci") or EMPTY, metric=s.metric,
+            undetermined=s.undetermined))
     return points
 
 
@@ -598,7 +664,7 @@ def pareto_front(points: Iterable[PrivacyUtilityPoint]) -> list[PrivacyUtilityPo
 
 #: what a verdict found: every candidate stops the attacks / one leaks significantly least / a statistical tie /
 #: no candidate within the budget / nothing measured enough to decide (n < MIN_N).
-VERDICT_STATUSES = ("stops", "decided", "tied", "none", "undecided")
+VERDICT_STATUSES = ("stops", "decided", "tied", "none", "undecided", "undetermined")
 
 
 @dataclass
@@ -608,7 +674,8 @@ class Verdict:
     ``status``: ``stops`` (``defense`` is the cheapest setting that stops every attack run here; ``tied`` lists
     the others that do), ``decided`` (``defense`` has the highest S_D, significantly above every other
     candidate), ``tied`` (``defense`` has the highest mean S_D but ``tied`` are not significantly below it),
-    ``undecided`` (too few batches) or ``none`` (no candidate fits the budget).  ``margin``: S_D of the pick
+    ``undecided`` (too few batches), ``undetermined`` (the pick leaks least only because the attack cannot see at
+    this checkpoint: ``undetermined`` says why) or ``none`` (no candidate fits the budget).  ``margin``: S_D of the pick
     minus the next candidate's (paired by batch) — or, for ``stops``, the undefended run's distance from
     chance.  ``n``: the batches the pick rests on; ``seeds``: the training seeds of its utility.  ``edge``:
     settings whose cost interval straddles the budget (:meth:`UtilityLoss.at_edge`) and that would be named or
@@ -643,6 +710,8 @@ class Verdict:
     #: what ``rmse`` and ``sd`` measure (``"rmse"``, or ``"token_error"`` = 1 − token accuracy for text)
     metric: str = "rmse"
     edge: list[str] = field(default_factory=list)
+    #: why the pick's result is no evidence (status ``undetermined``), else None
+    undetermined: str | None = None
 
 
 def _cost_key(p: PrivacyUtilityPoint) -> float:
@@ -672,6 +741,8 @@ def _decide(pts: Sequence[PrivacyUtilityPoint]) -> tuple[str, PrivacyUtilityPoin
         else:
             margins.append((d.mean, d))
     margin = min(margins, key=lambda m: m[0])[1] if margins else EMPTY
+    if pick.undetermined:  # it leaks least because the attack is blind here: no evidence either way
+        return "undetermined", pick, sorted(tied), margin
     return ("tied" if tied else "decided"), pick, sorted(tied), margin
 
 
@@ -717,6 +788,7 @@ def verdicts(points: Iterable[PrivacyUtilityPoint], budgets: Sequence[float] = B
                 v.defense, v.attack, v.rmse, v.utility_loss = pick.defense, pick.attack, pick.rmse, pick.utility_loss
                 v.gain, v.epsilon, v.chance_rmse = pick.gain, pick.epsilon, pick.chance_rmse
                 v.n, v.sd, v.utility, v.seeds = pick.sd.n, pick.sd, pick.utility, pick.utility.interval.n
+                v.undetermined = pick.undetermined if status == "undetermined" else None
             if not (v.status == "stops" and v.defense == "none"):  # nothing needed: no other setting matters
                 v.edge = _edge(ok, [p for p in scored
                                     if not p.diverged and p.defense != "none" and p.utility.at_edge(u)])

@@ -50,7 +50,7 @@ NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "
 
 
 #: fields added after the first store format; empty values leave a trial's key as it was.
-ADDED_FIELDS = ("server", "target", "membership", "indices", "preset_revision")
+ADDED_FIELDS = ("server", "target", "membership", "indices", "preset_revision", "client")
 
 
 def threat_model(spec: dict[str, Any]) -> str:
@@ -118,6 +118,9 @@ class TrialSpec:
     target: dict = field(default_factory=dict)
     membership: dict = field(default_factory=dict)
     indices: list = field(default_factory=list)
+    #: whose batch a federated attack trial attacks: "" (a client's) or "public" (the attacker's own images,
+    #: observed without the defense: the attack's power at that checkpoint)
+    client: str = ""
     dataset_key: str = ""
     model_key: str = ""
     attack_key: str = ""
@@ -223,8 +226,8 @@ def _model_key(spec: TrialSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Path | None = None) -> torch.nn.Module:
-    """Build the trial's model and bring it to its training state (trained weights cached per process and on disk)."""
+def built(spec: TrialSpec, data, device: torch.device) -> torch.nn.Module:
+    """The trial's model as built (with its weights file, if any), before any training."""
     from ..models import build
 
     opts = dict(spec.model_options)
@@ -242,6 +245,17 @@ def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Path | Non
         if opts.get("file_digest") and file_digest(opts["file"]) != opts["file_digest"]:
             raise LeakbenchError(f"the model file {opts['file']!r} changed since the trial was planned; re-plan it")
         load_weights(model, opts["file"], field="model file")
+    return model
+
+
+def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Path | None = None) -> torch.nn.Module:
+    """Build the trial's model and bring it to its training state (trained weights cached per process and on disk;
+    a federated round's checkpoint from its run, :mod:`.federated`)."""
+    model = built(spec, data, device)
+    if spec.training.get("federated"):
+        state, _ = federated_checkpoint(spec, data, model, cache_dir)
+        model.load_state_dict(state)
+        return model
     epochs = int(spec.training.get("epochs", 0))
     if epochs == 0:
         return model
@@ -267,11 +281,39 @@ def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Path | Non
     return model
 
 
+def federated_checkpoint(spec: TrialSpec, data, model: torch.nn.Module, cache_dir) -> tuple[dict, dict]:
+    """(state dict, metrics) of the federated run of ``spec`` (:mod:`.federated`) at its round; ``model`` is θ_0."""
+    from .federated import Run, checkpoint, run_key
+
+    t = spec.training
+    identity = {"dataset": spec.dataset, "data_options": spec.data_options, "model": spec.model,
+                "model_options": spec.model_options, "defense": spec.defense, "federated": t["federated"],
+                "seed": int(t["seed"]), "loss": spec.threat.get("loss", "ce")}
+    untrained = None
+    if spec.model_options.get("file"):  # the divergence line is a fresh build's loss, never the checkpoint's own
+        from ..models import build
+
+        opts = dict(spec.model_options)
+        untrained = build(spec.model, input_shape=data.shape, classes=data.num_classes, act=opts.get("act"),
+                          init=opts.get("init", "default"), seed=int(opts.get("seed", 0)),
+                          device=next(model.parameters()).device, normalize=opts.get("normalize"),
+                          **dict(opts.get("options") or {}))
+    run = Run(model, data, spec.defense, t["federated"], int(t["seed"]), loss=spec.threat.get("loss", "ce"),
+              untrained=untrained if untrained is not None else model)
+    return checkpoint(run, int(t["round"]), run_key(identity), cache_dir)
+
+
 def batch_for(spec: TrialSpec, data) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch ``spec.batch`` of the ``spec.images`` samples drawn with ``spec.seed`` (the same images for every B),
-    or exactly the samples ``spec.indices``."""
+    exactly the samples ``spec.indices``, or in a federated sweep B images of a client's (or the public) data."""
     if spec.indices:
         return data.batch(indices=list(spec.indices))
+    if spec.training.get("federated"):
+        from .federated import client_batch
+
+        idx = client_batch(data, spec.training["federated"], int(spec.training["seed"]), spec.batch,
+                           spec.batch_size, public=spec.client == "public")
+        return data.batch(indices=idx.tolist())
     pool = max(spec.images, spec.batch_size * (spec.batch + 1))
     x, y = data.batch(pool, seed=spec.seed)
     lo = spec.batch * spec.batch_size
@@ -400,6 +442,12 @@ def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Modu
     return getattr(malicious, name)(model, input_shape=data.shape, **options)
 
 
+def observed_defense(spec: TrialSpec) -> str:
+    """The defense on the attacked client's round: the spec's, except for a federated sweep's public client, whose
+    undefended round measures the attack's power at the checkpoint (the run itself trained under the defense)."""
+    return "none" if spec.client == "public" else spec.defense
+
+
 def run_attack(spec: TrialSpec, obs, clock: Clock) -> Any:
     """The spec's attack run on ``obs`` under the trial's budget, or the ``n/a`` result saying why it cannot run."""
     from ..attacks import create
@@ -420,7 +468,6 @@ def run_attack(spec: TrialSpec, obs, clock: Clock) -> Any:
 
 
 def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
-    from ..metrics import compare
     from ..threat import observe
     from .modality import pair_refusal
 
@@ -437,8 +484,18 @@ def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     x, y = batch_for(spec, data)
     x, y = x.to(device), y.to(device)
     # the dataset is the population other clients draw from (secure aggregation needs one)
-    obs = observe(model, x, y, defense=spec.defense, seed=spec.seed, population=data, **spec.threat)
+    obs = observe(model, x, y, defense=observed_defense(spec), seed=spec.seed, population=data, **spec.threat)
     clock.lap("observe")
+    result = _attacked(spec, obs, x, y, data, clock)
+    if result.status == "done":  # an update too small to carry anything is said to be that (:mod:`.strongest`)
+        result.metrics["update_norm"] = float(torch.sqrt(sum((s.double() ** 2).sum() for s in obs.shared)))
+    return result
+
+
+def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, clock: Clock) -> TrialResult:
+    """Run the spec's attack on ``obs`` and score it against the batch ``(x, y)``."""
+    from ..metrics import compare
+
     try:
         rec = run_attack(spec, obs, clock)
     except NothingRecovered as err:
@@ -579,6 +636,8 @@ def utility_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
         return TrialResult(key=spec.key, status="n/a", error=reason)
     if isinstance(clock.prepared, BaseException):  # trained in a batched call (:mod:`.chunks`), and it failed
         raise clock.prepared
+    if spec.training.get("federated"):
+        return federated_utility(spec, clock, cache_dir)
     result = clock.prepared if clock.prepared is not None else utility(**utility_arguments(spec, cache_dir))
     clock.lap("train")
     metrics = {k: _number(getattr(result, k, None))
@@ -593,6 +652,26 @@ def utility_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
         metrics["diverged"] = f"final training loss {loss:.3g} above the untrained model's {start:.3g}"
     return TrialResult(key=spec.key, status="done", metrics=metrics,
                        timings={"train_reported": float(getattr(result, "seconds", 0.0) or 0.0)})
+
+
+def federated_utility(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
+    """The federated run's utility at the trial's round: test accuracy and loss, training loss, the update's norm;
+    diverged against the untrained model's loss (:func:`.federated.diverged`)."""
+    from .federated import diverged
+
+    data = dataset_for(spec)
+    _, info = federated_checkpoint(spec, data, built(spec, data, torch.device(spec.device)), cache_dir)
+    clock.lap("train")
+    metrics = {k: _number(info.get(k)) for k in ("train_loss", "train_accuracy", "test_accuracy", "test_loss",
+                                                 "update_norm", "untrained_loss")}
+    metrics["round"] = int(spec.training["round"])
+    metrics["samples_seen"] = float(int(info.get("samples_per_round") or 0) * int(spec.training["round"]))
+    why = diverged(info)
+    if why is not None:
+        metrics["diverged"] = why
+        if why.startswith("non-finite"):
+            metrics.update(train_loss=None, train_accuracy=None, test_accuracy=None, test_loss=None)
+    return TrialResult(key=spec.key, status="done", metrics=metrics)
 
 
 def bound_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:

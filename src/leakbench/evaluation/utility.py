@@ -75,7 +75,8 @@ class UtilityResult:
     cached: bool = False
     samples_seen: int = 0
     steps: int = 0
-    #: the untrained model's loss on the training set: a run that ends above it diverged
+    #: the untrained model's loss on the training set (a fresh build, also when training starts from a weights
+    #: file): a run that ends above it diverged
     initial_loss: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
@@ -221,9 +222,10 @@ def train_model(model: nn.Module, data: ImageDataset, *, defense: str | Defense 
 # --------------------------------------------------------------------------- utility with a cache
 
 
-def split(data: ImageDataset, test_fraction: float, *, seed: int) -> tuple[ImageDataset, ImageDataset]:
-    """A seeded random (train, test) split holding out ``test_fraction`` of every class (of all sequences, for
-    text: a language model's classes are its vocabulary)."""
+def split_indices(data: ImageDataset | TextDataset, test_fraction: float, *,
+                  seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted (train, test) indices of a seeded random split holding out ``test_fraction`` of every class (of all
+    sequences, for text: a language model's classes are its vocabulary)."""
     if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
         raise ConfigError(f"expected test_fraction in (0, 1), got {test_fraction!r} (field test_fraction)")
     gen = torch.Generator().manual_seed(int(seed))
@@ -233,7 +235,7 @@ def split(data: ImageDataset, test_fraction: float, *, seed: int) -> tuple[Image
         if k == 0 or k == len(data):
             raise ConfigError(f"test_fraction {test_fraction} leaves an empty train or test set for {len(data)} "
                               "sequences")
-        return data.subset(torch.sort(order[k:]).values), data.subset(torch.sort(order[:k]).values)
+        return torch.sort(order[k:]).values, torch.sort(order[:k]).values
     train_idx, test_idx = [], []
     for c in range(data.num_classes):
         members = torch.nonzero(data.labels.cpu() == c).reshape(-1)
@@ -245,6 +247,12 @@ def split(data: ImageDataset, test_fraction: float, *, seed: int) -> tuple[Image
     test = torch.sort(torch.cat(test_idx)).values
     if train.numel() == 0 or test.numel() == 0:
         raise ConfigError(f"test_fraction {test_fraction} leaves an empty train or test set for {len(data)} samples")
+    return train, test
+
+
+def split(data: ImageDataset, test_fraction: float, *, seed: int) -> tuple[ImageDataset, ImageDataset]:
+    """A seeded random (train, test) split holding out ``test_fraction`` of every class (:func:`split_indices`)."""
+    train, test = split_indices(data, test_fraction, seed=seed)
     return data.subset(train), data.subset(test)
 
 
@@ -347,6 +355,9 @@ def utility_seeds(model_spec: str, dataset: str | ImageDataset | tuple[ImageData
                 from ..models.files import file_digest
 
                 config["model_file"] = file_digest(model_file)
+                # the divergence line is the untrained model's loss, never the checkpoint's own (a healthy
+                # fine-tune may end a little above it); runs cached before this have the checkpoint's loss
+                config["initial_loss"] = "fresh build"
             from ..models.custom import class_digest, is_class_spec
 
             if is_class_spec(model_spec, MODELS.names()):  # your own class: an edited source is a new run
@@ -358,14 +369,14 @@ def utility_seeds(model_spec: str, dataset: str | ImageDataset | tuple[ImageData
                 continue
             model = build(model_spec, input_shape=train.shape, classes=train.num_classes, seed=seed, device=device,
                           **dict(model_options or {}))
-            if model_file is not None:
-                from ..models.files import load_weights
-
-                load_weights(model, model_file, field="model_file")
             if batch_size > len(train):
                 raise ConfigError(f"expected batch_size ≤ {len(train)} (the training set), got {batch_size} "
                                   "(field batch_size)")
             initial_loss, _ = loss_and_accuracy(model, *(t.to(device) for t in tensors(train)), loss=loss)
+            if model_file is not None:  # after the untrained model's loss: that is the divergence line
+                from ..models.files import load_weights
+
+                load_weights(model, model_file, field="model_file")
             todo.append((i, config, path, train, test, model, initial_loss))
         except Exception as err:  # noqa: BLE001 (one seed's failure is its own)
             results[i] = err
@@ -426,5 +437,5 @@ def _store(path: Path | None, result: UtilityResult) -> None:
 
 
 __all__ = ["TrainResult", "UtilityResult", "train_model", "utility", "utility_seeds", "loss_and_accuracy", "tensors",
-           "split", "cache_root",
+           "split", "split_indices", "cache_root",
            "config_key", "samples_per_round"]

@@ -29,12 +29,13 @@ from .. import __version__
 from ..errors import ConfigError
 from ..evaluation.membership_verdict import membership_defenses
 from ..evaluation.store import Store
-from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, membership_table, privacy_utility,
+from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, is_public, membership_table, privacy_utility,
                                     strongest, threat_model, usable, utility_table, weights_table)
 from .attack_section import Drawn, attack_section
 from .text_section import TEXT_CSS
 from .verdict_text import summaries
 from .federated_section import federated_section, federated_summary
+from .rounds_section import rounds_section
 from .export import RESULT_COLUMNS, result_records, strongest_records, write_csv, write_parquet
 from .markup import esc, muted, table
 from .navigation import NAV_CSS, collapsible, contents_bar, metric_radios
@@ -284,12 +285,13 @@ def _write(store: Store, out: Path) -> ReportFiles:
         | ({"membership"} if members or references else set())
     threats = [t for t in THREAT_MODELS if t in present] + sorted(present - set(THREAT_MODELS))
     drawn = Drawn()
+    clients = [r for r in rows if not is_public(r)]  # a federated sweep's public client: its power, in rounds
     sections = []
     for t in threats:
         title, text = THREATS.get(t, (t, "a threat model this leakbench version does not describe."))
         body = []
         if any(s.threat_model == t for s in best):
-            body.append(attack_section(t, rows, best, points, util, out, drawn, bounds))
+            body.append(attack_section(t, clients, best, points, util, out, drawn, bounds))
         if t == "published-weights" and weights:
             body.append(weights_section(weights, out, drawn))
         if t == "membership" and references:
@@ -300,6 +302,7 @@ def _write(store: Store, out: Path) -> ReportFiles:
         sections.append(f'<section class="threat" id="threat-{esc(t)}" data-threat="{esc(t)}">'
                         + collapsible("", title, f"<p><i>The attacker {esc(text)}</i></p>{''.join(body)}")
                         + "</section>")
+    rounds = rounds_section(rows, out, drawn)
     federated = federated_section(rows, out, drawn)
     summary = (_summary(threats, rows, points, weights, members, bool(bounds), references)
                if sections or not federated
@@ -310,6 +313,7 @@ def _write(store: Store, out: Path) -> ReportFiles:
     downloads = [f'<a href="{esc(p.relative_to(out).as_posix())}">{esc(p.name)}</a>'
                  for p in (files.csv, files.strongest_csv, files.parquet) if p is not None]
     entries = [("summary", "Summary"), *((f"threat-{t}", THREATS.get(t, (t,))[0]) for t in threats),
+               *([("rounds", "Leakage along training")] if rounds else []),
                *([("federated", "Federated runs")] if federated else []), ("problems", "Not applicable, failed"),
                ("spec", "Sweep spec")]
     intro = """<p>Following Liu et al. (2024, eq. (3)), a defense is judged by the strongest attack against it
@@ -327,6 +331,7 @@ eavesdropper.</p>"""
 {esc(__version__)} · <span id="image-check">images not checked (JavaScript off)</span> · {' · '.join(downloads)}</p>
 {collapsible("summary", "Summary", intro + summary + _replication(store))}
 {''.join(sections) or ("" if federated else muted("No finished trials yet."))}
+{rounds}
 {federated}
 {collapsible("problems", "Attacks that did not apply, failed trials", _problems_section(rows) + _refused_files(rows),
              open=any(r.get("status") in ("failed", "timed out") for r in rows))}

@@ -61,6 +61,8 @@ def _decision(v: Verdict) -> str:
     if v.status == "undecided":
         return (f"undecided: <b>{esc(v.defense)}</b> leads on n = {v.n} batch(es), too few to decide "
                 f"(needs ≥ {MIN_N})")
+    if v.status == "undetermined":
+        return f"undetermined: <b>{esc(v.defense)}</b> leaks least here, but {esc(v.undetermined or '')}"
     if v.defense == "none":
         head = "no defense within it leaks significantly less than none"
     else:
