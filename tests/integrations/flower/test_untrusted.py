@@ -219,3 +219,20 @@ def test_the_budget_is_checked():
     for options in ({"audit_seconds": 0}, {"audit_seconds": math.nan}, {"audit_memory": 0}, {"max_work": 1.5}):
         with pytest.raises(ConfigError, match="expected"):
             audit_mod(model_fn=model_fn, data_fn=lambda c, r: None, attacks=["fc-inversion"], **options)
+
+
+# ---------------------------------------------------------------------------------------------- defense_mod
+
+
+@pytest.mark.parametrize("options, words", [
+    (WRONG_SHAPE, "global model's shapes"),
+    ({"state_fn": lambda s: {k: v.to(torch.int64) for k, v in s.items()}}, "float arrays"),
+    ({"metrics": {"num-examples": 1, "leakbench-steps": 1}}, "cannot act"),  # no sample rate reported
+])
+def test_defense_mod_on_a_reply_it_cannot_defend_is_one_line_and_sends_nothing(batch, options, words):
+    from leakbench.integrations.flower import defense_mod
+
+    spec = "dpsgd:1,0.5" if "metrics" in options else "prune:0.9"
+    reply = defense_mod(spec)(train_message(), context(), client(batch, **options))
+    assert reply.has_error() and words in reply.error.reason and "not sent" in reply.error.reason
+    assert "\n" not in reply.error.reason and "Traceback" not in reply.error.reason

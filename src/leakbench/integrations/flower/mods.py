@@ -322,8 +322,12 @@ def defense_mod(spec: str, *, keys: FitKeys = FitKeys(), seed: int = 0,
     def leakbench_defense_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if not _is_train(msg) or layout(msg) is None:  # a SecAgg+ key exchange carries no model
             return call_next(msg, context)
-        sent = train_inputs(msg, names)
-        before, config = sent.state, sent.config
+        try:
+            sent = train_inputs(msg, names)
+        except Exception as err:  # noqa: BLE001 - one line, and nothing leaves undefended
+            return _refuse(msg, f"leakbench defense_mod: the train message cannot be read: {_one_line(err)}; the "
+                                "update was not sent")
+        config = sent.config
         if in_step:
             train_config_record(msg)[keys.defense] = in_step
         reply = call_next(msg, context)
@@ -333,6 +337,13 @@ def defense_mod(spec: str, *, keys: FitKeys = FitKeys(), seed: int = 0,
             return _refuse(msg, f"leakbench defense_mod: the update left as SecAgg+ masked vectors, on which {full!r} "
                                 "cannot act: place defense_mod inside secaggplus_mod (after it in mods); the update "
                                 "was not sent")
+        try:
+            return _defend(msg, context, reply, sent.state, config)
+        except Exception as err:  # noqa: BLE001 - a defense that cannot act sends nothing undefended; one line
+            return _refuse(msg, f"leakbench defense_mod: {full!r} cannot act on the reply of node {context.node_id}: "
+                                f"{_one_line(err)}; the update was not sent")
+
+    def _defend(msg: Message, context: Context, reply: Message, before: dict, config: dict) -> Message:
         out = train_reply(reply, names)
         metrics = out.metrics
         if in_step and STEPS_KEY not in metrics:
@@ -348,6 +359,17 @@ def defense_mod(spec: str, *, keys: FitKeys = FitKeys(), seed: int = 0,
             if missing:
                 return _refuse(msg, f"leakbench defense_mod: the reply's arrays lack {missing[:3]} of the global "
                                     "model; the update was not sent")
+            shared = [k for k in after if k in before]
+            misfit = [f"{k} {tuple(after[k].shape)} (global {tuple(before[k].shape)})" for k in shared
+                      if tuple(after[k].shape) != tuple(before[k].shape)]
+            if misfit:
+                return _refuse(msg, f"leakbench defense_mod: expected the reply's arrays in the global model's "
+                                    f"shapes, got {', '.join(misfit[:3])}; the update was not sent")
+            odd = [f"{k} ({after[k].dtype}, global {before[k].dtype})" for k in shared
+                   if after[k].dtype != before[k].dtype or (k in defended and not after[k].is_floating_point())]
+            if odd:
+                return _refuse(msg, f"leakbench defense_mod: expected float arrays in the global model's dtypes to "
+                                    f"defend, got {', '.join(odd[:3])}; the update was not sent")
             gen = torch.Generator().manual_seed(_seed(seed, _server_round(config, msg), context.node_id))
             delta = update_defense.apply_gradients([after[k] - before[k] for k in defended], generator=gen)
             for k, d in zip(defended, delta):
