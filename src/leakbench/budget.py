@@ -55,4 +55,43 @@ def seconds_left() -> float:
     return math.inf if limit is None else limit[0] - time.time()
 
 
-__all__ = ["time_limit", "check_time", "seconds_left"]
+def memory_available() -> tuple[float, str]:
+    """(bytes this process may still allocate, what bounds it): the least of the address-space limit
+    (``RLIMIT_AS``, e.g. ``ulimit -v``) less what the process maps, the cgroup's ``memory.max`` less its use,
+    and the machine's ``MemAvailable``; (inf, "") when none can be read."""
+    found: list[tuple[float, str]] = []
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft not in (resource.RLIM_INFINITY, -1):
+            mapped = 0
+            with open("/proc/self/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("VmSize:"):
+                        mapped = int(line.split()[1]) * 1024
+            found.append((soft - mapped, "the process's memory limit (RLIMIT_AS)"))
+    except (ImportError, OSError, ValueError):
+        pass
+    for limit, used in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit, encoding="ascii") as f:
+                text = f.read().strip()
+            if text != "max" and int(text) < 1 << 60:
+                with open(used, encoding="ascii") as f:
+                    found.append((int(text) - int(f.read().strip()), "the container's memory limit (cgroup)"))
+                break
+        except (OSError, ValueError):
+            continue
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append((int(line.split()[1]) * 1024, "the machine's available memory"))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else (math.inf, "")
+
+
+__all__ = ["time_limit", "check_time", "seconds_left", "memory_available"]

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from .budget import memory_available
 from .captured import check_model, gradient_fields, non_finite_tensor, out_dim, update_fields
 from .defenses import parse as parse_defense
 from .defenses import share
-from .errors import expect
+from .errors import ConfigError, expect
 from .losses import get_loss
 from .text_batch import check_token_batch, check_token_labels, takes_tokens, text_grants
 
@@ -304,6 +305,42 @@ def observe(
     expect(not bn_stats or train, "bn_stats=True needs train=True (batch statistics exist only in training mode)")
     defense_obj = parse_defense(defense)
 
+    _check_memory(model, x)
+    try:
+        return _observe(model, x, y, text=text, loss=loss, loss_fn=loss_fn, local_steps=local_steps,
+                        local_lr=local_lr, local_batch=local_batch, local_shuffle=local_shuffle, train=train,
+                        labels_known=labels_known, bn_stats=bn_stats, defense_obj=defense_obj, population=population,
+                        seed=seed)
+    except MemoryError:
+        raise ConfigError("out of memory while observing: the model and batch do not fit in this process's memory "
+                          "(argument model); use a smaller model or batch") from None
+    except RuntimeError as err:
+        text_ = str(err)
+        if "can't allocate memory" in text_ or "out of memory" in text_ or "Tried to allocate" in text_:
+            raise ConfigError(f"out of memory while observing ({' '.join(text_.split())[:160]}) (argument model); "
+                              "use a smaller model or batch") from None
+        raise
+
+
+#: copies of the model's parameters an observation holds at once: the client's model, its starting point, the
+#: gradients, the shared tensors and the attacker's model.
+OBSERVE_COPIES = 5
+
+
+def _check_memory(model: nn.Module, x: torch.Tensor) -> None:
+    """Refuse, before any copy, a model whose copies in :func:`observe` exceed the memory this process has left."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    need = OBSERVE_COPIES * params + 4 * x.numel() * x.element_size()
+    available, what = memory_available()
+    if need > available:
+        raise ConfigError(f"expected the observation to fit in memory, got a model of {params / 2**30:.3g} GiB of "
+                          f"parameters: about {need / 2**30:.3g} GiB for its {OBSERVE_COPIES} copies, "
+                          f"{max(available, 0) / 2**30:.3g} GiB left under {what} (argument model); use a smaller "
+                          "model or raise the limit")
+
+
+def _observe(model, x, y, *, text, loss, loss_fn, local_steps, local_lr, local_batch, local_shuffle, train,
+             labels_known, bn_stats, defense_obj, population, seed) -> Observation:
     client = copy.deepcopy(model).to(x.device)
     if text:
         check_token_labels(y, x, out_dim(client, x))

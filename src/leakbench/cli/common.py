@@ -8,6 +8,7 @@ styles are :class:`~rich.text.Text` objects), and :func:`clean` shows control ch
 """
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -73,6 +74,48 @@ def _allocation_failure(err: BaseException) -> bool:
         or "Tried to allocate" in text
 
 
+#: errno values that mean the disk (or the quota) is full: the only ones whose fix is to free space.
+_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
+
+
+def os_failure(err: OSError) -> str:
+    """One line for a file-system error that blames what went wrong: a full disk, a path that is a file where a
+    directory is needed (or the reverse), a missing path, a permission or read-only place."""
+    where = f" ({err.filename})" if err.filename else ""
+    what = f"{err.strerror or err}{where}"
+    code = err.errno
+    if code in _FULL:
+        return f"{what}; free disk space, then run the same command again (finished work is kept)"
+    if code in (errno.ENOTDIR, errno.EEXIST):
+        return f"{what}: a file stands where a directory is needed; choose another path (e.g. another --out)"
+    if code == errno.EISDIR:
+        return f"{what}: a directory stands where a file is needed; choose a file path"
+    if code == errno.ENOENT:
+        return f"{what}: no such file or directory; check the path"
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{what}: not writable by you; choose a writable path"
+    return f"{what}; check the path and run the same command again"
+
+
+def sqlite_failure(err: sqlite3.Error) -> str:
+    """One line for an SQLite error on the results store, blaming what went wrong (schema, lock, disk, damage)."""
+    text = " ".join(str(err).split())
+    if "no such column" in text or "no such table" in text or "has no column" in text:
+        fix = ("the store was written by another leakbench version or program (its schema differs); use a new --db "
+               "file")
+    elif "locked" in text or "busy" in text:
+        fix = "another process is writing the store; wait for it, or use another --db file"
+    elif "full" in text or "disk I/O" in text:
+        fix = "free disk space, or use a new --db file, and run the same command again: finished trials are kept"
+    elif "not a database" in text or "malformed" in text or "corrupt" in text:
+        fix = "the store is damaged; use a new --db file"
+    elif "readonly" in text or "read-only" in text or "unable to open" in text:
+        fix = "the store is not writable here; choose a writable --db path"
+    else:
+        fix = "use a new --db file"
+    return f"results store: {text} ({type(err).__name__}); {fix}"
+
+
 def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Turn :class:`LeakbenchError` into one red line and exit code 2; Ctrl-C into exit code 130.
 
@@ -87,12 +130,9 @@ def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except LeakbenchError as err:
             fail(str(err))
         except sqlite3.Error as err:
-            fail(f"results store: {err} ({type(err).__name__}); free disk space, or use a new --db file, and run "
-                 "the same command again: finished trials are kept")
+            fail(sqlite_failure(err))
         except OSError as err:
-            where = f" ({err.filename})" if err.filename else ""
-            fail(f"{err.strerror or err}{where}; free disk space or choose a writable path, then run the same "
-                 "command again")
+            fail(os_failure(err))
         except KeyboardInterrupt:
             err_console.print(Text("interrupted", style="yellow"))
             raise typer.Exit(EXIT_INTERRUPTED) from None

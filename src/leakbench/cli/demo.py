@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..evaluation import Sweep, load_spec, strongest
 from ..evaluation.bundled import preset_path
 from ..report import write_report
-from .common import app, clean, console, err_console, reports_errors
+from .common import app, check_out_dir, clean, console, err_console, reports_errors
 from .evaluate import print_failures, print_summary, print_verdicts, strongest_tables
 
 
@@ -43,8 +43,8 @@ def demo_command(
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
     if workers < 1:
         raise ConfigError(f"expected --workers ≥ 1, got {workers}")
+    check_out_dir(out, "--out")  # a file, /dev/null or a read-only place: one line naming --out, before any work
     sweep_spec = load_spec(spec if spec is not None else demo_spec_path())
-    out.mkdir(parents=True, exist_ok=True)
     sweep = Sweep(sweep_spec, out / "results.db", workers=workers)
     for note in sweep.notes:
         err_console.print(Text(clean(note), style="yellow"), soft_wrap=True, highlight=False)

@@ -30,7 +30,7 @@ from ..evaluation.spec import MAX_STACK
 from ..evaluation.speccheck import MAX_TRIALS
 from ..evaluation.strongest import Strongest
 from ..report import write_report
-from ..report.pdf import BROWSERS, NO_BROWSER, find_chromium, write_pdf
+from ..report.pdf import chromium_problem, find_chromium, write_pdf
 from .common import app, check_out_dir, clean, console, err_console, reports_errors
 
 
@@ -242,7 +242,7 @@ def report_command(
     The store is opened read-only (it may sit on read-only media or belong to another user).
     """
     if pdf and find_chromium() is None:  # before any work: the fix is one install away
-        raise ConfigError(NO_BROWSER.format(names=", ".join(BROWSERS)))
+        raise ConfigError(chromium_problem())
     store = Store(db, readonly=True)
     try:
         check_out_dir(out, "--out")

@@ -10,7 +10,8 @@ position (B × T, the padded positions −100, which cross-entropy ignores), for
 ``load("text")`` takes the bundled corpus (:mod:`.corpus`: standard-library docstring sentences,
 labelled by their module) and the bundled tokenizer (:mod:`.tokenizer`); ``files=[...]`` reads
 your own UTF-8 text files instead, one sample per line (``windows=False``) or running text cut
-into windows (``windows=True``, labels then all 0), and ``tokenizer="path.json"`` your own
+into windows (``windows=True``, labels then all 0); only what a sample keeps is tokenised (the head of a
+long line, the text up to the last window kept), and ``tokenizer="path.json"`` your own
 tokenizer.  ``split``: ``"train"`` (9 of every 10 sentences), ``"test"`` (every 10th) or ``"all"``.
 """
 from __future__ import annotations
@@ -142,6 +143,51 @@ def _rows(seqs: Sequence[list[int]], context: int, pad: int, eos: int | None) ->
     return out
 
 
+#: characters of text tokenised at a time when cutting windows from running text.
+_CHUNK_CHARS = 1 << 20
+
+
+def encode_head(tok: TextTokenizer, text: str, need: int) -> list[int]:
+    """The first ``need`` token ids of ``text`` (all of them when it has fewer), tokenising only a prefix.
+
+    The prefix starts at a few characters a token and doubles until it holds more than ``need`` + 1 tokens (the
+    last one may be cut by the prefix's end) or is the whole text, so a 16 MiB line costs about the characters
+    of the tokens kept, not the line.
+    """
+    size = 4 * (need + 2)
+    while size < len(text):
+        ids = tok.encode(text[:_cut(text, size // 2, size)])
+        if len(ids) > need + 1:
+            return ids[:need]
+        size *= 2
+    return tok.encode(text)[:need]
+
+
+def _cut(text: str, low: int, high: int) -> int:
+    """Where to end a piece of ``text`` near ``high``: before its last space or line break in [low, high), so
+    the piece ends between words (as a tokenizer's pre-tokenizer splits), else at ``high``."""
+    cut = max(text.rfind(" ", low, high), text.rfind("\n", low, high))
+    return cut if cut > low else high
+
+
+def _encode_stream(tok: TextTokenizer, texts: Sequence[str], need: int) -> np.ndarray:
+    """At most ``need`` token ids of the running ``texts``, tokenised in chunks ending before a space or line
+    break and kept as int64: the work and memory follow the ids kept, not the text's length."""
+    out: list[np.ndarray] = []
+    total = 0
+    for text in texts:
+        start = 0
+        while start < len(text) and total < need:
+            end = len(text) if len(text) - start <= _CHUNK_CHARS else _cut(text, start, start + _CHUNK_CHARS)
+            ids = np.asarray(tok.encode(text[start:end]), dtype=np.int64)[: need - total]
+            out.append(ids)
+            total += len(ids)
+            start = end
+        if total >= need:
+            break
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
 def _read_files(files: Sequence[str | os.PathLike]) -> list[str]:
     if isinstance(files, (str, os.PathLike)):
         files = [files]
@@ -205,16 +251,16 @@ def text(
         pairs = [p for i, p in enumerate(pairs) if keep(i)]
 
     if windows:
-        stream = [i for s, _ in pairs for i in tok.encode(s)]
+        most = min(MAX_SAMPLES if limit is None else limit, MAX_IDS // (context + 1))
+        stream = _encode_stream(tok, [s for s, _ in pairs], most * (context + 1))
         n = len(stream) // (context + 1)
         expect(n >= 1, f"expected at least {context + 1} tokens to cut one window, got {len(stream)} (field files)")
-        n = min(n, MAX_SAMPLES if limit is None else limit, MAX_IDS // (context + 1))
-        ids = torch.tensor(stream[: n * (context + 1)], dtype=torch.int64).reshape(n, context + 1)
+        ids = torch.from_numpy(stream[: n * (context + 1)].copy()).reshape(n, context + 1)
         labels = torch.zeros(n, dtype=torch.int64)
     else:
         seqs, labels_list = [], []
         for s, label in pairs:
-            enc = tok.encode(s)
+            enc = encode_head(tok, s, max(context + 1, min_tokens))  # a row keeps context + 1 ids
             if len(enc) >= min_tokens:
                 seqs.append(enc)
                 labels_list.append(label)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import os
 import socket
 import sqlite3
@@ -57,6 +58,28 @@ CREATE TABLE IF NOT EXISTS results (
 CREATE TABLE IF NOT EXISTS images (key TEXT NOT NULL, kind TEXT NOT NULL, path TEXT NOT NULL,
                                    PRIMARY KEY (key, kind));
 """.replace("{score_columns}", ", ".join(f"{c} REAL" for c in MEAN_COLUMNS))
+
+
+def _schema_columns() -> dict[str, tuple[str, ...]]:
+    """Every table of :data:`_SCHEMA` and its columns, read from its ``CREATE TABLE`` statements."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, body in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\);", _SCHEMA, flags=re.S):
+        parts, depth, current = [], 0, ""
+        for ch in body:  # split on the commas outside parentheses
+            depth += (ch == "(") - (ch == ")")
+            if ch == "," and depth == 0:
+                parts.append(current)
+                current = ""
+            else:
+                current += ch
+        parts.append(current)
+        words = [p.split()[0] for p in parts if p.split()]
+        out[name] = tuple(w for w in words if w.upper() not in ("PRIMARY", "UNIQUE", "FOREIGN", "CHECK", "CONSTRAINT"))
+    return out
+
+
+#: the tables and columns a store of this leakbench holds (checked when an existing store is opened).
+SCHEMA_COLUMNS = _schema_columns()
 
 
 def _json(value: Any) -> str:
@@ -124,10 +147,15 @@ def _sqlite_message(path: Path, err: sqlite3.Error) -> str:
     text = str(err)
     if "not a database" in text or "malformed" in text or "disk I/O" in text:
         return f"{path} is not a readable leakbench store ({text}: corrupt or truncated); use a new --db file"
-    if "full" in text:
+    if "full" in text and "no such" not in text:
         return f"cannot write {path} ({text}); free disk space and run the same command again to resume"
     if "readonly" in text or "read-only" in text or "unable to open" in text:
         return f"cannot write {path} ({text}); choose a writable --db path (reports read it with `leakbench report`)"
+    if "no such column" in text or "no such table" in text or "has no column" in text:
+        return (f"{path} is not a leakbench store of this schema ({text}): written by another leakbench version or "
+                "program; use a new --db file")
+    if "locked" in text or "busy" in text:
+        return f"{path} is busy ({text}): another process is writing it; wait for it, or use another --db file"
     return f"{path}: SQLite error ({text}); use a new --db file"
 
 
@@ -243,11 +271,20 @@ class Store:
                 raise ConfigError(f"{self.path} holds no leakbench results (an empty database); run "
                                   "`leakbench evaluate SPEC --db` first")
             if tables:
-                columns = {r[1] for r in self._conn.execute("PRAGMA table_info(trials)")}
-                missing = sorted({"key", "kind", "spec", "status"} - columns)
-                if missing:
-                    raise ConfigError(f"{self.path} has a trials table without column(s) {', '.join(missing)}: "
-                                      "not a leakbench store of this schema; use a new --db file")
+                for table, expected in SCHEMA_COLUMNS.items():
+                    if table not in tables:
+                        if readonly:  # a writable store gains the missing table below (CREATE TABLE IF NOT EXISTS)
+                            raise ConfigError(f"expected a leakbench store with a {table} table, got {self.path} "
+                                              "without one: a store of another leakbench version or program; use "
+                                              "a new --db file")
+                        continue
+                    columns = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")}
+                    missing = [c for c in expected if c not in columns]
+                    if missing:
+                        raise ConfigError(f"{self.path} has a {table} table without column(s) "
+                                          f"{', '.join(missing[:5])}{' …' if len(missing) > 5 else ''}: not a "
+                                          "leakbench store of this schema (another version or program); use a new "
+                                          "--db file")
                 if readonly:
                     self._conn.execute("PRAGMA quick_check(1)").fetchone()
         except sqlite3.Error as err:
@@ -420,4 +457,4 @@ class Store:
         return {"path": str(self.path), "schema_version": SCHEMA_VERSION, "counts": self.counts()}
 
 
-__all__ = ["Store", "SCHEMA_VERSION", "MEAN_COLUMNS", "RETRYABLE", "IMAGE_KINDS"]
+__all__ = ["Store", "SCHEMA_VERSION", "SCHEMA_COLUMNS", "MEAN_COLUMNS", "RETRYABLE", "IMAGE_KINDS"]

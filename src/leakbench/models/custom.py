@@ -10,8 +10,9 @@ Construction (:func:`build_class`): ``Class(**options)``, plus ``input_shape=(C,
 ``num_classes=K`` (or ``classes=K``) from the dataset when the constructor has a parameter of
 that name and ``options`` does not set it (``**kwargs`` receives neither).  The constructor runs
 under a fixed torch seed (``seed``) with the global RNG restored afterwards, so its random
-initialisation is reproducible; the model is then probed on one zero input and must return
-one row of K ≥ ``classes`` logits (more outputs than the dataset's classes are allowed: an
+initialisation is reproducible; the model is then probed on a zero batch of two samples, in eval and
+in train mode (buffers restored), and must return a float tensor with one row of K ≥ ``classes`` logits
+per sample each time (more outputs than the dataset's classes are allowed: an
 unlabelled folder has one class, "unknown"; your model its own ``num_classes``).
 
 The module is searched on ``sys.path`` and then in the current directory (as ``python -m``
@@ -44,6 +45,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, expect
+from .size import check_size
 
 __all__ = ["Normalize", "normalized", "is_normalized", "is_class_spec", "import_class", "class_digest",
            "build_class", "CONSTRUCTOR_ARGUMENTS"]
@@ -181,6 +183,7 @@ def build_class(spec: str, input_shape: tuple[int, ...], classes: int, *, seed: 
         if name not in kwargs and param is not None and param.kind is not inspect.Parameter.VAR_KEYWORD:
             kwargs[name] = filled[name]
     seed_used = int(seed) if seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
+    check_size(lambda: cls(**kwargs), spec, dtype)  # sized on the meta device before it is built
     with torch.random.fork_rng(devices=[]):  # a reproducible initialisation; the global RNG is left alone
         torch.manual_seed(seed_used)
         try:
@@ -198,23 +201,48 @@ def build_class(spec: str, input_shape: tuple[int, ...], classes: int, *, seed: 
     return model
 
 
+#: the batch of the probe: more than one sample, as every attack and training step runs batches.
+PROBE_BATCH = 2
+
+
 def _probe(model: nn.Module, spec: str, input_shape, classes: int, field: str, dtype, device) -> None:
-    """One forward pass of a zero input in eval mode (BN statistics untouched): one row of ``classes`` logits."""
+    """Forward passes of a zero batch of :data:`PROBE_BATCH` samples in eval and in train mode (BN statistics
+    and every buffer restored afterwards): each must return one row of ``classes`` or more float logits a sample.
+
+    A model that works on one sample only, returns integer logits or a tuple in train mode is refused here, in
+    one line, rather than deep inside an attack or a training step.
+    """
     modes = {m: m.training for m in model.modules()}
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    x = torch.zeros((PROBE_BATCH, *input_shape), dtype=dtype, device=device)
     try:
-        model.eval()
-        with torch.no_grad():
-            out = model(torch.zeros((1, *input_shape), dtype=dtype, device=device))
-    except Exception as err:  # noqa: BLE001
-        first = " ".join(str(err).split())[:200]
-        raise ConfigError(f"model {spec} fails on an input of shape (1, {', '.join(map(str, input_shape))}): "
-                          f"{type(err).__name__}: {first} (field {field}); the dataset's samples have shape "
-                          f"{tuple(input_shape)}") from None
+        for mode in ("eval", "train"):
+            try:
+                model.train(mode == "train")
+                with torch.no_grad():
+                    out = model(x)
+            except Exception as err:  # noqa: BLE001
+                first = " ".join(str(err).split())[:200]
+                raise ConfigError(f"model {spec} fails in {mode} mode on a batch of shape ({PROBE_BATCH}, "
+                                  f"{', '.join(map(str, input_shape))}): {type(err).__name__}: {first} (field "
+                                  f"{field}); the dataset's samples have shape {tuple(input_shape)} and attacks run "
+                                  "batches of several") from None
+            _check_logits(out, spec, classes, field, mode)
     finally:
         for m, mode in modes.items():
             m.training = mode
-    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 1 or out.shape[1] < classes:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+
+
+def _check_logits(out: Any, spec: str, classes: int, field: str, mode: str) -> None:
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != PROBE_BATCH or out.shape[1] < classes:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ConfigError(f"expected model {spec} to return logits of shape (1, K ≥ {classes}) for one sample (the "
-                          f"dataset has {classes} class{'es' if classes > 1 else ''}), got {got} (field {field}); "
-                          "accept num_classes in the constructor or set it in options")
+        raise ConfigError(f"expected model {spec} to return logits of shape ({PROBE_BATCH}, K ≥ {classes}) for a "
+                          f"batch of {PROBE_BATCH} in {mode} mode (the dataset has {classes} "
+                          f"class{'es' if classes > 1 else ''}), got {got} (field {field}); return one tensor of "
+                          "logits in both modes, and accept num_classes in the constructor or set it in options")
+    if not out.is_floating_point():
+        raise ConfigError(f"expected model {spec} to return float logits, got dtype {out.dtype} in {mode} mode "
+                          f"(field {field}); return the scores before any argmax or rounding")

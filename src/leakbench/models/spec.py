@@ -38,6 +38,7 @@ from ..registry import Registry
 from .custom import build_class, import_class, is_class_spec, normalized
 from .init import check_init_scale, initialize, make_generator, resolve_init
 from .layers import activation_factory, canonical_activation
+from .size import check_size
 from .transformers import TextTransformer
 from .zoo import CNN, MLP, ConvLayerSpec, ConvNet, LeNet, ResNet18, TwoLayer, flat_size
 
@@ -453,8 +454,12 @@ def build(
     resolve_init(init)  # reject unknown names before any work
     generator, seed_used = make_generator(seed)
 
+    def make() -> nn.Module:
+        return family.make(args, input_shape=shape, classes=classes, act=make_act, bias=biases, **options)
+
+    check_size(make, canonical, dtype)
     with torch.random.fork_rng(devices=[]):  # layer constructors draw from the global RNG
-        model = family.make(args, input_shape=shape, classes=classes, act=make_act, bias=biases, **options)
+        model = make()
     model.to(dtype=dtype)
     scheme = resolve_init(init, model)
     initialize(model, scheme, generator=generator, init_scale=init_scale)

@@ -32,8 +32,7 @@ from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.run import Run  # noqa: E402
 
 import leakbench as lb  # noqa: E402
-from leakbench.errors import ConfigError  # noqa: E402
-from leakbench.integrations.flower import VERDICT_KEY, audit_mod, defense_mod  # noqa: E402
+from leakbench.integrations.flower import AUDIT_NOTE_KEY, VERDICT_KEY, audit_mod, defense_mod  # noqa: E402
 
 LR = 0.1
 CLIP = 0.05  # the raw one-step update's norm is ≈ 0.4 (asserted below)
@@ -367,9 +366,16 @@ def test_a_client_sending_arrays_that_do_not_fit_model_fn_gets_one_line():
             arrays, n, metrics = super().fit(parameters, config)
             return arrays[:2], n, metrics
 
+    # the audit cannot run: the update goes out (an audit never drops it by itself), the reason in one line
     app = ClientApp(client_fn=lambda ctx: Partial(0).to_client(), mods=[audit()])
-    with pytest.raises(ConfigError, match="holds 2 arrays by position.*model_fn"):
-        app(fit_message({"lr": LR}), context())
+    reply = wire(app(fit_message({"lr": LR}), context()))
+    assert not reply.has_error()
+    note = metrics_of(reply)[AUDIT_NOTE_KEY]
+    assert "audit skipped" in note and "holds 2 arrays by position" in note and "\n" not in note
+    # with the max_psnr gate it cannot decide: blocked by default, with the reason
+    app = ClientApp(client_fn=lambda ctx: Partial(0).to_client(), mods=[audit(max_psnr=30.0)])
+    reply = app(fit_message({"lr": LR}), context())
+    assert reply.has_error() and "cannot decide" in reply.error.reason and "holds 2 arrays" in reply.error.reason
 
 
 def test_the_legacy_secagg_app_of_the_docs_runs(capsys):

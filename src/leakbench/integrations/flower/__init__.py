@@ -27,11 +27,12 @@ except ImportError as err:  # one clear line instead of a deep traceback
 
 from .audit import AttackChoice, Audited, Auditor, attack_choices, best, chance
 from .keys import FitKeys, LocalTraining, local_training
-from .mods import AUDIT_KEYS, EPSILON_KEY, VERDICT_KEY, audit_mod, defense_mod
+from .mods import AUDIT_KEYS, AUDIT_NOTE_KEY, EPSILON_KEY, UNDECIDED, VERDICT_KEY, audit_mod, defense_mod
 from .storage import AuditLog, FederatedSpec, load_update
 from .strategy import AuditStrategy
 from .train import LocalResult, in_step_defense, local_train
 
 __all__ = ["AuditStrategy", "audit_mod", "defense_mod", "local_train", "in_step_defense", "LocalResult",
            "Auditor", "Audited", "AttackChoice", "attack_choices", "best", "chance", "AuditLog", "FederatedSpec",
-           "load_update", "FitKeys", "LocalTraining", "local_training", "AUDIT_KEYS", "EPSILON_KEY", "VERDICT_KEY"]
+           "load_update", "FitKeys", "LocalTraining", "local_training", "AUDIT_KEYS", "AUDIT_NOTE_KEY", "EPSILON_KEY",
+           "VERDICT_KEY", "UNDECIDED"]

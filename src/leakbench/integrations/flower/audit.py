@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...errors import ConfigError, UnsupportedThreatModel
+from ...budget import check_time, seconds_left, time_limit
+from ...errors import BudgetExceeded, ConfigError, UnsupportedThreatModel
 from .keys import LocalTraining
 
 #: the fields of a sweep spec's per-attack ``threat`` a captured update can grant.
@@ -111,10 +112,23 @@ def best(outcomes: Sequence[Audited]) -> dict[str, float]:
     return {"rmse": min(rmse) if rmse else math.nan, "psnr": max(psnr) if psnr else math.nan}
 
 
+#: seconds one audit of one update (the check replay and every attack) may run; past it the rows say so.
+AUDIT_SECONDS = 120.0
+#: bytes one audit may be estimated to hold (:meth:`Auditor.cost`); above it the audit is not started.
+AUDIT_MEMORY = 2 * 1024**3
+#: sample-steps (local steps × examples) one audit may replay; above it the audit is not started.
+MAX_WORK = 2**20
+
+
 #: relative error within which an undefended update fits the replay of the reported training (float32 rounding).
 VERIFY_RTOL = 1e-3
 #: cosine a defended update must reach with the replay of the reported training on its batch.
 VERIFY_COSINE = 0.9
+
+
+def _deadline(done: int, total: int, loss: float) -> None:
+    """An attack's progress callback: stops it at the audit's deadline."""
+    check_time(f"the attack ran {done:,} of {total:,} steps")
 
 
 def _trainable(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -141,7 +155,8 @@ def replay_update(model_before: nn.Module, x: torch.Tensor, y: torch.Tensor, tra
         batches = [slice(i, i + mb) for _ in range(training.epochs) for i in range(0, x.shape[0], mb)]
     else:
         batches = [slice(None)] * training.steps
-    for part in batches:
+    for i, part in enumerate(batches):
+        check_time(f"replaying the client's training ({i:,} of {len(batches):,} steps)")
         value = loss_fn(model(x[part]), y[part])
         grads = torch.autograd.grad(value, params, allow_unused=True)
         with torch.no_grad():
@@ -156,15 +171,59 @@ class Auditor:
 
     ``loss``, ``normalize``, ``input_shape`` and ``train`` are the threat-model arguments of
     :meth:`leakbench.threat.Observation.from_update`; ``seed`` seeds every attack.
+
+    Each audit of one update has a budget: ``seconds`` of wall-clock time for the check replay and every attack
+    (each attack's steps check it; an attack still running at the deadline, and those after it, are
+    ``timed out``), and before any work an estimate (:meth:`cost`) of the sample-steps it replays (at most
+    ``max_work``) and of the bytes it holds (at most ``max_bytes``); an audit over either is not started and
+    its rows say why.  The counts come from the client's own report, so the budget bounds what a client can
+    make the auditor do.
     """
 
     def __init__(self, attacks: str | Mapping | Iterable[str | Mapping], *, seed: int = 0, device: str = "cpu",
                  loss: str = "ce", normalize: tuple | None = None, input_shape: Sequence[int] | None = None,
-                 train: bool = False, save_images: bool = True) -> None:
+                 train: bool = False, save_images: bool = True, seconds: float | None = AUDIT_SECONDS,
+                 max_bytes: int = AUDIT_MEMORY, max_work: int = MAX_WORK) -> None:
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                    or not seconds > 0 or math.isnan(seconds)):
+            raise ConfigError(f"expected the audit's time budget in seconds > 0 or None, got {seconds!r} "
+                              "(argument audit_seconds)")
+        for value, name in ((max_bytes, "audit_memory"), (max_work, "max_work")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"expected a positive integer, got {value!r} (argument {name})")
+        self.seconds = None if seconds is None or math.isinf(seconds) else float(seconds)
+        self.max_bytes, self.max_work = int(max_bytes), int(max_work)
         self.choices = attack_choices(attacks)
         self.seed, self.device, self.loss = int(seed), torch.device(device), loss
         self.normalize, self.train, self.save_images = normalize, bool(train), bool(save_images)
         self.input_shape = None if input_shape is None else tuple(int(s) for s in input_shape)
+
+    def cost(self, model_before: nn.Module, training: LocalTraining, x: torch.Tensor | None = None) -> str | None:
+        """Why the audit of this update would exceed its budget (None when it fits), before any work.
+
+        Work: the reported local steps × examples (the sample-steps the check replay and the update-matching
+        attacks run), at most ``max_work``.  Memory (a rough upper estimate, 4 bytes a number): the models and
+        their update (4 × the parameters), the reconstructions and their optimiser state (4 × examples × input
+        size), and the graph of the unrolled local steps an update-matching attack differentiates through
+        (steps × (parameters + examples × input size)), at most ``max_bytes``.
+        """
+        params = sum(p.numel() for p in model_before.parameters())
+        steps, examples = int(training.steps), int(training.batch_size)
+        work = steps * examples
+        if work > self.max_work:
+            return (f"expected at most {self.max_work:,} sample-steps (local steps × examples) for one audit, got "
+                    f"{steps:,} × {examples:,} = {work:,} from the client's report (argument max_work)")
+        shape = tuple(x.shape[1:]) if x is not None else self.input_shape or getattr(model_before, "input_shape", None)
+        size = math.prod(int(s) for s in shape) if shape else 0
+        need = 4 * (4 * params + 4 * examples * size + steps * (params + examples * size))
+        if need > self.max_bytes:
+            return (f"expected the audit to need at most {self.max_bytes / 2**30:.3g} GiB, got an estimate of "
+                    f"{need / 2**30:.3g} GiB ({params:,} parameters, {examples:,} examples of {size:,} values, "
+                    f"{steps:,} local steps) (argument audit_memory)")
+        return None
+
+    def _budget_rows(self, why: str, status: str = "timed out", scored: bool = False) -> list[Audited]:
+        return [Audited(c.key, c.name, status, scored, error=f"audit budget: {why}") for c in self.choices]
 
     def observe(self, model_before: nn.Module, model_after: nn.Module, training: LocalTraining, *,
                 labels: torch.Tensor | None = None, defense: str = "none"):
@@ -225,11 +284,20 @@ class Auditor:
                 raise ConfigError(f"expected the client's batch of {training.batch_size} samples (x, y) behind the "
                                   f"update, got x of {tuple(x.shape)} and y of {None if y is None else tuple(y.shape)}"
                                   " (check data_fn and the num-examples the client reports)")
-        unverified = None if x is None or not verify else self.verify(model_before, model_after, training, x, y,
-                                                                      defense=defense)
-        if unverified is not None:
-            x = y = None
-        out = self._audit(model_before, model_after, training, x=x, y=y, defense=defense, chance_mean=chance_mean)
+        over = self.cost(model_before, training, x)
+        if over is not None:
+            return self._budget_rows(over, "failed")
+        what = f"the audit's time budget of {self.seconds:g} s (argument audit_seconds)" if self.seconds else ""
+        with time_limit(self.seconds, what):
+            try:
+                unverified = None if x is None or not verify else self.verify(model_before, model_after, training,
+                                                                              x, y, defense=defense)
+            except BudgetExceeded as err:
+                return self._budget_rows(str(err))
+            if unverified is not None:
+                x = y = None
+            out = self._audit(model_before, model_after, training, x=x, y=y, defense=defense,
+                              chance_mean=chance_mean)
         if unverified is not None:
             for o in out:
                 if o.status == "done":
@@ -254,6 +322,11 @@ class Auditor:
                 if labelled is None:
                     labelled = self.observe(model_before, model_after, training, labels=y, defense=defense)
                 obs = labelled
+            if seconds_left() <= 0:
+                out.append(Audited(choice.key, choice.name, "timed out", x is not None,
+                                   error="audit budget: not started, the audit's time ran out before it "
+                                         "(argument audit_seconds)"))
+                continue
             out.append(self._run(choice, obs, x, y, chance_mean))
         return out
 
@@ -269,10 +342,13 @@ class Auditor:
         try:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(self.seed)
-                rec = attack(obs, seed=self.seed)
+                rec = attack(obs, seed=self.seed, progress=_deadline)
             result = self._score(choice, rec, x, y, chance_mean)
         except UnsupportedThreatModel as err:
             return Audited(choice.key, choice.name, "n/a", x is not None, error=str(err))
+        except BudgetExceeded as err:
+            return Audited(choice.key, choice.name, "timed out", x is not None, error=f"audit budget: {err}",
+                           seconds=time.perf_counter() - start)
         except Exception as err:  # recorded beside the round, the federated run goes on
             return Audited(choice.key, choice.name, "failed", x is not None, error=f"{type(err).__name__}: {err}",
                            traceback=tb.format_exc(), seconds=time.perf_counter() - start)
@@ -314,5 +390,5 @@ class Auditor:
         return Audited(choice.key, choice.name, "done", True, metrics=metrics, per_sample=per_sample, arrays=arrays)
 
 
-__all__ = ["AttackChoice", "Audited", "Auditor", "attack_choices", "best", "chance", "replay_update", "THREAT_FIELDS",
+__all__ = ["AUDIT_SECONDS", "AUDIT_MEMORY", "MAX_WORK", "AttackChoice", "Audited", "Auditor", "attack_choices", "best", "chance", "replay_update", "THREAT_FIELDS",
            "VERIFY_RTOL", "VERIFY_COSINE"]

@@ -50,9 +50,9 @@ from flwr.common.constant import ErrorCode
 from torch import nn
 
 from ...errors import ConfigError
-from .audit import Auditor, best
+from .audit import AUDIT_MEMORY, AUDIT_SECONDS, MAX_WORK, Auditor, best
 from .keys import FitKeys, local_training
-from .records import (FITRES_METRICS, SECAGG_STATE, TrainReply, layout, leakbench_record, masked, model_from,
+from .records import (FITRES_METRICS, FITRES_PARAMETERS, SECAGG_STATE, TrainReply, layout, leakbench_record, masked, model_from,
                       positional_names, set_leakbench_record, set_reply_state, train_config_record, train_inputs,
                       train_reply)
 from .train import RATE_KEY, STEPS_KEY
@@ -117,9 +117,60 @@ def _secagg_verdict(reply: Message, context: Context, server_round: int) -> Mess
     return reply
 
 
+#: what :func:`audit_mod` does with an update its ``max_psnr`` gate cannot decide on (argument ``on_undecided``).
+UNDECIDED = ("block", "send")
+#: key of :func:`audit_mod`'s one-line account of an audit that could not run or a gate that could not decide:
+#: in the reply's ``leakbench`` ConfigRecord (legacy layout: the fit metric of that name).
+AUDIT_NOTE_KEY = "leakbench-audit"
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())[:400] or type(err).__name__
+    return text if isinstance(err, ConfigError) else f"{type(err).__name__}: {text}"
+
+
+def _note(reply: Message, out: TrainReply | None, keys: FitKeys, note: str) -> None:
+    """Write ``note`` into the reply (its leakbench ConfigRecord; legacy: the ``fitres.metrics`` ConfigRecord)."""
+    try:
+        if out is not None and out.layout == "legacy":
+            out.metrics[AUDIT_NOTE_KEY] = note
+        elif FITRES_PARAMETERS in reply.content.array_records:
+            reply.content.config_records[FITRES_METRICS][AUDIT_NOTE_KEY] = note
+        else:
+            set_leakbench_record(reply, keys.record, {"audit": note})
+    except Exception as err:  # noqa: BLE001 - the note is a courtesy; the update's fate does not depend on it
+        log.warning("leakbench audit_mod: could not write the audit note into the reply: %s", _one_line(err))
+
+
+def _undecided(outcomes, max_psnr: float) -> str | None:
+    """Why the ``max_psnr`` gate cannot decide on these outcomes (None when it can).
+
+    It decides when every attack either ran and gave a PSNR that is a number (+inf: an exact
+    reconstruction, which it blocks) or does not apply to the update (``n/a``), and at least one gave one.
+    An attack that failed, timed out or scored NaN might have rebuilt the batch: the gate cannot say it did not.
+    """
+    unsure = []
+    scored = 0
+    for o in outcomes:
+        psnr = o.metrics.get("psnr") if o.status == "done" else None
+        if o.status == "done" and isinstance(psnr, (int, float)) and not math.isnan(psnr):
+            scored += 1
+        elif o.status != "n/a":
+            why = o.error or (f"PSNR {psnr!r}" if o.status == "done" else o.status)
+            unsure.append(f"{o.attack} {o.status}: {' '.join(str(why).split())[:200]}")
+    if unsure:
+        return "; ".join(unsure)
+    if not scored:
+        reasons = "; ".join(f"{o.attack}: {' '.join(str(o.error).split())[:200]}" for o in outcomes if o.error)
+        return f"no attack scored the update against max_psnr {max_psnr:g} dB" + (f" ({reasons})" if reasons else "")
+    return None
+
+
 def audit_mod(*, model_fn: Callable[[], nn.Module], data_fn: DataFn, attacks: Any, keys: FitKeys = FitKeys(),
-              max_psnr: float | None = None, seed: int = 0, device: str = "cpu", loss: str = "ce",
-              normalize: tuple | None = None, input_shape: Any = None) -> Mod:
+              max_psnr: float | None = None, on_undecided: str = "block", seed: int = 0, device: str = "cpu",
+              loss: str = "ce", normalize: tuple | None = None, input_shape: Any = None,
+              audit_seconds: float | None = AUDIT_SECONDS, audit_memory: int = AUDIT_MEMORY,
+              max_work: int = MAX_WORK) -> Mod:
     """A mod that attacks each outgoing update with the client's own batch ``data_fn(context, round)``.
 
     ``model_fn`` builds the model the ServerApp trains (in a legacy app its ``state_dict()`` order names the
@@ -127,18 +178,47 @@ def audit_mod(*, model_fn: Callable[[], nn.Module], data_fn: DataFn, attacks: An
     reconstruction PSNR exceeds it is refused.  Where it sits among the mods decides which update it attacks
     (module docstring); an update that leaves as SecAgg+ masked vectors is not attacked, its fit metrics get
     the verdict under :data:`VERDICT_KEY`.
+
+    An audit that cannot run (no learning rate in the config, ``data_fn`` raising, arrays that do not fit the
+    model, counts over the caps, past its budget ``audit_seconds`` / ``audit_memory`` / ``max_work``) never
+    drops the update by itself: without ``max_psnr`` the update is sent, with the reason logged and written
+    under :data:`AUDIT_NOTE_KEY`.  With ``max_psnr`` such an audit, or one where an attack failed, timed out or
+    scored NaN, leaves the gate undecided; ``on_undecided="block"`` (default) refuses the update with the reason,
+    ``"send"`` sends it with the reason noted.
     """
-    if max_psnr is not None and not (isinstance(max_psnr, (int, float)) and math.isfinite(max_psnr)):
+    if max_psnr is not None and (isinstance(max_psnr, bool) or not isinstance(max_psnr, (int, float))
+                                 or not math.isfinite(max_psnr)):
         raise ConfigError(f"expected max_psnr as a finite number of dB or None, got {max_psnr!r} (argument max_psnr)")
+    if on_undecided not in UNDECIDED:
+        raise ConfigError(f"expected on_undecided in {list(UNDECIDED)}, got {on_undecided!r} (argument on_undecided)")
     auditor = Auditor(attacks, seed=seed, device=device, loss=loss, normalize=normalize, input_shape=input_shape,
-                      save_images=False)
+                      save_images=False, seconds=audit_seconds, max_bytes=audit_memory, max_work=max_work)
     names = positional_names(model_fn)
+
+    def undecided(msg: Message, reply: Message, out: TrainReply | None, context: Context, server_round: int,
+                  why: str) -> Message:
+        if max_psnr is None:
+            note = f"audit skipped: {why}; the update was sent unaudited"
+            log.warning("leakbench audit_mod: round %d node %d: %s", server_round, context.node_id, note)
+            _note(reply, out, keys, note)
+            return reply
+        if on_undecided == "block":
+            return _refuse(msg, f"leakbench audit_mod: update of node {context.node_id} in round {server_round} not "
+                                f"sent: the max_psnr gate ({max_psnr:g} dB) cannot decide: {why} (on_undecided="
+                                "'block'; fix the audit, or pass on_undecided='send' to send undecided updates)")
+        note = (f"max_psnr gate ({max_psnr:g} dB) undecided: {why}; sent (on_undecided='send')")
+        log.warning("leakbench audit_mod: round %d node %d: %s", server_round, context.node_id, note)
+        _note(reply, out, keys, note)
+        return reply
 
     def leakbench_audit_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if not _is_train(msg) or layout(msg) is None:  # a SecAgg+ key exchange carries no model
             return call_next(msg, context)
-        sent = train_inputs(msg, names)
-        config = sent.config
+        try:
+            sent, problem = train_inputs(msg, names), None
+        except Exception as err:  # noqa: BLE001 - the train function decides what to make of its message
+            sent, problem = None, f"the train message cannot be read: {_one_line(err)}"
+        config = sent.config if sent is not None else {}
         reply = call_next(msg, context)
         if reply.has_error():
             return reply
@@ -146,28 +226,48 @@ def audit_mod(*, model_fn: Callable[[], nn.Module], data_fn: DataFn, attacks: An
         if masked(reply):
             return _secagg_verdict(reply, context, server_round)
         start = time.perf_counter()
-        out = train_reply(reply, names)
-        metrics = out.metrics
-        training = local_training(config, out.reported(keys.examples), keys)
-        x, y = data_fn(context, server_round)
-        x, y = torch.as_tensor(x), torch.as_tensor(y)
-        defense = _defense_of(reply, out, keys)
-        before, after = model_from(model_fn, sent.state), model_from(model_fn, out.state)
-        norm = _update_norm(before, after)
-        outcomes = auditor.audit(before, after, training, x=x, y=y, defense=defense,
-                                 verify=False)  # its own batch: nothing to verify
+        out = None
+        try:
+            out = train_reply(reply, names)
+            if problem is not None:
+                raise ConfigError(problem)
+            metrics = out.metrics
+            training = local_training(config, out.reported(keys.examples), keys)
+            batch = data_fn(context, server_round)
+            if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+                raise ConfigError(f"expected data_fn(context, round) to return (x, y), got {type(batch).__name__} "
+                                  "(argument data_fn)")
+            x, y = torch.as_tensor(batch[0]), torch.as_tensor(batch[1])
+            defense = _defense_of(reply, out, keys)
+            before, after = model_from(model_fn, sent.state), model_from(model_fn, out.state)
+            norm = _update_norm(before, after)
+            outcomes = auditor.audit(before, after, training, x=x, y=y, defense=defense,
+                                     verify=False)  # its own batch: nothing to verify
+        except Exception as err:  # noqa: BLE001 - an audit that cannot run never drops the update by itself
+            return undecided(msg, reply, out, context, server_round, _one_line(err))
         scores = best(outcomes)
         seconds = time.perf_counter() - start
         for key, value in zip(AUDIT_KEYS, (scores["rmse"], scores["psnr"], seconds, norm)):
             metrics[key] = float(value)
-        leaking = [o for o in outcomes if o.status == "done" and o.metrics.get("psnr", -math.inf) > (
-            max_psnr if max_psnr is not None else math.inf)]
-        if leaking:
-            worst = max(leaking, key=lambda o: o.metrics["psnr"])
-            return _refuse(msg, f"leakbench audit_mod: update of node {context.node_id} in round {server_round} "
-                                f"not sent: {worst.attack} rebuilds its batch at PSNR {worst.metrics['psnr']:.1f} dB "
-                                f"> max_psnr {max_psnr:g} dB (RMSE {worst.metrics['rmse']:.2g}, chance "
-                                f"{worst.metrics['chance_rmse']:.2g}); add a defense (defense_mod) or raise max_psnr")
+        if max_psnr is not None:
+            leaking = [o for o in outcomes if o.status == "done" and isinstance(o.metrics.get("psnr"), (int, float))
+                       and o.metrics["psnr"] > max_psnr]
+            if leaking:
+                worst = max(leaking, key=lambda o: o.metrics["psnr"])
+                return _refuse(msg, f"leakbench audit_mod: update of node {context.node_id} in round {server_round} "
+                                    f"not sent: {worst.attack} rebuilds its batch at PSNR {worst.metrics['psnr']:.1f} "
+                                    f"dB > max_psnr {max_psnr:g} dB (RMSE {worst.metrics.get('rmse', math.nan):.2g}, "
+                                    f"chance {worst.metrics.get('chance_rmse', math.nan):.2g}); add a defense "
+                                    "(defense_mod) or raise max_psnr")
+            why = _undecided(outcomes, max_psnr)
+            if why is not None:
+                return undecided(msg, reply, out, context, server_round, why)
+        else:
+            failed = [f"{o.attack} {o.status}: {' '.join(str(o.error).split())[:200]}" for o in outcomes
+                      if o.status not in ("done", "n/a")]
+            if failed:
+                done = any(o.status == "done" for o in outcomes)
+                _note(reply, out, keys, f"audit {'incomplete' if done else 'skipped'}: {'; '.join(failed)}")
         log.info("leakbench audit_mod: round %d node %d: best PSNR %.1f dB, RMSE %.2g (%.1fs)", server_round,
                  context.node_id, scores["psnr"], scores["rmse"], seconds)
         return reply
@@ -222,8 +322,12 @@ def defense_mod(spec: str, *, keys: FitKeys = FitKeys(), seed: int = 0,
     def leakbench_defense_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if not _is_train(msg) or layout(msg) is None:  # a SecAgg+ key exchange carries no model
             return call_next(msg, context)
-        sent = train_inputs(msg, names)
-        before, config = sent.state, sent.config
+        try:
+            sent = train_inputs(msg, names)
+        except Exception as err:  # noqa: BLE001 - one line, and nothing leaves undefended
+            return _refuse(msg, f"leakbench defense_mod: the train message cannot be read: {_one_line(err)}; the "
+                                "update was not sent")
+        config = sent.config
         if in_step:
             train_config_record(msg)[keys.defense] = in_step
         reply = call_next(msg, context)
@@ -233,6 +337,13 @@ def defense_mod(spec: str, *, keys: FitKeys = FitKeys(), seed: int = 0,
             return _refuse(msg, f"leakbench defense_mod: the update left as SecAgg+ masked vectors, on which {full!r} "
                                 "cannot act: place defense_mod inside secaggplus_mod (after it in mods); the update "
                                 "was not sent")
+        try:
+            return _defend(msg, context, reply, sent.state, config)
+        except Exception as err:  # noqa: BLE001 - a defense that cannot act sends nothing undefended; one line
+            return _refuse(msg, f"leakbench defense_mod: {full!r} cannot act on the reply of node {context.node_id}: "
+                                f"{_one_line(err)}; the update was not sent")
+
+    def _defend(msg: Message, context: Context, reply: Message, before: dict, config: dict) -> Message:
         out = train_reply(reply, names)
         metrics = out.metrics
         if in_step and STEPS_KEY not in metrics:
@@ -248,6 +359,17 @@ def defense_mod(spec: str, *, keys: FitKeys = FitKeys(), seed: int = 0,
             if missing:
                 return _refuse(msg, f"leakbench defense_mod: the reply's arrays lack {missing[:3]} of the global "
                                     "model; the update was not sent")
+            shared = [k for k in after if k in before]
+            misfit = [f"{k} {tuple(after[k].shape)} (global {tuple(before[k].shape)})" for k in shared
+                      if tuple(after[k].shape) != tuple(before[k].shape)]
+            if misfit:
+                return _refuse(msg, f"leakbench defense_mod: expected the reply's arrays in the global model's "
+                                    f"shapes, got {', '.join(misfit[:3])}; the update was not sent")
+            odd = [f"{k} ({after[k].dtype}, global {before[k].dtype})" for k in shared
+                   if after[k].dtype != before[k].dtype or (k in defended and not after[k].is_floating_point())]
+            if odd:
+                return _refuse(msg, f"leakbench defense_mod: expected float arrays in the global model's dtypes to "
+                                    f"defend, got {', '.join(odd[:3])}; the update was not sent")
             gen = torch.Generator().manual_seed(_seed(seed, _server_round(config, msg), context.node_id))
             delta = update_defense.apply_gradients([after[k] - before[k] for k in defended], generator=gen)
             for k, d in zip(defended, delta):
@@ -269,4 +391,4 @@ def defense_mod(spec: str, *, keys: FitKeys = FitKeys(), seed: int = 0,
     return leakbench_defense_mod
 
 
-__all__ = ["audit_mod", "defense_mod", "AUDIT_KEYS", "EPSILON_KEY", "VERDICT_KEY"]
+__all__ = ["audit_mod", "defense_mod", "AUDIT_KEYS", "AUDIT_NOTE_KEY", "EPSILON_KEY", "VERDICT_KEY", "UNDECIDED"]

@@ -27,7 +27,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
 
 from ...errors import ConfigError
-from .audit import Audited, Auditor
+from .audit import AUDIT_MEMORY, AUDIT_SECONDS, MAX_WORK, Audited, Auditor
 from .keys import FitKeys, LocalTraining, local_training
 from .records import arrays_of, config_of, leakbench_record, metrics_of, model_from, state_of
 from .storage import AuditLog
@@ -48,6 +48,11 @@ class AuditStrategy(Strategy):
     round).  ``max_clients`` audits at most that many clients per round (lowest ids first).  The chance
     control is a flat image at ``chance_mean`` (default: the mean pixel of the partitions when they are a
     collection, of each client's batch when they are a function).
+
+    Each client's audit has a budget (:class:`~.audit.Auditor`): ``audit_seconds`` of wall-clock time, and,
+    checked before any work from the client's own report, at most ``max_work`` sample-steps (local steps ×
+    examples) and an estimated ``audit_memory`` bytes.  Past it the client's rows are ``timed out`` or
+    ``failed`` with the reason, and the round is aggregated as without the audit.
     """
 
     def __init__(self, strategy: Strategy, *, model_fn: Callable[[], nn.Module], attacks: Any,
@@ -55,7 +60,8 @@ class AuditStrategy(Strategy):
                  keys: FitKeys = FitKeys(), max_clients: int | None = None, seed: int = 0, device: str = "cpu",
                  loss: str = "ce", normalize: tuple | None = None, input_shape: Sequence[int] | None = None,
                  save_images: bool = True, save_updates: bool = True, chance_mean: float | None = None,
-                 description: Mapping[str, Any] | None = None) -> None:
+                 description: Mapping[str, Any] | None = None, audit_seconds: float | None = AUDIT_SECONDS,
+                 audit_memory: int = AUDIT_MEMORY, max_work: int = MAX_WORK) -> None:
         if not isinstance(strategy, Strategy):
             raise ConfigError(f"expected a Flower Message-API strategy (flwr.serverapp.strategy.Strategy, e.g. "
                               f"FedAvg()), got {type(strategy).__name__} (argument strategy)")
@@ -67,7 +73,8 @@ class AuditStrategy(Strategy):
         self.partitions, self.max_clients, self.seed = partitions, max_clients, int(seed)
         self.save_updates = save_updates
         self.auditor = Auditor(attacks, seed=seed, device=device, loss=loss, normalize=normalize,
-                               input_shape=input_shape, save_images=save_images)
+                               input_shape=input_shape, save_images=save_images, seconds=audit_seconds,
+                               max_bytes=audit_memory, max_work=max_work)
         self.mode = "simulation" if partitions is not None else "deployment"
         probe = model_fn()
         if not isinstance(probe, nn.Module):
