@@ -150,7 +150,9 @@ def evaluate_command(
 ) -> None:
     """Run (or resume) a sweep: every finished trial is committed to --db at once; done trials are skipped.
 
-    Exit codes: 0 every trial finished (done or n/a), 1 some trials failed, 2 bad input, 130 interrupted.
+    Exit codes: 0 every trial finished (done or n/a) and at least one is done, 1 some trials failed or nothing was
+    measured (no trial done, or budget.sweep_minutes ended the sweep before any trial ran), 2 bad input,
+    130 interrupted.
     """
     if workers < 1:
         raise ConfigError(f"expected --workers ≥ 1, got {workers}")
@@ -199,10 +201,15 @@ def evaluate_command(
             for table in strongest_tables(strongest([r for r in sweep.store.rows(kind="attack")
                                                      if r["key"] in sweep.by_key])):
                 console.print(table)
-            print_verdicts(sweep.store)
+            if summary.nothing is None:  # no verdict from a run that measured nothing ("no defense fits")
+                print_verdicts(sweep.store)
         if report is not None:
             files = write_report(sweep.store, report)
             console.print(clean(f"report: {files.index}"), highlight=False, soft_wrap=True)
+        if summary.nothing is not None:
+            err_console.print(Text(clean(summary.nothing + f"; run it again with: {again}"), style="red"),
+                              soft_wrap=True, highlight=False)
+            raise typer.Exit(1)
         late = summary.counts.get("timed out", 0)
         failed = summary.counts.get("failed", 0) + late
         if failed:

@@ -43,7 +43,8 @@ FINISHED = ("done", "n/a")
 class SweepSummary:
     """What one :meth:`Sweep.run` did and where the sweep stands.
 
-    False when trials failed or timed out (``if not lb.evaluate(...)``), as the CLI then exits 1; its
+    False when trials failed or timed out, or when nothing was measured (:attr:`nothing`: no trial done, or the
+    sweep's budget ended it before any trial ran) (``if not lb.evaluate(...)``), as the CLI then exits 1; its
     ``repr`` says how many: ``SweepSummary(all 108 trials failed, ...)``, ``SweepSummary(12 of 108 trials
     failed, ...)``.
     """
@@ -67,7 +68,20 @@ class SweepSummary:
         return sum(self.counts.get(s, 0) for s in RETRYABLE)
 
     def __bool__(self) -> bool:
-        return self.failed == 0
+        return self.failed == 0 and self.nothing is None
+
+    @property
+    def nothing(self) -> str | None:
+        """Why this run measured nothing (no verdict holds; the CLI exits 1 with it), else None: the sweep's
+        budget ended it before any trial ran, or no trial of the sweep is done (all failed, timed out or n/a)."""
+        if self.stopped == "budget.sweep_minutes" and self.ran == 0 and not self.complete:
+            left = self.planned - sum(self.counts.get(s, 0) for s in FINISHED)
+            return (f"budget.sweep_minutes ended the sweep before any trial ran ({left} trial(s) not run): nothing "
+                    "was measured, so no verdict holds; raise budget.sweep_minutes or resume")
+        if self.counts.get("done", 0) == 0 and self.stopped != "max_trials":
+            counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts.items())) or "no trial"
+            return f"no trial succeeded ({counts}): nothing was measured, so no verdict holds"
+        return None
 
     @property
     def headline(self) -> str:
