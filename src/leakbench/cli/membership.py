@@ -16,6 +16,7 @@ import typer
 from rich.text import Text
 
 from ..evaluation import Sweep, load_spec
+from ..models.custom import add_code_paths
 from ..report import write_report
 from .common import app, clean, console, data_options, err_console, parse_assignments, reports_errors
 from .evaluate import print_failures, print_summary, verdict_texts
@@ -43,11 +44,15 @@ def membership_command(
     seed: Annotated[int, typer.Option(help="Seed of the pool, the target's half and the reference models.")] = 0,
     out: Annotated[Path, typer.Option(help="Output directory (results.db, report/).")] = Path("membership-audit"),
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the report's path.")] = False,
+    code_path: Annotated[list[Path] | None, typer.Option(
+        "--code-path", help="Directory your model class (pkg.mod:Net) is imported from (repeatable); never the "
+                            "current directory.")] = None,
 ) -> None:
     """Train the target and reference models with the recipe and each defense; report the membership verdict.
 
     Exit codes: 0 every trial finished and at least one is done, 1 some trials failed or none is done, 2 bad input.
     """
+    add_code_paths(code_path or [])
     entry = {"dataset": {"name": data, "options": data_options(data, parse_assignments(data_option, "--data-option"))},
              "model": {"spec": model, **({"act": act} if act else {}),
                        **({"file": str(model_file)} if model_file is not None else {})},

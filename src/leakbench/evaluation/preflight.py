@@ -184,7 +184,8 @@ def _check_training(spec: SweepSpec, i: int, n: int, key: str) -> None:
 def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
     """Check what every trial of ``spec`` needs (see the module docstring); one line per problem found first."""
     from ..data import load
-    from ..models import build
+    from ..models import MODELS, build
+    from ..models.custom import imports_deferred, is_class_spec
     from ..threat import observe
 
     start = time.perf_counter()
@@ -217,6 +218,8 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
         for j, m in enumerate(spec.models):
             if pair_refusal(d.name, m.spec) is not None:  # an image model on text (or back): its trials are n/a
                 continue
+            if imports_deferred() and is_class_spec(m.spec, MODELS.names()):
+                continue  # a dry run imports no user code: the class is listed, not built
             where = f"models[{j}] ({m.key}) on datasets[{i}] ({d.key}, shape {'×'.join(map(str, data.shape))})"
             try:
                 model = build(m.spec, input_shape=data.shape, classes=data.num_classes, act=m.act, init=m.init,
