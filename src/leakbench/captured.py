@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from .errors import ConfigError, expect
+from .errors import ConfigError, expect, expect_same_shape
 from .losses import get_loss
 from .models.custom import Normalize
 from .text_batch import check_token_labels, takes_tokens, text_grants
@@ -119,8 +119,7 @@ def _tensors(values: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], named,
                f"model.parameters() order), got {len(out)} (argument {what}s)")
     for (name, p), t in zip(named, out):
         expect(isinstance(t, torch.Tensor), f"expected a tensor for parameter {name!r}, got {type(t).__name__}")
-        expect(tuple(t.shape) == tuple(p.shape), f"expected the {what} of {name!r} with shape {tuple(p.shape)}, "
-               f"got {tuple(t.shape)} (argument {what}s)")
+        expect_same_shape(t, p, f"the {what} of {name!r}", f"argument {what}s")
     param = named[0][1]
     cast = [t.detach().to(device=param.device, dtype=param.dtype).clone() for t in out]
     for (name, _), t in zip(named, cast):  # after the cast to the model's dtype: 1e300 in float64 is inf in float32
@@ -231,6 +230,8 @@ def update_fields(model_before: nn.Module, model_after: nn.Module, *, batch_size
         expect(order is None, "order= describes minibatch epochs: pass epochs= and minibatch= with it (argument order)")
     expect(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
            f"expected steps ≥ 1 local SGD steps, got {steps!r} (argument steps)")
+    for n, p in named_before:  # before the subtraction, which would broadcast a (1,) bias against (10,)
+        expect_same_shape(after[n], p, f"model_after's {n!r} (model_before's shape)", "argument model_after")
     delta = {n: after[n].detach() - p.detach() for n, p in named_before}
     shared = _tensors(delta, named_before, "update")
     return _fields("update", model_before, shared, batch_size=batch_size, labels=labels, loss=loss,

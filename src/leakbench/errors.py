@@ -37,3 +37,22 @@ def expect(condition: bool, message: str | Callable[[], str], *, error: type[Lea
     a callable, built only on failure."""
     if not condition:
         raise error(message() if callable(message) else message)
+
+
+def expect_same_shape(got: object, expected: object, what: str, field: str) -> None:
+    """Raise :class:`ConfigError` unless ``got`` has exactly ``expected``'s shape (tensors, arrays or shapes):
+    "expected {what} with shape (10,), got (1,) ({field})".
+
+    The one check wherever two tensors must match element for element: broadcasting never stands in for it (a
+    bias of shape (1,) against (10,) subtracts without complaint and is still the wrong tensor)."""
+    def shape(v: object) -> tuple | None:
+        s = getattr(v, "shape", v)
+        try:
+            return tuple(int(d) for d in s)  # type: ignore[union-attr]
+        except TypeError:
+            return None
+
+    sg, se = shape(got), shape(expected)
+    if sg is None or sg != se:
+        raise ConfigError(f"expected {what} with shape {se}, got {sg if sg is not None else type(got).__name__} "
+                          f"({field})")

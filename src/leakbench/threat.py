@@ -21,7 +21,7 @@ from .budget import memory_available
 from .captured import check_model, gradient_fields, non_finite_tensor, out_dim, update_fields
 from .defenses import parse as parse_defense
 from .defenses import share
-from .errors import ConfigError, expect
+from .errors import ConfigError, expect, expect_same_shape
 from .losses import get_loss
 from .text_batch import check_token_batch, check_token_labels, takes_tokens, text_grants
 
@@ -72,16 +72,14 @@ class Observation:
             p = named.get(name)
             expect(p is not None, f"expected shared tensors named after the model's parameters, got {name!r} "
                    "(field param_names)")
-            expect(tuple(t.shape) == tuple(p.shape), f"expected the shared tensor of {name!r} with the parameter's "
-                   f"shape {tuple(p.shape)}, got {tuple(t.shape)} (field shared)")
+            expect_same_shape(t, p, f"the shared tensor of {name!r} (the parameter's shape)", "field shared")
         if self.labels is not None:
             expect(isinstance(self.labels, torch.Tensor) and self.labels.dim() in (1, 2)
                    and self.labels.shape[0] == self.batch_size,
                    lambda: f"expected labels with one entry per sample ({self.batch_size}), got shape "
                    f"{tuple(getattr(self.labels, 'shape', ()))} (field labels)")
         for i, (mean, var) in enumerate(self.bn_stats or []):
-            expect(tuple(mean.shape) == tuple(var.shape), f"expected BN mean and variance of one shape, got "
-                   f"{tuple(mean.shape)} and {tuple(var.shape)} (field bn_stats[{i}])")
+            expect_same_shape(var, mean, "the BN variance (the mean's shape)", f"field bn_stats[{i}]")
         bad = non_finite_tensor(zip(self.param_names, self.shared))
         expect(bad is None, lambda: f"expected finite shared {self.kind} values, got {bad[1]} NaN/inf value(s) in "
                f"{bad[0]!r} (field shared; defense {self.defense!r}): the client's round overflowed — lower the "

@@ -32,7 +32,9 @@ class Slow(nn.Module):
 def test_ctrl_c_keeps_the_partial_reconstruction_and_exits_130(tmp_path):
     (tmp_path / "slowmod.py").write_text(SLOW)
     out = tmp_path / "run"
-    env = {**os.environ, "LEAKBENCH_PROGRESS_EVERY": "0", "PYTHONUNBUFFERED": "1"}
+    # the module is named on PYTHONPATH: the current directory is never searched for user code
+    env = {**os.environ, "LEAKBENCH_PROGRESS_EVERY": "0", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "leakbench.cli", "attack", "--data", "digits", "--model",
                              "slowmod:Slow", "--attack", "inverting-gradients", "--preset", "quick", "--option",
                              "iterations=100000", "--out", str(out)], cwd=tmp_path, env=env,

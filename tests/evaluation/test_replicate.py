@@ -83,3 +83,46 @@ def test_no_replication_without_auto(tmp_path):
     assert sweep.store.meta("replicate") is None
     assert {r["batch"] for r in sweep.store.rows(kind="attack")} == {0, 1}
     sweep.store.close()
+
+
+#: one batch a round: B = 2 holds 2 batches of 8 images, so its cell stays undecided (n < 3) after round one
+STEP1 = {**SPEC, "replicate": {"auto": True, "step": 1, "max_batches": 8, "max_trials": 60}}
+
+
+def _extra(sweep):
+    planned = {t.key for t in sweep.trials}
+    return [r for r in sweep.store.rows(kind="attack") if r["key"] not in planned]
+
+
+def test_replication_counts_only_trials_it_really_added(tmp_path):
+    # each round adds batches the store does not hold yet; a round that adds nothing ends replication
+    sweep = Sweep(STEP1, tmp_path / "r.db")
+    sweep.run()
+    state = json.loads(sweep.store.meta("replicate"))
+    extra = _extra(sweep)
+    # before: later rounds re-planned the first round's batches ("added 60 trials in 19 rounds" over 6 rows)
+    assert state["added"] == len(extra) > 0
+    assert 1 <= state["rounds"] <= len({(r["batch_size"], r["batch"]) for r in extra})
+    assert state["stopped"] != "replicate.max_trials (60) spent"
+    assert len({r["key"] for r in extra}) == len(extra)
+    sweep.store.close()
+
+
+def test_an_interrupted_replication_ends_with_the_same_counts(tmp_path):
+    def interrupt(spec, result):
+        if spec.batch >= 2:
+            raise KeyboardInterrupt
+
+    sweep = Sweep(STEP1, tmp_path / "i.db", on_result=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run()
+    sweep.store.close()
+    again = Sweep(STEP1, tmp_path / "i.db")
+    again.run()
+    reference = Sweep(STEP1, tmp_path / "ref.db")
+    reference.run()
+    got, want = (json.loads(s.store.meta("replicate")) for s in (again, reference))
+    assert (got["added"], got["rounds"]) == (want["added"], want["rounds"]) == (len(_extra(reference)),
+                                                                                 want["rounds"])
+    again.store.close()
+    reference.store.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 import time
 import typing
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ class Attack(abc.ABC):
                 raise ConfigError(f"unknown option {key!r} for attack {self.name!r}; "
                                   f"known options: {', '.join(sorted(fields))}")
             merged[key] = coerce(value, hints.get(key, Any), name=key, owner=f"attack {self.name!r}")
+            _refuse_non_finite(self.name, key, merged[key], fields[key].default)
         self.preset = chosen
         self.options = self.Options(**merged)
         self.validate()
@@ -123,6 +125,23 @@ class Attack(abc.ABC):
         return rec
 
 
+def _refuse_non_finite(attack: str, key: str, value: Any, default: Any) -> None:
+    """A float option whose default is a finite number takes finite numbers only: NaN or inf there (``lr: inf``)
+    makes every run diverge, so it is refused where the attack is made (and so by ``evaluate --dry-run``)."""
+    finite_default = isinstance(default, (int, float)) and not isinstance(default, bool) and math.isfinite(default)
+    if (finite_default and isinstance(value, float) and not math.isfinite(value)):
+        raise ConfigError(f"expected a finite number, got {value!r} (option {key} of attack {attack!r})")
+
+
+def _diverged(trace: dict[str, Any]) -> bool:
+    """An optimisation whose loss curve ends on NaN/inf: what it returns is not a reconstruction."""
+    curve = trace.get("loss") if isinstance(trace, dict) else None
+    if not isinstance(curve, (list, tuple)) or not curve:
+        return False
+    last = curve[-1]
+    return isinstance(last, (int, float)) and not math.isfinite(float(last))
+
+
 class NonFiniteReconstruction(LeakbenchError, ValueError):
     """An attack's result holds NaN/inf: the observation gave it nothing to solve (a zero or degenerate gradient)."""
 
@@ -132,6 +151,10 @@ def check_reconstruction(rec: Reconstruction, name: str) -> None:
     if not isinstance(rec.images, torch.Tensor) or rec.images.dim() < 2:
         raise NonFiniteReconstruction(f"attack {name!r} returned no image batch (got "
                                       f"{type(rec.images).__name__}); it cannot run on this observation")
+    if _diverged(rec.trace):
+        raise NonFiniteReconstruction(
+            f"attack {name!r} diverged: its optimisation ended on a NaN/inf loss ({rec.trace['loss'][-1]!r}), so "
+            "what it returned is no reconstruction; lower its lr or check the observation")
     for field_name, t in (("images", rec.images), ("confidence", rec.confidence)):
         if isinstance(t, torch.Tensor) and t.is_floating_point():
             bad = ~torch.isfinite(t)

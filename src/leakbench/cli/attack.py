@@ -27,7 +27,7 @@ from ..evaluation.trial import TrialSpec, dataset_for
 from ..losses import LOSSES
 from ..metrics import score_columns
 from ..models import MODELS, parse_spec
-from ..models.custom import class_digest, is_class_spec
+from ..models.custom import add_code_paths, class_digest, is_class_spec
 from ..models.files import file_digest, read_state
 from ..progress import keep_partial, rich_progress
 from ..report import format_metric, save_grid
@@ -284,8 +284,12 @@ def attack_command(
         help="Output directory (default runs/<attack>-<data>-<timestamp>).")] = None,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="No progress bar and no table; print only the output directory.")] = False,
+    code_path: Annotated[list[Path] | None, typer.Option(
+        "--code-path", help="Directory your model class (pkg.mod:Net) is imported from (repeatable); never the "
+                            "current directory.")] = None,
 ) -> None:
     """Attack one batch; write grid.png, metrics.json and reconstruction.npz into --out."""
+    add_code_paths(code_path or [])
     chosen = parse_indices(indices)
     spec = RunSpec(
         data=data, data_options=data_options(data, parse_assignments(data_option, "--data-option")),

@@ -11,6 +11,7 @@ kept and the command that resumes.  ``report`` opens the store read-only.
 """
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 import re
@@ -24,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import ConfigError
+from ..models.custom import add_code_paths, deferred_imports
 from ..evaluation import Store, Sweep, SweepSummary, load_spec, strongest
 from ..evaluation.preflight import check_size, preflight
 from ..evaluation.spec import MAX_STACK
@@ -137,6 +139,19 @@ def resume_command(spec: Path, db: Path, *, workers: int, ray: str | None, retry
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def _checked(spec: Path, *, stack: int | None, yes: bool):
+    """The spec read, with --stack and --yes applied, and its preflight."""
+    sweep_spec = load_spec(spec)
+    if stack is not None:
+        if not 1 <= stack <= MAX_STACK:
+            raise ConfigError(f"expected --stack between 1 and {MAX_STACK}, got {stack} (1 runs every trial alone)")
+        sweep_spec = sweep_spec.model_copy(update={"stack": stack})
+    if yes:
+        total = check_size(sweep_spec, yes=True)
+        sweep_spec = sweep_spec.model_copy(update={"max_trials": max(total, sweep_spec.max_trials or 1)})
+    return sweep_spec, preflight(sweep_spec)
+
+
 @app.command("evaluate")
 @reports_errors
 def evaluate_command(
@@ -159,10 +174,16 @@ def evaluate_command(
     stack: Annotated[int | None, typer.Option(
         help="Most trials of one shape solved as one batched call, overriding the spec's stack (default: the "
              "device's measured best; 1: every trial alone).")] = None,
+    code_path: Annotated[list[Path] | None, typer.Option(
+        "--code-path", help="Directory your model classes (module:Class in the spec) are imported from "
+                            "(repeatable); besides installed packages and PYTHONPATH, the only place searched: "
+                            "never the current directory.")] = None,
 ) -> None:
     """Run (or resume) a sweep: every finished trial is committed to --db at once; done trials are skipped.
 
-    Exit codes: 0 every trial finished (done or n/a), 1 some trials failed, 2 bad input, 130 interrupted.
+    Exit codes: 0 every trial finished (done or n/a) and at least one is done, 1 some trials failed or nothing was
+    measured (no trial done, or budget.sweep_minutes ended the sweep before any trial ran), 2 bad input,
+    130 interrupted.
     """
     if workers < 1:
         raise ConfigError(f"expected --workers ≥ 1, got {workers}")
@@ -175,17 +196,15 @@ def evaluate_command(
         from ..evaluation.bundled import preset_path
 
         spec = preset_path(preset)
-    sweep_spec = load_spec(spec)
-    if stack is not None:
-        if not 1 <= stack <= MAX_STACK:
-            raise ConfigError(f"expected --stack between 1 and {MAX_STACK}, got {stack} (1 runs every trial alone)")
-        sweep_spec = sweep_spec.model_copy(update={"stack": stack})
-    if yes:
-        total = check_size(sweep_spec, yes=True)
-        sweep_spec = sweep_spec.model_copy(update={"max_trials": max(total, sweep_spec.max_trials or 1)})
-    checked = preflight(sweep_spec)
+    add_code_paths(code_path or [])
+    # a dry run imports no user code: it lists the modules a run would import (their code runs then)
+    with (deferred_imports() if dry_run else contextlib.nullcontext({})) as modules:
+        sweep_spec, checked = _checked(spec, stack=stack, yes=yes)
     if dry_run:
         console.print(clean(f"{spec}: valid; {checked.summary()}"), highlight=False, soft_wrap=True, markup=False)
+        for name, fields in modules.items():
+            console.print(clean(f"a run would import {name} ({', '.join(fields)}), running its code"),
+                          highlight=False, soft_wrap=True, markup=False)
         return
     if report is not None:
         check_out_dir(report, "--report")  # before any trial runs
@@ -211,11 +230,16 @@ def evaluate_command(
             for table in strongest_tables(strongest([r for r in sweep.store.rows(kind="attack")
                                                      if r["key"] in sweep.by_key])):
                 console.print(table)
-            print_verdicts(sweep.store)
-            print_rounds(sweep.store)
+            if summary.nothing is None:  # no verdict from a run that measured nothing ("no defense fits")
+                print_verdicts(sweep.store)
+                print_rounds(sweep.store)
         if report is not None:
             files = write_report(sweep.store, report)
             console.print(clean(f"report: {files.index}"), highlight=False, soft_wrap=True)
+        if summary.nothing is not None:
+            err_console.print(Text(clean(summary.nothing + f"; run it again with: {again}"), style="red"),
+                              soft_wrap=True, highlight=False)
+            raise typer.Exit(1)
         late = summary.counts.get("timed out", 0)
         failed = summary.counts.get("failed", 0) + late
         if failed:

@@ -16,8 +16,9 @@ import typer
 from rich.text import Text
 
 from ..evaluation import Sweep, load_spec
+from ..models.custom import add_code_paths
 from ..report import write_report
-from .common import app, clean, console, data_options, parse_assignments, reports_errors
+from .common import app, clean, console, data_options, err_console, parse_assignments, reports_errors
 from .evaluate import print_failures, print_summary, verdict_texts
 
 
@@ -43,8 +44,15 @@ def membership_command(
     seed: Annotated[int, typer.Option(help="Seed of the pool, the target's half and the reference models.")] = 0,
     out: Annotated[Path, typer.Option(help="Output directory (results.db, report/).")] = Path("membership-audit"),
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the report's path.")] = False,
+    code_path: Annotated[list[Path] | None, typer.Option(
+        "--code-path", help="Directory your model class (pkg.mod:Net) is imported from (repeatable); never the "
+                            "current directory.")] = None,
 ) -> None:
-    """Train the target and reference models with the recipe and each defense; report the membership verdict."""
+    """Train the target and reference models with the recipe and each defense; report the membership verdict.
+
+    Exit codes: 0 every trial finished and at least one is done, 1 some trials failed or none is done, 2 bad input.
+    """
+    add_code_paths(code_path or [])
     entry = {"dataset": {"name": data, "options": data_options(data, parse_assignments(data_option, "--data-option"))},
              "model": {"spec": model, **({"act": act} if act else {}),
                        **({"file": str(model_file)} if model_file is not None else {})},
@@ -52,7 +60,8 @@ def membership_command(
              "reference_models": reference_models, "defenses": list(defense or ["none"]), "seeds": [seed]}
     if attack:
         entry["attacks"] = list(attack)
-    spec = load_spec({"name": "membership", "datasets": [data], "models": [model], "batch_sizes": [1],
+    # the entry's dataset, options included, is the sweep's too (a file dataset needs its path option everywhere)
+    spec = load_spec({"name": "membership", "datasets": [entry["dataset"]], "models": [model], "batch_sizes": [1],
                       "membership": [entry]})
     out.mkdir(parents=True, exist_ok=True)
     sweep = Sweep(spec, out / "results.db", workers=1)
@@ -61,11 +70,17 @@ def membership_command(
         files = write_report(sweep.store, out / "report")
         if quiet:
             console.print(clean(files.index), highlight=False, soft_wrap=True)
-            return
-        print_summary(summary)
-        print_failures(sweep.store, sweep.by_key)
-        for line in verdict_texts(sweep.store.rows()):
-            console.print(Text("• " + clean(line)), soft_wrap=True)
-        console.print(clean(f"report: {files.index}"), highlight=False, soft_wrap=True)
+        else:
+            print_summary(summary)
+            print_failures(sweep.store, sweep.by_key)
+            if summary.nothing is None:  # a run that measured nothing has no verdict
+                for line in verdict_texts(sweep.store.rows()):
+                    console.print(Text("• " + clean(line)), soft_wrap=True)
+            console.print(clean(f"report: {files.index}"), highlight=False, soft_wrap=True)
     finally:
         sweep.store.close()
+    if summary.nothing is not None or summary.failed:
+        # exit 1: every trial failed (a diverged target, a recipe that cannot train), or some did
+        err_console.print(Text(clean(summary.nothing or f"{summary.headline} (errors in {out / 'results.db'} and the "
+                                     "report)"), style="red"), soft_wrap=True, highlight=False)
+        raise typer.Exit(1)

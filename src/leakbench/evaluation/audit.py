@@ -227,6 +227,24 @@ def include_canaries(canaries: int, *, seed: int) -> np.ndarray:
 ONE_RUN_GRID = ((0.05, 0.0), (0.1, 0.0), (0.05, 0.05), (0.1, 0.1), (0.2, 0.2))
 
 
+def min_canaries(grid=ONE_RUN_GRID) -> int:
+    """The fewest canaries for which the default guess grid makes at least one guess (5 with
+    :data:`ONE_RUN_GRID`): fewer audit nothing, so every such run would fail."""
+    m = 1
+    while not any(int(m * a) + int(m * b) >= 1 for a, b in grid):
+        m += 1
+    return m
+
+
+def check_canaries(canaries: object, *, field: str = "canaries") -> int:
+    """``canaries`` as a count the one-run audit can use (≥ :func:`min_canaries`), or a :class:`ConfigError`."""
+    least = min_canaries()
+    if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < least:
+        raise ConfigError(f"expected canaries ≥ {least} (fewer make no guess in the one-run audit), got "
+                          f"{canaries!r} (field {field})")
+    return canaries
+
+
 def one_run_audit(scores: object, included: object, *, delta: float = 0.0, claimed: float | None = None,
                   confidence: float = CONFIDENCE, grid: tuple[tuple[int, int], ...] | None = None) -> OneRunAudit:
     """The one-run audit of canary ``scores`` (higher = more likely included) against the coins ``included``:

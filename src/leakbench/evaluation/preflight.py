@@ -11,6 +11,10 @@ then fails every trial at run time:
 - every model is built once on every dataset's shape with its ``act``, ``init`` and options
   (``act: relux``, ``cnn:99-1-1-0`` on 8×8 images) and one client round is observed on the
   smallest batch under the spec's threat settings (a ±1 loss on a 10-class dataset);
+- every training run passes the check it makes at run time (:func:`~.utility.check_training`: epochs, a
+  batch size that fits its training set — ⌊pool/2⌋ for a membership target and its reference models — and a
+  finite positive lr), a membership entry's ``canaries`` make at least one guess (:func:`~.audit.check_canaries`),
+  and every float field of the spec is finite (``lr: .inf`` is refused when the spec is read);
 - the plan is not empty;
 - the work a user value sizes (:func:`check_work`): an attack's iterations × restarts × ... (bounded at run
   time by ``budget.trial_seconds`` when it is set, else refused past :data:`MAX_ATTACK_WORK`), any single
@@ -180,7 +184,8 @@ def _check_training(spec: SweepSpec, i: int, n: int, key: str) -> None:
 def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
     """Check what every trial of ``spec`` needs (see the module docstring); one line per problem found first."""
     from ..data import load
-    from ..models import build
+    from ..models import MODELS, build
+    from ..models.custom import imports_deferred, is_class_spec
     from ..threat import observe
 
     start = time.perf_counter()
@@ -208,10 +213,13 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
             raise ConfigError(f"{where}: its labels are unknown (an unlabelled folder: every image carries label 0, which means nothing), but the "
                               "threat grants them (labels_known: true); remove labels_known from threat and attacks")
         _check_training(spec, i, len(data), d.key)
+        _check_runs(spec, i, len(data))
         x, y = data.batch(smallest, seed=0)
         for j, m in enumerate(spec.models):
             if pair_refusal(d.name, m.spec) is not None:  # an image model on text (or back): its trials are n/a
                 continue
+            if imports_deferred() and is_class_spec(m.spec, MODELS.names()):
+                continue  # a dry run imports no user code: the class is listed, not built
             where = f"models[{j}] ({m.key}) on datasets[{i}] ({d.key}, shape {'×'.join(map(str, data.shape))})"
             try:
                 model = build(m.spec, input_shape=data.shape, classes=data.num_classes, act=m.act, init=m.init,
@@ -235,8 +243,42 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
                 _check_target_data(entry.target, f"{section}[{i}].target")
             else:
                 _check_pool(entry, f"membership[{i}]")
+                _check_recipe(spec, entry, i)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _check_runs(spec: SweepSpec, i: int, n: int) -> None:
+    """Every training run on dataset ``i`` (``n`` samples) passes :func:`~.utility.check_training`, the check the
+    run itself makes: a model's ``training`` and the utility recipe."""
+    from .utility import check_training
+
+    for j, m in enumerate(spec.models):
+        if m.training.epochs:
+            check_training(m.training.epochs, m.training.batch_size, m.training.lr, n, field=f"models[{j}].training")
+    if spec.utility is not None:
+        u = spec.utility
+        for b in (spec.batch_sizes if u.per_batch_size else [u.batch_size]):
+            check_training(u.epochs, b, u.lr, n, field="utility")
+
+
+def _check_recipe(spec: SweepSpec, entry, i: int) -> None:
+    """A reference-model membership entry's training runs and canary audit pass the checks they make at run time:
+    :func:`~.utility.check_training` on ⌊pool/2⌋ points (the target and every reference model train on half the
+    pool), a known loss, and :func:`~.audit.check_canaries`."""
+    from ..losses import LOSSES
+    from .audit import check_canaries
+    from .utility import check_training
+
+    recipe = entry.recipe(spec.utility)
+    field_name = f"membership[{i}].training" if entry.training is not None else (
+        "utility" if spec.utility is not None else f"membership[{i}].training (default)")
+    check_training(recipe.epochs, recipe.batch_size, recipe.lr, entry.pool // 2, field=field_name)
+    if recipe.loss not in LOSSES:
+        raise ConfigError(f"expected loss one of {', '.join(LOSSES.names())}, got {recipe.loss!r} (field "
+                          f"{field_name}.loss)")
+    if entry.canaries:
+        check_canaries(entry.canaries, field=f"membership[{i}].canaries")
 
 
 def _check_pool(entry, where: str) -> None:

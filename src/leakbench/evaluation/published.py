@@ -139,6 +139,14 @@ def weights_scores(candidates: torch.Tensor, members: torch.Tensor, nonmembers: 
     return out
 
 
+def target_refusal(target) -> str | None:
+    """Why a trained published target is no trained model (non-finite or diverged training), or None."""
+    from .reference import divergence
+
+    loss = target.final_loss if target.history else 0.0  # no history recorded: the weights alone are checked
+    return divergence(target.model, target.inputs, target.y, loss, loss=target.config.loss)
+
+
 def weights_trial(spec, clock, cache_dir) -> Any:
     """Train (or load) the target, attack its weights, score the candidates with their control."""
     from ..threat import observe_weights
@@ -146,6 +154,9 @@ def weights_trial(spec, clock, cache_dir) -> Any:
 
     target, data = target_for(spec, cache_dir)
     clock.lap("target")
+    why = target_refusal(target)
+    if why is not None:  # a diverged target is no result: failed with the reason, never scored
+        return TrialResult(key=spec.key, status="failed", error=why)
     n = int(target.x.shape[0])
     rec = run_attack(spec, observe_weights(target), clock)
     if isinstance(rec, TrialResult):
@@ -195,6 +206,9 @@ def membership_trial(spec, clock, cache_dir) -> Any:
 
     target, data = target_for(spec, cache_dir)
     clock.lap("target")
+    why = target_refusal(target)
+    if why is not None:  # a diverged target is no result: failed with the reason, never scored
+        return TrialResult(key=spec.key, status="failed", error=why)
     m = dict(spec.membership)
     setting = m.get("setting", "known")
     n = int(target.x.shape[0])

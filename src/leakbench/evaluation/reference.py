@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -49,9 +50,32 @@ from .utility import TrainResult, _fingerprint, train_model
 
 __all__ = ["Recipe", "ReferenceModels", "train_reference_models", "target_on_half", "half_masks", "target_mask",
            "TrainedTarget", "cached_target", "cache_lock", "canary_audit",
-           "MembershipRow", "membership_rows", "run_membership_attacks", "CACHE_VERSION"]
+           "MembershipRow", "membership_rows", "run_membership_attacks", "CACHE_VERSION", "divergence",
+           "DIVERGED_FACTOR"]
 
 CACHE_VERSION = 1
+#: a trained model whose training loss ends above this many times the loss of predicting nothing (all-zero
+#: outputs: ln C for cross-entropy) has diverged: its scores measure the divergence, not membership
+DIVERGED_FACTOR = 2.0
+
+
+@torch.no_grad()
+def divergence(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, train_loss: float, *,
+               loss: str = "ce", what: str = "target") -> str | None:
+    """Why the model trained to ``train_loss`` on (``images``, ``labels``) is no trained model (None if it is):
+    non-finite parameters or loss, or a loss above :data:`DIVERGED_FACTOR` × the loss of all-zero outputs."""
+    from ..losses import get_loss
+
+    if not math.isfinite(float(train_loss)) or any(not bool(torch.isfinite(p).all()) for p in model.parameters()):
+        return f"non-finite/diverged {what}: its training ended on a NaN/inf loss or weights ({train_loss!r})"
+    dev = next(model.parameters()).device
+    shape = model(images[:1].to(dev)).shape[1:]
+    chance = float(get_loss(loss)(torch.zeros(len(labels), *shape, device=dev), labels.to(dev)))
+    if math.isfinite(chance) and chance > 0 and float(train_loss) > DIVERGED_FACTOR * chance:
+        return (f"non-finite/diverged {what}: its training loss {float(train_loss):.4g} is above {DIVERGED_FACTOR:g} × "
+                f"{chance:.4g} (the loss of predicting nothing), so its scores would measure the divergence, not "
+                "membership; lower the recipe's lr")
+    return None
 
 
 @dataclass(frozen=True)
@@ -304,10 +328,9 @@ def canary_audit(recipe: Recipe, pool: ImageDataset, *, canaries: int, seed: int
     with the accountant's ε and δ of the run."""
     from ..attacks.trained.reference import loss_scores
     from ..defenses import DPSGD, parts_of
-    from .audit import include_canaries, one_run_audit
+    from .audit import check_canaries, include_canaries, one_run_audit
 
-    if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 1:
-        raise ConfigError(f"expected canaries ≥ 1, got {canaries!r} (field canaries)")
+    check_canaries(canaries)
     config = {"version": CACHE_VERSION, "canaries": int(canaries), "recipe": recipe.key(),
               "pool": _fingerprint(pool), "seed": int(seed)}
     path, canonical = _named_cache(cache_dir, config, "canaries")

@@ -94,7 +94,7 @@ def reference_trial(spec: TrialSpec, clock, cache_dir) -> TrialResult:
     from ..defenses import DPSGD, parse, parts_of
     from ..metrics.membership import tpr_at_fpr
     from .audit import audit_scores
-    from .reference import cached_target, canary_audit, train_reference_models
+    from .reference import cached_target, canary_audit, divergence, train_reference_models
     from .utility import loss_and_accuracy
 
     m = dict(spec.membership)
@@ -107,6 +107,13 @@ def reference_trial(spec: TrialSpec, clock, cache_dir) -> TrialResult:
     refs = train_reference_models(recipe, pool, count=int(m["reference_models"]), seed=spec.seed,
                                   device=spec.device, cache_dir=cache)
     clock.lap("train")
+    members = pool.subset(torch.nonzero(target.in_mask).reshape(-1))
+    why = divergence(target.model, members.images, members.labels, target.train_loss, loss=recipe.loss)
+    bad_refs = [i for i, v in enumerate(refs.train_loss) if not math.isfinite(float(v))]
+    if why is None and bad_refs:
+        why = f"non-finite/diverged reference model(s) {bad_refs[:5]}: their training ended on a NaN/inf loss"
+    if why is not None:  # a diverged model is no target: failed with the reason, never scored as "no leakage"
+        return TrialResult(key=spec.key, status="failed", error=why)
     clock.start_budget()
     scores, why = _scores(spec, target, pool, refs)
     if scores is None:

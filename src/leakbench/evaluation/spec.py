@@ -52,7 +52,8 @@ MAX_STACK = 4096
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: no float field takes NaN or ±inf (``lr: .inf`` would fail every trial)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class DatasetEntry(_Strict):

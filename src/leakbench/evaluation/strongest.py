@@ -101,9 +101,20 @@ def scored(row: Mapping[str, Any]) -> Mapping[str, Any]:
                            "chance_rmse": list(per.get("chance_token_error") or [])}}
 
 
+def invalid_result(row: Mapping[str, Any]) -> str | None:
+    """Why a ``done`` attack row's result is no measurement (None when it is one): its RMSE is missing, NaN/inf,
+    or negative (RMSE = √MSE is never below 0, so a negative one is a corrupt row, not a perfect attack)."""
+    rmse = row.get("rmse")
+    if not finite(rmse):
+        return "non-finite result (NaN/inf)"
+    if rmse < 0:
+        return f"invalid result (negative RMSE {rmse:.3g}; an RMSE is never below 0)"
+    return None
+
+
 def usable(row: Mapping[str, Any]) -> bool:
-    """A finished attack trial with a finite RMSE."""
-    return row.get("status") == "done" and finite(row.get("rmse"))
+    """A finished attack trial with a valid RMSE (finite and ≥ 0: :func:`invalid_result`)."""
+    return row.get("status") == "done" and invalid_result(row) is None
 
 
 def npz_path(row: Mapping[str, Any]) -> str | None:
@@ -124,7 +135,7 @@ def unit(row: Mapping[str, Any]) -> tuple[int, int]:
 def _reason(row: Mapping[str, Any]) -> str:
     status = row.get("status") or "unknown"
     if status == "done":
-        return "non-finite result (NaN/inf)"
+        return invalid_result(row) or "non-finite result (NaN/inf)"
     error = (row.get("error") or "").strip().splitlines()
     return f"{status}: {error[0]}" if error else str(status)
 

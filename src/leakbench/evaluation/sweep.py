@@ -43,7 +43,8 @@ FINISHED = ("done", "n/a")
 class SweepSummary:
     """What one :meth:`Sweep.run` did and where the sweep stands.
 
-    False when trials failed or timed out (``if not lb.evaluate(...)``), as the CLI then exits 1; its
+    False when trials failed or timed out, or when nothing was measured (:attr:`nothing`: no trial done, or the
+    sweep's budget ended it before any trial ran) (``if not lb.evaluate(...)``), as the CLI then exits 1; its
     ``repr`` says how many: ``SweepSummary(all 108 trials failed, ...)``, ``SweepSummary(12 of 108 trials
     failed, ...)``.
     """
@@ -67,7 +68,20 @@ class SweepSummary:
         return sum(self.counts.get(s, 0) for s in RETRYABLE)
 
     def __bool__(self) -> bool:
-        return self.failed == 0
+        return self.failed == 0 and self.nothing is None
+
+    @property
+    def nothing(self) -> str | None:
+        """Why this run measured nothing (no verdict holds; the CLI exits 1 with it), else None: the sweep's
+        budget ended it before any trial ran, or no trial of the sweep is done (all failed, timed out or n/a)."""
+        if self.stopped == "budget.sweep_minutes" and self.ran == 0 and not self.complete:
+            left = self.planned - sum(self.counts.get(s, 0) for s in FINISHED)
+            return (f"budget.sweep_minutes ended the sweep before any trial ran ({left} trial(s) not run): nothing "
+                    "was measured, so no verdict holds; raise budget.sweep_minutes or resume")
+        if self.counts.get("done", 0) == 0 and self.stopped != "max_trials":
+            counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts.items())) or "no trial"
+            return f"no trial succeeded ({counts}): nothing was measured, so no verdict holds"
+        return None
 
     @property
     def headline(self) -> str:
@@ -207,13 +221,15 @@ class Sweep:
 
         rep = self.spec.replicate
         begun = time.perf_counter()  # replication's own clock: max_minutes is spent on replication rounds
-        state = json.loads(self.store.meta("replicate") or "{}")
-        added, rounds = int(state.get("added", 0)), int(state.get("rounds", 0))
+        planned = {t.key for t in self.trials}
         limits: dict[tuple, int] = {}
         while True:
+            # the store is the only truth: every trial it holds beyond the plan was added by replication (this
+            # run or an earlier, interrupted one), so the counts are the same however often the sweep stopped
             known = {r["key"]: r for r in self.store.rows(kind="attack")}
-            extra = {k: TrialSpec.from_dict(r["spec"]) for k, r in known.items() if k not in self.by_key}
+            extra = {k: TrialSpec.from_dict(r["spec"]) for k, r in known.items() if k not in planned}
             self.by_key.update(extra)
+            added, rounds = len(extra), _rounds(extra.values(), rep.step)
             pending = [t for k, t in extra.items() if known[k]["status"] == "pending"]
             cells = open_cells(self.store.rows())
             why = None
@@ -230,15 +246,16 @@ class Sweep:
                         cell = (t.threat_model, t.dataset_key or t.dataset, t.model_key or t.model, t.batch_size)
                         if t.kind == "attack" and cell in cells and cell not in limits:
                             limits[cell] = max(1, len(dataset_for(t)) // max(1, t.batch_size))
-                    pending = more_trials(trials, cells, step=rep.step, max_batches=rep.max_batches,
-                                          limit=limits)[: rep.max_trials - added]
+                    # only trials the store does not hold yet: a round that adds nothing ends replication
+                    pending = [t for t in more_trials(trials, cells, step=rep.step, max_batches=rep.max_batches,
+                                                      limit=limits) if t.key not in known]
+                    pending = pending[: rep.max_trials - added]
                     if not pending:
                         why = f"replicate.max_batches ({rep.max_batches}) or the dataset reached"
                     else:
                         self.store.add(pending)
-                        added += len(pending)
-                        rounds += 1
                         self.by_key.update({t.key: t for t in pending})
+                        added, rounds = added + len(pending), _rounds([*extra.values(), *pending], rep.step)
             if why is not None:
                 self.store.set_meta("replicate", json.dumps({
                     "added": added, "rounds": rounds, "stopped": why,
@@ -261,6 +278,15 @@ class Sweep:
                 "counts": self.store.counts(self.by_key), "ran": self.ran, "retry_failed": self.retry_failed,
                 "executor": (self.runner.state_dict() if self.runner is not None
                              else {"workers": self.workers, "ray": self.ray})}
+
+
+def _rounds(added, step: int) -> int:
+    """Replication rounds behind the ``added`` trials: the most batches added to one cell, in rounds of ``step``."""
+    batches: dict[tuple, set[int]] = {}
+    for t in added:
+        cell = (t.threat_model, t.dataset_key or t.dataset, t.model_key or t.model, t.batch_size)
+        batches.setdefault(cell, set()).add(int(t.batch))
+    return max((-(-len(b) // max(1, step)) for b in batches.values()), default=0)
 
 
 def evaluate(spec: SweepSpec | str | Path | dict, db: str | Path = "results.db", *, workers: int = 1,

@@ -148,13 +148,19 @@ def samples_per_round(defense: Defense) -> int:
     return cost
 
 
-def _check_budget(epochs: int, batch_size: int, lr: float) -> None:
+def check_training(epochs: int, batch_size: int, lr: float, n: int | None = None, *, field: str = "") -> None:
+    """What every training run needs (:func:`train_model` checks it, and the preflight of a sweep checks it for
+    every run the sweep will make, so ``--dry-run`` never says valid for a recipe that fails every trial):
+    epochs ≥ 1, 1 ≤ batch_size ≤ ``n`` (the training set), a finite lr > 0."""
+    at = f"field {field}." if field else "field "
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ConfigError(f"expected epochs ≥ 1 (an int), got {epochs!r} (field epochs)")
+        raise ConfigError(f"expected epochs ≥ 1 (an int), got {epochs!r} ({at}epochs)")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"expected batch_size ≥ 1 (an int), got {batch_size!r} (field batch_size)")
-    if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
-        raise ConfigError(f"expected lr > 0, got {lr!r} (field lr)")
+        raise ConfigError(f"expected batch_size ≥ 1 (an int), got {batch_size!r} ({at}batch_size)")
+    if n is not None and batch_size > n:
+        raise ConfigError(f"expected batch_size ≤ {n} (the training set), got {batch_size} ({at}batch_size)")
+    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0 and math.isfinite(lr)):
+        raise ConfigError(f"expected a finite lr > 0, got {lr!r} ({at}lr)")
 
 
 def train_model(model: nn.Module, data: ImageDataset, *, defense: str | Defense | None = "none", epochs: int = 5,
@@ -168,7 +174,7 @@ def train_model(model: nn.Module, data: ImageDataset, *, defense: str | Defense 
     Defenses that visit more samples per round (:func:`samples_per_round`) run proportionally
     fewer rounds, so every defense sees epochs × N samples.
     """
-    _check_budget(epochs, batch_size, lr)
+    check_training(epochs, batch_size, lr)
     if not isinstance(data, (ImageDataset, TextDataset)):
         raise ConfigError(f"expected the training data as an ImageDataset or a TextDataset, got "
                           f"{type(data).__name__} (argument data)")
@@ -177,8 +183,7 @@ def train_model(model: nn.Module, data: ImageDataset, *, defense: str | Defense 
     model.to(device)
     images, labels = (t.to(device) for t in tensors(data))
     n = int(images.shape[0])
-    if batch_size > n:
-        raise ConfigError(f"expected batch_size ≤ {n} (the training set), got {batch_size} (field batch_size)")
+    check_training(epochs, batch_size, lr, n)
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ConfigError("the model has no trainable parameters")
@@ -336,7 +341,7 @@ def utility_seeds(model_spec: str, dataset: str | ImageDataset | tuple[ImageData
     if not isinstance(model_spec, str):
         raise ConfigError(f"expected a model spec string like 'mlp:32' (for modules use train_model), got "
                           f"{type(model_spec).__name__} (argument model_spec)")
-    _check_budget(epochs, batch_size, lr)
+    check_training(epochs, batch_size, lr)
     defense_obj = parse(defense)
     root = cache_root(cache_dir)
     results: list[UtilityResult | Exception | None] = [None] * len(seeds)

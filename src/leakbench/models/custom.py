@@ -15,10 +15,13 @@ in train mode (buffers restored), and must return a float tensor with one row of
 per sample each time (more outputs than the dataset's classes are allowed: an
 unlabelled folder has one class, "unknown"; your model its own ``num_classes``).
 
-The module is searched on ``sys.path`` and then in the current directory (as ``python -m``
-would; the ``leakbench`` script itself does not put the current directory on the path).  The
-sweep's spawned workers inherit the parent's ``sys.path``, so a module importable when the
-sweep starts is importable in its workers.
+The module is imported from ``sys.path`` only: installed packages, ``PYTHONPATH``, and the directories the
+user names (:func:`add_code_paths`, ``leakbench evaluate --code-path DIR``).  Never from the current
+directory: a spec received from someone else must not run a ``.py`` file that happens to lie where it is
+run.  The sweep's spawned workers inherit the parent's ``sys.path`` (and :func:`add_code_paths` puts the
+directories on ``PYTHONPATH`` for other executors), so a module importable when the sweep starts is
+importable in its workers.  Under :func:`deferred_imports` (``evaluate --dry-run``) nothing is imported: the
+modules a run would import are recorded, and only whether ``sys.path`` holds them is checked.
 
 :func:`class_digest` keys trials on the source of the file that defines the class (and the
 class's qualified name): an edited file never reuses old results.  Edits in *other* files the
@@ -37,6 +40,8 @@ import inspect
 import os
 import re
 import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
 from collections import OrderedDict
 from typing import Any
 from collections.abc import Mapping, Sequence
@@ -48,7 +53,7 @@ from ..errors import ConfigError, expect
 from .size import check_size
 
 __all__ = ["Normalize", "normalized", "is_normalized", "is_class_spec", "import_class", "class_digest",
-           "build_class", "CONSTRUCTOR_ARGUMENTS"]
+           "build_class", "CONSTRUCTOR_ARGUMENTS", "add_code_paths", "deferred_imports", "imports_deferred"]
 
 #: ``module.path:ClassName`` (the class may be nested: ``module:Outer.Inner``).
 _CLASS_SPEC = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
@@ -104,27 +109,99 @@ def is_class_spec(spec: Any, families: Sequence[str] = ()) -> bool:
     return spec.split(":", 1)[0].lower() not in families
 
 
+#: while set (:func:`deferred_imports`), the modules that :func:`import_class` would import, instead of importing
+_DEFERRED: ContextVar[dict[str, list[str]] | None] = ContextVar("leakbench_deferred_imports", default=None)
+
+
+@contextmanager
+def deferred_imports():
+    """Within it no user module is imported: yields {module: [fields naming it]} of what a run would import."""
+    seen: dict[str, list[str]] = {}
+    token = _DEFERRED.set(seen)
+    try:
+        yield seen
+    finally:
+        _DEFERRED.reset(token)
+
+
+def imports_deferred() -> bool:
+    """Whether :func:`deferred_imports` is in force (a dry run: user classes are named, not imported)."""
+    return _DEFERRED.get() is not None
+
+
+def add_code_paths(paths: Sequence[str | os.PathLike]) -> list[str]:
+    """Put the directories the user named (``--code-path``) first on ``sys.path`` and ``PYTHONPATH`` (so workers of
+    any executor see them); a :class:`ConfigError` for one that is no directory.  Returns them, absolute."""
+    out = []
+    for raw in paths:
+        path = os.path.abspath(os.fspath(raw))
+        expect(os.path.isdir(path), f"expected a directory of Python modules, got {os.fspath(raw)!r} (option "
+               "--code-path)")
+        out.append(path)
+    for path in reversed(out):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    if out:
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join([*out, *([old] if old else [])])
+    return out
+
+
+@contextmanager
+def _without_cwd():
+    """``sys.path`` without the current directory (``''``, which ``python -m`` adds, or its absolute path) unless
+    the user named it (``PYTHONPATH``, ``--code-path``): a spec from elsewhere never runs a file lying here."""
+    here = os.path.realpath(os.getcwd())
+    named = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    removed = [(i, p) for i, p in enumerate(sys.path)
+               if isinstance(p, str) and os.path.realpath(p or ".") == here and here not in named]
+    for i, _ in reversed(removed):
+        del sys.path[i]
+    try:
+        yield
+    finally:
+        for i, p in removed:
+            sys.path.insert(i, p)
+
+
+class _Deferred(nn.Module):
+    """What :func:`import_class` returns under :func:`deferred_imports`: the class is not imported."""
+
+
 def _import_module(name: str, spec: str, field: str):
     try:
-        return importlib.import_module(name)
+        with _without_cwd():
+            return importlib.import_module(name)
     except ModuleNotFoundError as err:
         missing = err.name or name
         if missing != name.split(".")[0] and not name.startswith(missing):
             raise ConfigError(f"importing {name!r} for model {spec!r} failed: {err} (field {field}); install "
                               "what the module needs") from None
-        here = os.getcwd()
-        if here not in sys.path:  # as `python -m` would: the current directory, after everything installed
-            sys.path.append(here)
-            try:
-                return importlib.import_module(name)
-            except ModuleNotFoundError:
-                pass
-        raise ConfigError(f"no module {name!r} to import for model {spec!r} (field {field}); put it on PYTHONPATH "
-                          "or in the current directory, or " + _FIX_PATH) from None
+        raise ConfigError(f"no module {name!r} to import for model {spec!r} (field {field}); install it, put its "
+                          "directory on PYTHONPATH or name it with --code-path DIR (the current directory is "
+                          "never searched), or " + _FIX_PATH) from None
     except Exception as err:  # noqa: BLE001 - the user's module raised while importing: one line
         first = " ".join(str(err).split())[:200]
         raise ConfigError(f"importing {name!r} for model {spec!r} raised {type(err).__name__}: {first} "
                           f"(field {field}); fix the module") from None
+
+
+def _defer(module_name: str, spec: str, field: str) -> type[nn.Module]:
+    """Record ``module_name`` as one a run would import; check only that ``sys.path`` holds its top package
+    (finding it runs no code)."""
+    import importlib.util
+
+    top = module_name.split(".")[0]
+    with _without_cwd():
+        found = top in sys.modules or importlib.util.find_spec(top) is not None
+    if not found:
+        raise ConfigError(f"no module {top!r} to import for model {spec!r} (field {field}); install it, put its "
+                          "directory on PYTHONPATH or name it with --code-path DIR (the current directory is never "
+                          "searched)")
+    _DEFERRED.get().setdefault(module_name, [])  # type: ignore[union-attr]
+    if field not in _DEFERRED.get()[module_name]:  # type: ignore[index]
+        _DEFERRED.get()[module_name].append(field)  # type: ignore[index]
+    return _Deferred
 
 
 def import_class(spec: str, *, field: str = "model spec") -> type[nn.Module]:
@@ -132,6 +209,8 @@ def import_class(spec: str, *, field: str = "model spec") -> type[nn.Module]:
     if not isinstance(spec, str) or not _CLASS_SPEC.fullmatch(spec.strip()):
         raise ConfigError(f"expected 'module.path:ClassName', got {spec!r} (field {field}); " + _FIX_PATH)
     module_name, qualname = spec.strip().split(":", 1)
+    if imports_deferred():
+        return _defer(module_name, spec, field)
     obj: Any = _import_module(module_name, spec, field)
     for part in qualname.split("."):
         if not hasattr(obj, part):
@@ -150,6 +229,8 @@ def import_class(spec: str, *, field: str = "model spec") -> type[nn.Module]:
 def class_digest(spec: str, *, field: str = "model spec") -> str:
     """SHA-256 (16 hex digits) of the source file that defines the class, and of the class's qualified name."""
     cls = import_class(spec, field=field)
+    if cls is _Deferred:  # a dry run: the class is not imported, so its source is not read either
+        return "deferred"
     digest = hashlib.sha256(f"{cls.__module__}:{cls.__qualname__}\n".encode())
     try:
         path = inspect.getsourcefile(cls)

@@ -29,8 +29,8 @@ from .. import __version__
 from ..errors import ConfigError
 from ..evaluation.membership_verdict import membership_defenses
 from ..evaluation.store import Store
-from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, is_public, membership_table, privacy_utility,
-                                    strongest, threat_model, usable, utility_table, weights_table)
+from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, invalid_result, is_public, membership_table,
+                                    privacy_utility, strongest, threat_model, usable, utility_table, weights_table)
 from .attack_section import Drawn, attack_section
 from .text_section import TEXT_CSS
 from .verdict_text import summaries
@@ -126,6 +126,23 @@ def _done_but_unusable(r: Mapping[str, Any]) -> bool:
     return need is not None and not finite(m.get(need))
 
 
+def _dropped(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line saying how many finished rows no score uses, and why (non-finite, negative RMSE), or ""."""
+    why: dict[str, int] = {}
+    for r in rows:
+        if _done_but_unusable(r):
+            text = ((r.get("kind") or "attack") == "attack" and invalid_result(r)) or "non-finite result (NaN/inf)"
+            key = text.split(" (")[0] if "negative" not in text else "negative RMSE"
+            why[key] = why.get(key, 0) + 1
+    if not why:
+        return ""
+    n = sum(why.values())
+    done = sum(1 for r in rows if r.get("status") == "done")
+    parts = ", ".join(f"{v} {k}" for k, v in sorted(why.items()))
+    return (f'<p class="warn"><b>{n} of {done} finished row(s) left out of every score</b>: {esc(parts)}; they '
+            'count as failed and are listed under <a href="#problems">Not applicable, failed</a>.</p>')
+
+
 def _problems_section(rows: Sequence[Mapping[str, Any]]) -> str:
     na: dict[tuple, int] = {}
     for r in rows:
@@ -142,7 +159,8 @@ def _problems_section(rows: Sequence[Mapping[str, Any]]) -> str:
     if failed:
         def why(r):
             if r.get("status") == "done":
-                return "non-finite result (NaN/inf): counted as failed"
+                return f"{(r.get('kind') or 'attack') == 'attack' and invalid_result(r) or 'non-finite result (NaN/inf)'}: " \
+                    "counted as failed"
             lines = (r.get("error") or "").strip().splitlines()
             return f"{r.get('status')}: {lines[0][:300] if lines else ''}"
         body = [[esc(threat_model(r)), esc(r.get("attack") or r.get("kind") or ""), esc(r.get("defense") or ""),
@@ -329,7 +347,7 @@ eavesdropper.</p>"""
 <h1>leakbench report — {esc(name)}</h1>
 <p class=muted>{esc(store.path.name)} · {esc(status)} · generated {_dt.datetime.now():%Y-%m-%d %H:%M} by leakbench
 {esc(__version__)} · <span id="image-check">images not checked (JavaScript off)</span> · {' · '.join(downloads)}</p>
-{collapsible("summary", "Summary", intro + summary + _replication(store))}
+{collapsible("summary", "Summary", intro + _dropped(rows) + summary + _replication(store))}
 {''.join(sections) or ("" if federated else muted("No finished trials yet."))}
 {rounds}
 {federated}
