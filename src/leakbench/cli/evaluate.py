@@ -201,6 +201,13 @@ def evaluate_command(
     with (deferred_imports() if dry_run else contextlib.nullcontext({})) as modules:
         sweep_spec, checked = _checked(spec, stack=stack, yes=yes)
     if dry_run:
+        if not force and db.exists():  # "valid" only if the run would also accept this store
+            from ..evaluation import plan
+
+            with Store(db, readonly=True) as store:
+                problem = store.binding_problem(t.key for t in plan(sweep_spec))
+            if problem is not None:
+                raise ConfigError(problem)
         console.print(clean(f"{spec}: valid; {checked.summary()}"), highlight=False, soft_wrap=True, markup=False)
         for name, fields in modules.items():
             console.print(clean(f"a run would import {name} ({', '.join(fields)}), running its code"),

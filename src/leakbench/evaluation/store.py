@@ -182,6 +182,11 @@ def _open_readonly(path: Path, timeout: float) -> sqlite3.Connection:
     raise ConfigError(_sqlite_message(path, last)) from None
 
 
+def _plan_digest(keys: list[str]) -> str:
+    """The digest :meth:`Store.bind` ties a store to: its sorted trial keys."""
+    return hashlib.sha256("\n".join(keys).encode()).hexdigest()[:20]
+
+
 class Store:
     """A sweep's SQLite store (see the module docstring); ``Store("results.db")``."""
 
@@ -301,20 +306,30 @@ class Store:
         sweeps in one report; ``force=True`` re-binds it (the earlier trials stay and are reported too).
         """
         keys = sorted(set(keys))
-        digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:20]
-        bound = self.meta("plan")
-        if bound == digest:
+        digest = _plan_digest(keys)
+        if self.meta("plan") == digest:
             return
-        if not force:
-            if bound is not None:
-                raise ConfigError(f"{self.path} holds another sweep (a different spec: other trials); use a new "
-                                  f"--db for this spec, or --force to add its trials to this store")
-            known = {r[0] for r in self._conn.execute("SELECT key FROM trials")}
-            extra = len(known - set(keys))
-            if extra:
-                raise ConfigError(f"{self.path} holds {extra} trial(s) of another sweep; use a new --db for this "
-                                  f"spec, or --force to add its trials to this store")
+        problem = None if force else self.binding_problem(keys)
+        if problem is not None:
+            raise ConfigError(problem)
         self.set_meta("plan", digest)
+
+    def binding_problem(self, keys: Iterable[str]) -> str | None:
+        """Why :meth:`bind` would refuse the sweep of trial ``keys`` (another sweep's store), else None; writes
+        nothing (``--dry-run`` asks it)."""
+        keys = sorted(set(keys))
+        bound = self.meta("plan")
+        if bound == _plan_digest(keys):
+            return None
+        if bound is not None:
+            return (f"{self.path} holds another sweep (a different spec: other trials); use a new --db for this "
+                    "spec, or --force to add its trials to this store")
+        known = {r[0] for r in self._conn.execute("SELECT key FROM trials")}
+        extra = len(known - set(keys))
+        if extra:
+            return (f"{self.path} holds {extra} trial(s) of another sweep; use a new --db for this spec, or --force "
+                    "to add its trials to this store")
+        return None
 
     # ------------------------------------------------------------------ trials
     def add(self, trials: Iterable[TrialSpec]) -> int:
