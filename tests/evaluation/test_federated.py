@@ -278,3 +278,13 @@ def test_a_rounds_utility_is_never_stacked_with_other_training():
 
     utility = next(t for t in plan(load_spec(SPEC)) if t.kind == "utility")
     assert batch_group(dataclasses.replace(utility, device="cuda")) is None  # it reads its run: nothing to train
+
+
+def test_dry_run_refuses_a_layout_no_client_can_fill():
+    from leakbench.evaluation.preflight import preflight
+
+    assert preflight(load_spec(SPEC)).trials > 0
+    crowded = {**SPEC, "datasets": [{"name": "digits", "options": {"limit": 60}}], "batch_sizes": [4],
+               "models": [{"spec": "mlp:16", "federated": {**FED, "clients": 20}}]}
+    with pytest.raises(ConfigError, match=r"models\[0\]\.federated .*seed 0: expected a batch size of at most"):
+        preflight(load_spec(crowded))

@@ -230,6 +230,8 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
             except Exception as err:  # noqa: BLE001
                 raise ConfigError(f"{where}: cannot build it: {_first_line(err)}") from None
             report.models += 1
+            if m.federated is not None:
+                _check_federated(spec, m, data, f"models[{j}].federated ({m.key}) on datasets[{i}] ({d.key})")
             if m.server is not None:
                 model = _server_model(spec, m, j, model, data, where)
             for threat in _threat_variants(spec):
@@ -260,6 +262,24 @@ def _check_runs(spec: SweepSpec, i: int, n: int) -> None:
         u = spec.utility
         for b in (spec.batch_sizes if u.per_batch_size else [u.batch_size]):
             check_training(u.epochs, b, u.lr, n, field="utility")
+
+
+def _check_federated(spec: SweepSpec, m, data, where: str) -> None:
+    """Every seed's FedAvg layout exists (test split, public set, clients) and every client and the public set hold
+    the largest batch: the check each of the model's trials makes (:mod:`.federated`), made before any runs."""
+    from .federated import client_batch, layout
+
+    config = m.federated.run_options()
+    largest = max(spec.batch_sizes)
+    for seed in spec.seeds:
+        try:
+            lay = layout(data, config, seed)
+            small = min(range(len(lay.clients)), key=lambda k: len(lay.clients[k]))
+            client_batch(data, config, seed, small, largest)
+            if config["public"]:
+                client_batch(data, config, seed, 0, largest, public=True)
+        except ConfigError as err:
+            raise ConfigError(f"{where}, seed {seed}: {err}") from None
 
 
 def _check_recipe(spec: SweepSpec, entry, i: int) -> None:
