@@ -29,6 +29,7 @@ from ..evaluation.preflight import check_size, preflight
 from ..evaluation.spec import MAX_STACK
 from ..evaluation.speccheck import MAX_TRIALS
 from ..evaluation.strongest import Strongest
+from ..plugins import loaded
 from ..report import write_report
 from ..report.pdf import chromium_problem, find_chromium, write_pdf
 from .common import app, check_out_dir, clean, console, err_console, reports_errors
@@ -124,8 +125,16 @@ def print_failures(store: Store, keys: Mapping[str, Any], limit: int = 5) -> Non
         console.print(f"… and {len(failed) - limit} more failed trial(s); see the report", highlight=False)
 
 
+def plugin_line() -> str:
+    """The plug-ins a run imports (in this process, every worker and every Ray actor), and where each comes from."""
+    found = loaded()
+    if not found:
+        return "plug-ins: none"
+    return "plug-ins: " + "; ".join(f"{p.name} ({p.source}{': ' + p.path if p.path else ''})" for p in found.values())
+
+
 def resume_command(spec: Path, db: Path, *, workers: int, ray: str | None, retry_failed: bool, yes: bool,
-                   report: Path | None, stack: int | None = None) -> str:
+                   report: Path | None, stack: int | None = None, plugins: Sequence[str] = ()) -> str:
     """The exact ``leakbench evaluate`` command line that resumes this sweep."""
     parts = ["leakbench", "evaluate", str(spec), "--db", str(db)]
     parts += ["--workers", str(workers)] if workers != 1 else []
@@ -133,6 +142,7 @@ def resume_command(spec: Path, db: Path, *, workers: int, ray: str | None, retry
     parts += ["--retry-failed"] if retry_failed else []
     parts += ["--stack", str(stack)] if stack is not None else []
     parts += ["--yes"] if yes else []
+    parts += [arg for p in plugins for arg in ("--plugin", p)]
     parts += ["--report", str(report)] if report is not None else []
     return " ".join(shlex.quote(p) for p in parts)
 
@@ -186,13 +196,14 @@ def evaluate_command(
     checked = preflight(sweep_spec)
     if dry_run:
         console.print(clean(f"{spec}: valid; {checked.summary()}"), highlight=False, soft_wrap=True, markup=False)
+        console.print(clean(plugin_line()), highlight=False, soft_wrap=True, markup=False)
         return
     if report is not None:
         check_out_dir(report, "--report")  # before any trial runs
     sweep = Sweep(sweep_spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials,
                   force=force, check=False)
     again = resume_command(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, yes=yes, report=report,
-                           stack=stack)
+                           stack=stack, plugins=[p.path or p.name for p in loaded().values() if p.source == "--plugin"])
     for note in sweep.notes:
         err_console.print(Text(clean(note), style="yellow"), soft_wrap=True, highlight=False)
     try:
