@@ -153,8 +153,8 @@ def _import_path(text: str, source: str) -> str:
         spec.loader.exec_module(module)
     except Exception as err:  # noqa: BLE001 - the user's module raised while importing: one line
         sys.modules.pop(name, None)
-        raise ConfigError(f"plug-in {text!r} ({source}): importing it failed: {_one_line(err)}; fix the "
-                          "module") from None
+        fix = "install what it needs" if isinstance(err, ModuleNotFoundError) else "fix the module"
+        raise ConfigError(f"plug-in {text!r} ({source}): importing it failed: {_one_line(err)}; {fix}") from None
     return name
 
 
