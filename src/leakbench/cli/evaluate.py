@@ -134,7 +134,8 @@ def plugin_line() -> str:
 
 
 def resume_command(spec: Path, db: Path, *, workers: int, ray: str | None, retry_failed: bool, yes: bool,
-                   report: Path | None, stack: int | None = None, plugins: Sequence[str] = ()) -> str:
+                   report: Path | None, stack: int | None = None, plugins: Sequence[str] = (),
+                   defenses: Sequence[str] = ()) -> str:
     """The exact ``leakbench evaluate`` command line that resumes this sweep."""
     parts = ["leakbench", "evaluate", str(spec), "--db", str(db)]
     parts += ["--workers", str(workers)] if workers != 1 else []
@@ -143,6 +144,7 @@ def resume_command(spec: Path, db: Path, *, workers: int, ray: str | None, retry
     parts += ["--stack", str(stack)] if stack is not None else []
     parts += ["--yes"] if yes else []
     parts += [arg for p in plugins for arg in ("--plugin", p)]
+    parts += [arg for d in defenses for arg in ("--defense", d)]
     parts += ["--report", str(report)] if report is not None else []
     return " ".join(shlex.quote(p) for p in parts)
 
@@ -169,6 +171,9 @@ def evaluate_command(
     stack: Annotated[int | None, typer.Option(
         help="Most trials of one shape solved as one batched call, overriding the spec's stack (default: the "
              "device's measured best; 1: every trial alone).")] = None,
+    defense: Annotated[list[str] | None, typer.Option(
+        "--defense", metavar="SPEC", help="Add this defense setting to the spec's defenses (e.g. a plug-in's, "
+                                          "benchmarked against every attack of the spec). Repeatable.")] = None,
 ) -> None:
     """Run (or resume) a sweep: every finished trial is committed to --db at once; done trials are skipped.
 
@@ -186,6 +191,11 @@ def evaluate_command(
 
         spec = preset_path(preset)
     sweep_spec = load_spec(spec)
+    if defense:
+        from ..evaluation.spec import DefenseEntry
+
+        sweep_spec = load_spec(sweep_spec.model_copy(update={
+            "defenses": [*sweep_spec.defenses, *(DefenseEntry(spec=d) for d in defense)]}))
     if stack is not None:
         if not 1 <= stack <= MAX_STACK:
             raise ConfigError(f"expected --stack between 1 and {MAX_STACK}, got {stack} (1 runs every trial alone)")
@@ -203,7 +213,8 @@ def evaluate_command(
     sweep = Sweep(sweep_spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials,
                   force=force, check=False)
     again = resume_command(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, yes=yes, report=report,
-                           stack=stack, plugins=[p.path or p.name for p in loaded().values() if p.source == "--plugin"])
+                           stack=stack, plugins=[p.path or p.name for p in loaded().values() if p.source == "--plugin"],
+                           defenses=defense or ())
     for note in sweep.notes:
         err_console.print(Text(clean(note), style="yellow"), soft_wrap=True, highlight=False)
     try:
