@@ -227,7 +227,12 @@ def test_dry_run_lists_the_plugins_a_run_imports(plugin, tmp_path):
     spec.write_text(json.dumps({**_spec(name, tag), "plugins": []}))
     result = runner.invoke(app, ["evaluate", str(spec), "--dry-run", "--plugin", str(path)])
     assert result.exit_code == 0, result.output
-    assert f"plug-ins: {name} (--plugin: {path})" in result.output
+    assert f"plug-ins: {name} (--plugin: {path})" in result.output and "4 trial(s)" in result.output
+    # --defense adds a setting (the plug-in's) to the spec's: every attack runs against it
+    result = runner.invoke(app, ["evaluate", str(spec), "--dry-run", "--plugin", str(path), "--defense", f"flip-{tag}:3"])
+    assert result.exit_code == 0 and "6 trial(s)" in result.output, result.output
+    _one_line(runner.invoke(app, ["evaluate", str(spec), "--dry-run", "--defense", "flip-nothing"]),
+              "unknown defense 'flip-nothing'")
 
 
 @pytest.mark.parametrize("body, what", [
