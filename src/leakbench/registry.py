@@ -3,10 +3,15 @@
 The CLI, the sweep spec and the Python API resolve attacks, defenses, datasets
 and models through these, so they all accept the same names.  An unknown name
 raises :class:`~leakbench.errors.ConfigError` listing the known ones.
+
+Each entry remembers the module it came from (:meth:`Registry.origin`): leakbench's own, or a plug-in's
+(:mod:`leakbench.plugins`); installed packages' plug-ins are imported before a registry resolves a name.
 """
 from __future__ import annotations
 
 import difflib
+import inspect
+import sys
 from typing import Any, Generic, TypeVar
 from collections.abc import Callable, Iterator
 
@@ -23,6 +28,7 @@ class Registry(Generic[T]):
         self._items: dict[str, Callable[..., T]] = {}
         self._help: dict[str, str] = {}
         self._info: dict[str, Any] = {}
+        self._origin: dict[str, str] = {}
 
     def register(self, name: str, factory: Callable[..., T] | None = None, *, help: str | None = None,
                  info: Any = None):
@@ -36,16 +42,35 @@ class Registry(Generic[T]):
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._items[name] = f
             self._info[name] = info
+            self._origin[name] = _origin(f)
             doc = help if help is not None else (f.__doc__ or "").strip().splitlines()
             self._help[name] = doc if isinstance(doc, str) else (doc[0] if doc else "")
             return f
 
         return deco(factory) if factory is not None else deco
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a plug-in's test tearing down); a name never registered is ignored."""
+        for table in (self._items, self._help, self._info, self._origin):
+            table.pop(name, None)
+
+    def origin(self, name: str) -> str:
+        """The module that defines the entry ``name`` (``leakbench.…`` for leakbench's own)."""
+        self.get(name)
+        return self._origin.get(name) or _origin(self._items[name])
+
+    def _plugins(self) -> None:
+        """Installed packages' plug-ins register before any name is resolved (once per process)."""
+        from .plugins import load_entry_points
+
+        load_entry_points()
+
     def get(self, name: str) -> Callable[..., T]:
         """The factory registered as ``name``; a clear error naming the known ones otherwise."""
         if not isinstance(name, str):
             raise ConfigError(f"expected a {self.kind} name (str), got {type(name).__name__}")
+        if name not in self._items:
+            self._plugins()
         try:
             return self._items[name]
         except KeyError:
@@ -61,6 +86,7 @@ class Registry(Generic[T]):
         return self.get(name)(**options)
 
     def names(self) -> list[str]:
+        self._plugins()
         return sorted(self._items)
 
     def info(self, name: str) -> Any:
@@ -73,10 +99,24 @@ class Registry(Generic[T]):
         return {n: self._help[n] for n in self.names()}
 
     def __contains__(self, name: object) -> bool:
+        if isinstance(name, str) and name not in self._items:
+            self._plugins()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
+        self._plugins()
         return len(self._items)
+
+
+def _origin(factory: Any) -> str:
+    """The module a factory comes from: a class's or function's own, else (an instance, a partial) the module that
+    called ``register``."""
+    if inspect.isclass(factory) or inspect.isfunction(factory):
+        return str(getattr(factory, "__module__", "") or "")
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    return str(frame.f_globals.get("__name__", "")) if frame is not None else ""

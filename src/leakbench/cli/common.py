@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import inspect
 import json
 import os
 import sqlite3
@@ -29,6 +30,7 @@ from .. import __version__
 from ..coerce import coerce
 from ..data import DATASETS
 from ..errors import ConfigError, LeakbenchError
+from ..plugins import load as load_plugins
 from ..progress import clean
 
 app = typer.Typer(
@@ -116,16 +118,38 @@ def sqlite_failure(err: sqlite3.Error) -> str:
     return f"results store: {text} ({type(err).__name__}); {fix}"
 
 
+#: ``--plugin MODULE`` (repeatable), added to every command by :func:`reports_errors`
+PLUGIN_OPTION = Annotated[list[str] | None, typer.Option(
+    "--plugin", metavar="MODULE",
+    help="Import this plug-in first (a module name, or a .py file or package folder): its register decorators add "
+         "attacks, defenses, metrics, datasets and models (docs/plugins.md). Repeatable.")]
+
+
+def _with_plugin_option(command: Callable[..., Any], wrapper: Callable[..., Any]) -> None:
+    """Give ``wrapper`` the signature of ``command`` plus ``--plugin`` (what Typer reads to build the options)."""
+    signature = inspect.signature(command, eval_str=True)
+    if "plugin" in signature.parameters:
+        return
+    extra = inspect.Parameter("plugin", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=PLUGIN_OPTION)
+    params = list(signature.parameters.values())
+    wrapper.__signature__ = signature.replace(parameters=[*params, extra])  # type: ignore[attr-defined]
+    hints = typing.get_type_hints(command, include_extras=True)
+    wrapper.__annotations__ = {**hints, "plugin": PLUGIN_OPTION}
+
+
 def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Turn :class:`LeakbenchError` into one red line and exit code 2; Ctrl-C into exit code 130.
 
     Errors of the machine rather than the code get one line too: SQLite errors on the results store
-    (corrupt file, disk full) and file-system errors (no space, read-only, permission).
+    (corrupt file, disk full) and file-system errors (no space, read-only, permission).  Every command so
+    decorated takes ``--plugin MODULE`` (:mod:`leakbench.plugins`), imported before the command runs.
     """
 
     @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, plugin: list[str] | None = None, **kwargs: Any) -> Any:
         try:
+            if plugin:
+                load_plugins(plugin, source="--plugin")
             return command(*args, **kwargs)
         except LeakbenchError as err:
             fail(str(err))
@@ -147,6 +171,7 @@ def reports_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except RecursionError:
             fail("input nested too deeply (RecursionError); flatten the spec or file it came from")
 
+    _with_plugin_option(command, wrapper)
     return wrapper
 
 

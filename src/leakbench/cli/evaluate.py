@@ -31,6 +31,7 @@ from ..evaluation.preflight import check_size, preflight
 from ..evaluation.spec import MAX_STACK
 from ..evaluation.speccheck import MAX_TRIALS
 from ..evaluation.strongest import Strongest
+from ..plugins import loaded
 from ..report import write_report
 from ..report.pdf import chromium_problem, find_chromium, write_pdf
 from .common import app, check_out_dir, clean, console, err_console, reports_errors
@@ -126,8 +127,17 @@ def print_failures(store: Store, keys: Mapping[str, Any], limit: int = 5) -> Non
         console.print(f"… and {len(failed) - limit} more failed trial(s); see the report", highlight=False)
 
 
+def plugin_line() -> str:
+    """The plug-ins a run imports (in this process, every worker and every Ray actor), and where each comes from."""
+    found = loaded()
+    if not found:
+        return "plug-ins: none"
+    return "plug-ins: " + "; ".join(f"{p.name} ({p.source}{': ' + p.path if p.path else ''})" for p in found.values())
+
+
 def resume_command(spec: Path, db: Path, *, workers: int, ray: str | None, retry_failed: bool, yes: bool,
-                   report: Path | None, stack: int | None = None) -> str:
+                   report: Path | None, stack: int | None = None, plugins: Sequence[str] = (),
+                   defenses: Sequence[str] = ()) -> str:
     """The exact ``leakbench evaluate`` command line that resumes this sweep."""
     parts = ["leakbench", "evaluate", str(spec), "--db", str(db)]
     parts += ["--workers", str(workers)] if workers != 1 else []
@@ -135,13 +145,20 @@ def resume_command(spec: Path, db: Path, *, workers: int, ray: str | None, retry
     parts += ["--retry-failed"] if retry_failed else []
     parts += ["--stack", str(stack)] if stack is not None else []
     parts += ["--yes"] if yes else []
+    parts += [arg for p in plugins for arg in ("--plugin", p)]
+    parts += [arg for d in defenses for arg in ("--defense", d)]
     parts += ["--report", str(report)] if report is not None else []
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def _checked(spec: Path, *, stack: int | None, yes: bool):
-    """The spec read, with --stack and --yes applied, and its preflight."""
+def _checked(spec: Path, *, stack: int | None, yes: bool, defenses: Sequence[str] = ()):
+    """The spec read, with --defense, --stack and --yes applied, and its preflight."""
     sweep_spec = load_spec(spec)
+    if defenses:
+        from ..evaluation.spec import DefenseEntry
+
+        sweep_spec = load_spec(sweep_spec.model_copy(update={
+            "defenses": [*sweep_spec.defenses, *(DefenseEntry(spec=d) for d in defenses)]}))
     if stack is not None:
         if not 1 <= stack <= MAX_STACK:
             raise ConfigError(f"expected --stack between 1 and {MAX_STACK}, got {stack} (1 runs every trial alone)")
@@ -178,6 +195,9 @@ def evaluate_command(
         "--code-path", help="Directory your model classes (module:Class in the spec) are imported from "
                             "(repeatable); besides installed packages and PYTHONPATH, the only place searched: "
                             "never the current directory.")] = None,
+    defense: Annotated[list[str] | None, typer.Option(
+        "--defense", metavar="SPEC", help="Add this defense setting to the spec's defenses (e.g. a plug-in's, "
+                                          "benchmarked against every attack of the spec). Repeatable.")] = None,
 ) -> None:
     """Run (or resume) a sweep: every finished trial is committed to --db at once; done trials are skipped.
 
@@ -199,7 +219,7 @@ def evaluate_command(
     add_code_paths(code_path or [])
     # a dry run imports no user code: it lists the modules a run would import (their code runs then)
     with (deferred_imports() if dry_run else contextlib.nullcontext({})) as modules:
-        sweep_spec, checked = _checked(spec, stack=stack, yes=yes)
+        sweep_spec, checked = _checked(spec, stack=stack, yes=yes, defenses=defense or ())
     if dry_run:
         if not force and db.exists():  # "valid" only if the run would also accept this store
             from ..evaluation import plan
@@ -212,13 +232,15 @@ def evaluate_command(
         for name, fields in modules.items():
             console.print(clean(f"a run would import {name} ({', '.join(fields)}), running its code"),
                           highlight=False, soft_wrap=True, markup=False)
+        console.print(clean(plugin_line()), highlight=False, soft_wrap=True, markup=False)
         return
     if report is not None:
         check_out_dir(report, "--report")  # before any trial runs
     sweep = Sweep(sweep_spec, db, workers=workers, ray=ray, retry_failed=retry_failed, max_trials=max_trials,
                   force=force, check=False)
     again = resume_command(spec, db, workers=workers, ray=ray, retry_failed=retry_failed, yes=yes, report=report,
-                           stack=stack)
+                           stack=stack, plugins=[p.path or p.name for p in loaded().values() if p.source == "--plugin"],
+                           defenses=defense or ())
     for note in sweep.notes:
         err_console.print(Text(clean(note), style="yellow"), soft_wrap=True, highlight=False)
     try:

@@ -1,4 +1,5 @@
-"""``leakbench list``: the registered attacks, datasets, models, defenses and losses."""
+"""``leakbench list``: the registered attacks, datasets, models, defenses, losses and metrics, and where each
+comes from (leakbench, or a plug-in: its module and how it was loaded)."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -12,15 +13,17 @@ from ..data import DATASETS
 from ..defenses import DEFENSES
 from ..errors import ConfigError
 from ..losses import LOSSES
+from ..metrics import METRICS
 from ..models import MODELS
+from ..plugins import origin_text
 from .common import app, console, reports_errors
 
 #: kinds accepted by ``leakbench list`` and their registries.
 REGISTRIES = {"attacks": ATTACKS, "membership": MEMBERSHIP_ATTACKS, "datasets": DATASETS, "models": MODELS,
-              "defenses": DEFENSES, "losses": LOSSES}
+              "defenses": DEFENSES, "losses": LOSSES, "metrics": METRICS}
 #: singular spellings accepted by ``leakbench list``.
 KIND_ALIASES = {"attack": "attacks", "dataset": "datasets", "model": "models", "defense": "defenses",
-                "loss": "losses", "membership-attacks": "membership"}
+                "loss": "losses", "membership-attacks": "membership", "metric": "metrics"}
 
 
 
@@ -29,7 +32,8 @@ KIND_ALIASES = {"attack": "attacks", "dataset": "datasets", "model": "models", "
 def list_command(
     kind: Annotated[str, typer.Argument(help="One of: " + ", ".join(REGISTRIES) + ".")],
 ) -> None:
-    """List the registered attacks, membership attacks, datasets, models, defenses or losses."""
+    """List the registered attacks, membership attacks, datasets, models, defenses, losses or metrics, and where
+    each comes from (leakbench or a plug-in)."""
     registry = REGISTRIES.get(KIND_ALIASES.get(kind.lower(), kind.lower()))
     if registry is None:
         raise ConfigError(f"unknown kind {kind!r}; expected one of: {', '.join(REGISTRIES)}")
@@ -39,10 +43,12 @@ def list_command(
     table.add_column("description")
     if is_attacks:
         table.add_column("presets")
+    table.add_column("from")
     for name, description in registry.describe().items():
         row = [name, description]
         if is_attacks:
             row.append(", ".join(attack_presets(name)))
+        row.append(origin_text(registry.origin(name)))
         table.add_row(*row)
     console.print(table)
 

@@ -18,6 +18,7 @@ model (:func:`cuda_stack`); a stack that still runs out of memory is halved and 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -28,8 +29,9 @@ from typing import Any
 
 import torch
 
+from .. import plugins
 from ..budget import check_time
-from ..errors import BudgetExceeded
+from ..errors import BudgetExceeded, LeakbenchError
 from .run import run_trial
 from .trial import TrialResult, TrialSpec, TrialTimeout, trial_budget
 
@@ -213,6 +215,8 @@ def run_chunk(trials: Iterable[TrialSpec], *, cache_dir: str | Path | None = Non
     they first appear).  A batched call that fails as a whole leaves its trials to run alone."""
     groups: dict[Any, list[TrialSpec]] = {}
     for i, trial in enumerate(trials):
+        with contextlib.suppress(LeakbenchError):  # a plug-in that fails here fails its trial, in run_trial
+            plugins.ensure(trial.plugins)
         key = batch_group(trial)
         groups.setdefault(("alone", i) if key is None else key, []).append(trial)
     for members in groups.values():

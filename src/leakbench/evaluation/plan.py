@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 
 from ..attacks import preset_revision
 from ..defenses import family_of
+from .origins import stamp
 from .spec import SweepSpec
 from .trial import TrialSpec
 
@@ -131,7 +132,7 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
                 if keep(t, spec.include, spec.exclude):
                     trials.setdefault(t.key, t)
     ordered = sorted(trials.values(), key=lambda t: t.kind != "utility")  # stable: utility first
-    return ordered
+    return [stamp(t) for t in ordered]  # each with the digests of the plug-ins it uses (part of its key)
 
 
 #: how a federated sweep names a model at a round (:func:`round_key`)

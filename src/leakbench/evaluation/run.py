@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .. import plugins
 from ..errors import BudgetExceeded, LeakbenchError, UnsupportedThreatModel
 from . import published, reference_trial
 from .trial import (KINDS, Clock, TrialResult, TrialSpec, attack_trial, bound_trial, non_finite, trial_budget,
@@ -46,6 +47,7 @@ def run_trial(spec: TrialSpec, *, cache_dir: str | Path | None = None, progress=
         # the sweep's end bounds every loop; a utility trial's training is its work, so trial_seconds bounds it too
         own = spec.trial_seconds if spec.kind == "utility" else None
         with torch.random.fork_rng(devices=[]), trial_budget(spec.deadline, own):
+            plugins.ensure(spec.plugins)  # the plug-ins it uses, imported here too (a pool worker, a Ray actor)
             torch.manual_seed(spec.seed)
             run = _runner(spec.kind)
             result = run(spec, clock, cache_dir)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable, Iterator
 
+from .. import plugins
 from ..errors import ConfigError
 from .chunks import batch_group, run_chunk, stack_size
 from .trial import TrialResult, TrialSpec
@@ -237,7 +238,9 @@ class _Worker:
         self.conn, child = ctx.Pipe(duplex=True)
         # the kernel's parent-death signal follows the thread that starts the process: only the main thread's
         kernel = threading.current_thread() is threading.main_thread()
-        self.process = ctx.Process(target=serve, args=(child, parent_pid, cache_dir, kernel), daemon=True,
+        # the plug-ins loaded here, imported by the worker before its first trial
+        self.process = ctx.Process(target=serve, args=(child, parent_pid, cache_dir, kernel, plugins.sources()),
+                                   daemon=True,
                                    name=f"leakbench-worker-{index}")
         with parent_marked(parent_pid if kernel else None):  # dies with us even while it still imports torch
             self.process.start()
@@ -524,7 +527,7 @@ class RayRunner(Runner):
 
     def _new_actor(self, cpus: int, gpus: int) -> list:
         remote = self._ray.remote(TrialActor).options(num_cpus=cpus, num_gpus=gpus)
-        actor = [remote.remote(self.cache_dir), 0]
+        actor = [remote.remote(self.cache_dir, plugins.sources()), 0]
         self._actors.setdefault((cpus, gpus), []).append(actor)
         return actor
 

@@ -37,6 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
+from ..plugins import load as load_plugins
 from .specfederated import FederatedEntry
 from .specnames import check_names
 from .specsource import Source as _Source
@@ -510,6 +511,9 @@ class SweepSpec(_Strict):
 
     name: str = "sweep"
     description: str = ""
+    #: modules imported before any name is resolved, whose ``register`` decorators add attacks, defenses, metrics,
+    #: datasets and models (:mod:`leakbench.plugins`; module names, from installed packages or PYTHONPATH)
+    plugins: list[str] = Field(default_factory=list)
     datasets: list[DatasetEntry] = Field(min_length=1)
     models: list[ModelEntry] = Field(min_length=1)
     batch_sizes: list[int] = Field(min_length=1)
@@ -581,6 +585,7 @@ def load_spec(source: str | Path | Mapping | SweepSpec, *, check: bool = True) -
     devices) so a bad spec fails here, before any trial runs.
     """
     if isinstance(source, SweepSpec):
+        load_plugins(source.plugins, source="spec")
         if check:
             check_names(source, _Source("spec", {}))
         return source
@@ -601,6 +606,11 @@ def load_spec(source: str | Path | Mapping | SweepSpec, *, check: bool = True) -
         path, msg = problems[0]
         more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
         raise ConfigError(f"{where.where(path)}: {msg}{more}") from None
+    for i, name in enumerate(spec.plugins):  # before any name is resolved
+        try:
+            load_plugins([name], source="spec")
+        except ConfigError as err:
+            raise ConfigError(f"{where.where(('plugins', i))}: {err}") from None
     if check:
         check_names(spec, where)
     return spec

@@ -50,7 +50,7 @@ NOT_IDENTITY = ("dataset_key", "model_key", "attack_key", "device", "threads", "
 
 
 #: fields added after the first store format; empty values leave a trial's key as it was.
-ADDED_FIELDS = ("server", "target", "membership", "indices", "preset_revision", "client")
+ADDED_FIELDS = ("server", "target", "membership", "indices", "preset_revision", "client", "plugins")
 
 
 def threat_model(spec: dict[str, Any]) -> str:
@@ -121,6 +121,9 @@ class TrialSpec:
     #: whose batch a federated attack trial attacks: "" (a client's) or "public" (the attacker's own images,
     #: observed without the defense: the attack's power at that checkpoint)
     client: str = ""
+    #: the plug-ins whose components the trial uses, module → source digest (:mod:`leakbench.plugins`): an edited
+    #: plug-in is a new trial, and every process imports them before it runs the trial
+    plugins: dict = field(default_factory=dict)
     dataset_key: str = ""
     model_key: str = ""
     attack_key: str = ""

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
 
+from .. import plugins
+from ..errors import LeakbenchError
 from .chunks import run_chunk
 from .trial import TrialResult, TrialSpec, worker_id
 
@@ -101,11 +103,20 @@ def _send(conn, message: Any) -> None:
         os._exit(0)  # the parent is gone: nobody is left to commit the result
 
 
-def serve(conn, parent_pid: int, cache_dir: str | None, kernel: bool = True) -> None:
+def load_plugins(sources) -> None:
+    """The parent's plug-ins (:func:`leakbench.plugins.sources`), imported before any trial; one that fails here
+    fails the trials that use it, with its one line (:func:`leakbench.plugins.ensure`)."""
+    for item in sources or ():
+        with contextlib.suppress(LeakbenchError):
+            plugins.load_sources([item])
+
+
+def serve(conn, parent_pid: int, cache_dir: str | None, kernel: bool = True, plugin_sources=()) -> None:
     """A pool worker's loop: receive a chunk (a list of trials, ``None`` to stop), send back each result."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it gives back the claims
     die_with_parent(parent_pid, kernel=kernel)
     warm_up()
+    load_plugins(plugin_sources)
     _send(conn, ("ready", worker_id()))
     while True:
         try:
@@ -134,9 +145,10 @@ def ray_device(trial: TrialSpec) -> TrialSpec:
 class TrialActor:
     """A Ray actor that runs chunks of trials (decorated with ``ray.remote`` by the Ray executor)."""
 
-    def __init__(self, cache_dir: str | Path | None = None) -> None:
+    def __init__(self, cache_dir: str | Path | None = None, plugin_sources=()) -> None:
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         warm_up()
+        load_plugins(plugin_sources)
 
     def ready(self) -> str:
         return worker_id()
@@ -145,4 +157,4 @@ class TrialActor:
         return list(run_chunk([ray_device(t) for t in trials], cache_dir=self.cache_dir))
 
 
-__all__ = ["die_with_parent", "warm_up", "serve", "TrialActor", "ray_device", "WARM_MODULES"]
+__all__ = ["die_with_parent", "warm_up", "load_plugins", "serve", "TrialActor", "ray_device", "WARM_MODULES"]

@@ -25,6 +25,8 @@ from .image import _as_tensor, mse, psnr, ssim
 from .matching import METHODS
 from .matching import match as _match
 from .perceptual import LPIPS_NETS, lpips_available, lpips_distance
+from .registered import METRICS
+from .scores import BUILTIN_SCORES, SCORES
 
 __all__ = ["compare", "exact_flags", "flat_chance", "MATCHINGS"]
 
@@ -88,6 +90,35 @@ def _mean(values: torch.Tensor) -> float:
     return float(values.mean().item())
 
 
+#: the scores :func:`compare` computes itself (the others of ``METRICS`` by :func:`registered`)
+OWN = ("mse", "rmse", "psnr", "ssim", "label_acc", "label_count_acc", "lpips")
+
+
+def registered(matched: torch.Tensor, x: torch.Tensor, result: dict[str, Any], per_sample: dict[str, list]) -> None:
+    """Every other metric of ``METRICS`` (a plug-in's too) on the matched pairs: its mean into ``result``, its
+    per-sample values into ``per_sample``.  A score listed in ``SCORES`` with no function is refused."""
+    orphans = [n for n in SCORES if n not in BUILTIN_SCORES and n not in METRICS]
+    if orphans:
+        raise ConfigError(f"score {orphans[0]!r} is listed in SCORES but has no function in METRICS, so nothing can "
+                          "compute it; register it with @leakbench.metrics.register(name, higher_is_better=...) "
+                          "(docs/plugins.md)")
+    for name in METRICS.names():
+        if name in OWN:
+            continue
+        try:
+            values = METRICS.get(name)(matched, x)
+            values = torch.as_tensor(values).detach().to("cpu", torch.float64).reshape(-1)
+        except Exception as err:  # noqa: BLE001 - a plug-in's metric: one line naming it
+            first = " ".join(str(err).split())[:160]
+            raise ConfigError(f"metric {name!r} (from {METRICS.origin(name)}) failed: {type(err).__name__}: {first}; "
+                              "a metric takes (reconstruction, original), both B×C×H×W, and returns B values") from None
+        if values.numel() != x.shape[0]:
+            raise ConfigError(f"metric {name!r} (from {METRICS.origin(name)}) returned {values.numel()} value(s) for a "
+                              f"batch of {x.shape[0]}; a metric returns one value per sample (shape (B,))")
+        per_sample[name] = values.tolist()
+        result[name] = _mean(values)
+
+
 def flat_chance(x: torch.Tensor, level: float, *, data_range: float = 1.0) -> dict[str, Any]:
     """The chance level of a batch: the scores of a flat image at ``level`` (a sweep's is the dataset's mean pixel
     value) — what an attack that learnt nothing about the batch still gets.
@@ -146,6 +177,8 @@ def compare(
     - ``"label_count_acc"``: |multiset of matched recovered labels ∩ multiset
       of y| / B — batch-level label recovery, independent of the pairing when
       there are as many reconstructions as originals; None like label_acc.
+    - every other metric of ``leakbench.metrics.METRICS`` (``"cosine"``, a plug-in's registered with
+      :func:`leakbench.metrics.register`): the mean of its per-sample values on the matched pairs.
     - ``"lpips"``: mean LPIPS distance when ``lpips=True`` and LPIPS can run
       offline, else None; when it was asked for but cannot run,
       ``"lpips_missing"`` holds the reason.
@@ -220,6 +253,8 @@ def compare(
         result["ssim"] = _mean(ss)
     else:
         result["ssim"] = None
+
+    registered(matched, x, result, per_sample)
 
     if x.is_floating_point():
         level = float(x.double().mean()) if chance_level is None else float(chance_level)

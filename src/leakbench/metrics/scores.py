@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MetricInfo", "SCORES", "score_columns"]
+__all__ = ["MetricInfo", "SCORES", "BUILTIN_SCORES", "score_columns"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ SCORES: dict[str, MetricInfo] = {
 }
 
 
+#: leakbench's own scores (a plug-in's metric is stored with the trial's metrics, never as a column: the store's
+#: schema stays the same whatever is loaded)
+BUILTIN_SCORES = frozenset(SCORES)
+
+
 def score_columns() -> tuple[str, ...]:
     """The scores stored as columns of the results table, in order."""
-    return tuple(name for name, info in SCORES.items() if info.column)
+    return tuple(name for name, info in SCORES.items() if info.column and name in BUILTIN_SCORES)
