@@ -37,6 +37,7 @@ def eavesdropper_spec(seeds: list[int], utility_seeds: list[int], *, quick: bool
     spec["models"] = [m for m in spec["models"] if m.get("label") == "cnn"]
     spec["attacks"] = [a for a in spec["attacks"] if a.get("label") in ("ig", "ig+labels")]
     spec["include"] = [r for r in spec["include"] if r.get("model") == "cnn"]
+    spec["exclude"] = [r for r in spec.get("exclude") or [] if r.get("model", "cnn") == "cnn"]  # kept models only
     spec.pop("weights", None)
     spec.pop("membership", None)
     spec["seeds"] = list(seeds)

@@ -25,7 +25,8 @@ def test_presets_are_listed_and_unknown_names_are_refused():
 def test_the_demo_is_a_real_evaluation():
     spec = load_spec(preset_path("demo"))
     assert [(d.name, d.options.get("size")) for d in spec.datasets] == [("photos", 32)]
-    assert all(m.training.epochs >= 1 for m in spec.models)  # trained models, not untrained toys
+    # trained models, not untrained toys: one epoch, or FedAvg rounds attacked along training
+    assert all(m.training.epochs >= 1 or (m.federated and max(m.federated.rounds) >= 5) for m in spec.models)
     assert spec.batch_sizes == [1, 4, 8]
     assert FAMILIES <= {d.split(":")[0] for d in spec.defense_specs()}
     assert {"inverting-gradients", "liu2024", "robbing-the-fed", "cocktail-party"} <= {a.name for a in spec.attacks}

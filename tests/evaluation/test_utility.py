@@ -195,7 +195,7 @@ def test_every_defense_sees_the_same_number_of_samples(small, defense, cost):
 @pytest.mark.parametrize("kwargs,match", [
     ({"epochs": 0}, "expected epochs ≥ 1"),
     ({"batch_size": 0}, "expected batch_size ≥ 1"),
-    ({"lr": -1.0}, "expected lr > 0"),
+    ({"lr": -1.0}, "expected a finite lr > 0"),
     ({"test_fraction": 1.0}, r"expected test_fraction in \(0, 1\)"),
     ({"defense": "prune:2"}, "expected the pruned fraction p in"),
     ({"data_options": {"colour": True}}, "unknown option 'colour' for dataset 'digits'"),

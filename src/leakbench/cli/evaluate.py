@@ -265,12 +265,13 @@ def evaluate_command(
         if report is not None:
             files = write_report(sweep.store, report)
             console.print(clean(f"report: {files.index}"), highlight=False, soft_wrap=True)
-        if summary.nothing is not None:
-            err_console.print(Text(clean(summary.nothing + f"; run it again with: {again}"), style="red"),
-                              soft_wrap=True, highlight=False)
-            raise typer.Exit(1)
         late = summary.counts.get("timed out", 0)
         failed = summary.counts.get("failed", 0) + late
+        if summary.nothing is not None:  # failed and timed-out trials run again only with --retry-failed
+            rerun = again + " --retry-failed" if failed and not retry_failed else again
+            err_console.print(Text(clean(summary.nothing + f"; run it again with: {rerun}"), style="red"),
+                              soft_wrap=True, highlight=False)
+            raise typer.Exit(1)
         if failed:
             why = f" ({late} timed out: the attack ran past budget.trial_seconds)" if late else ""
             err_console.print(Text(clean(f"{failed} of {summary.planned} trial(s) failed{why} (errors in the store"
