@@ -37,6 +37,8 @@ RECORDED = {
     ("kkt", "quick"): (0, "258811ceb1d2"),
     ("lamp", "default"): (0, "446c0aa5f7f4"),
     ("lamp", "quick"): (0, "28bb60e2bd59"),
+    ("gias", "default"): (0, "f57432357ef1"),
+    ("gias", "quick"): (0, "68876633b8a9"),
     ("liu2024", "default"): (0, "bbccc1b2a002"),
     ("liu2024", "paper"): (0, "cb504b7e2b6d"),
     ("liu2024", "quick"): (0, "90d039691465"),
