@@ -429,6 +429,17 @@ def public_sample(data, exclude: torch.Tensor, count: int, *, seed: int) -> torc
     return data.images[idx.to(data.images.device)]
 
 
+#: the most images an IIP pool holds: the batch's originals plus a seeded draw of other images of the dataset
+IIP_POOL = 256
+
+
+def identification_pool(x: torch.Tensor, data, *, seed: int) -> torch.Tensor:
+    """The candidates of the trial's IIP (:func:`leakbench.metrics.identify.iip`): the originals ``x`` first, then a
+    seeded draw of up to ``IIP_POOL − B`` other images of ``data`` (none equal to an original)."""
+    idx = draw_excluding(data.images, x, max(0, IIP_POOL - x.shape[0]), seed=int(seed) + 20011)
+    return torch.cat([x, data.images[idx.to(data.images.device)].to(x.device, x.dtype)])
+
+
 def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Module:
     """The model the malicious server ships (``spec.server``), built around the client's ``model``.
 
@@ -525,9 +536,11 @@ def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, cloc
     x, y = x.cpu(), y.cpu()
     # the whole reconstruction, so attacks that flag exact samples are scored with their flags (confident-first)
     confidence = None if rec.confidence is None else rec.confidence.detach().cpu()
-    # the chance level: a flat image at the data mean; labels nobody knows (an unlabelled folder) score no accuracy
+    # the chance level: a flat image at the data mean; labels nobody knows (an unlabelled folder) score no accuracy;
+    # IIP against the batch plus a seeded draw of the dataset (iip_pixel beside chance_iip_pixel)
     scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x,
-                     y if getattr(data, "labels_known", True) else None, chance_level=float(data.images.mean()))
+                     y if getattr(data, "labels_known", True) else None, chance_level=float(data.images.mean()),
+                     pool=identification_pool(x, data, seed=spec.seed) if x.dim() == 4 else None)
     clock.lap("score")
     per_sample = scores.pop("per_sample")
     order = scores.pop("order")

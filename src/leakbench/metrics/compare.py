@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .identify import iip, iip_chance, psnr_registered
 from .image import _as_tensor, mse, psnr, ssim
 from .matching import METHODS
 from .matching import match as _match
@@ -91,7 +92,7 @@ def _mean(values: torch.Tensor) -> float:
 
 
 #: the scores :func:`compare` computes itself (the others of ``METRICS`` by :func:`registered`)
-OWN = ("mse", "rmse", "psnr", "ssim", "label_acc", "label_count_acc", "lpips")
+OWN = ("mse", "rmse", "psnr", "ssim", "label_acc", "label_count_acc", "lpips", "psnr_registered")
 
 
 def registered(matched: torch.Tensor, x: torch.Tensor, result: dict[str, Any], per_sample: dict[str, list]) -> None:
@@ -133,6 +134,18 @@ def flat_chance(x: torch.Tensor, level: float, *, data_range: float = 1.0) -> di
             "per_sample": err.flatten(1).mean(1).sqrt().tolist()}
 
 
+def _identify(matched: torch.Tensor, x: torch.Tensor, pool: Any, level: float, result: dict[str, Any],
+              per_sample: dict[str, list], feature_fn: Any) -> None:
+    """IIP (pixel, and features with ``feature_fn``) of the matched pairs against ``pool``, each with its chance."""
+    pool = _as_tensor(pool, "pool").detach().to(x.device)
+    spaces = [("pixel", None)] + ([("features", feature_fn)] if feature_fn is not None else [])
+    for space, fn in spaces:
+        found = iip(matched, x, pool, space=space, feature_fn=fn)
+        per_sample[f"iip_{space}"] = found.identified.double().tolist()
+        result[f"iip_{space}"] = found.rate
+        result[f"chance_iip_{space}"] = iip_chance(x, pool, level, space=space, feature_fn=fn)
+
+
 def compare(
     reconstruction: Any,
     x: torch.Tensor,
@@ -144,6 +157,8 @@ def compare(
     cost: str = "mse",
     matching: str = "auto",
     chance_level: float | None = None,
+    pool: torch.Tensor | None = None,
+    feature_fn: Any = None,
 ) -> dict[str, Any]:
     """Score ``reconstruction`` against the original batch ``x`` (labels ``y``).
 
@@ -188,6 +203,14 @@ def compare(
       mean (``chance_level=float(data.images.mean())``).  An RMSE at or above
       ``chance_rmse`` (a PSNR at or below ``chance_psnr``) means the attack
       learnt nothing a flat image does not show — not that the data is safe.
+    - ``"psnr_registered"``: mean PSNR after the best circular shift of at most 2 pixels each way
+      (:func:`leakbench.metrics.identify.psnr_registered`), None for non-images; ``"chance_psnr_registered"``
+      the same metric on the flat image at ``chance_level``.
+    - with ``pool`` (P×… images holding every original, e.g. the batch plus a seeded draw of the dataset):
+      ``"iip_pixel"``, the fraction of originals whose matched reconstruction's nearest pool image (pixel space)
+      is that original (breaching's IIP, :func:`leakbench.metrics.identify.iip`), and ``"chance_iip_pixel"``,
+      the IIP of the flat image at ``chance_level``; with ``feature_fn`` (images → B×D) also ``"iip_features"``
+      and ``"chance_iip_features"`` in that feature space.  Per-sample 1.0/0.0 in ``per_sample``.
     - ``"per_sample"``: lists of the per-original values of each metric that
       is not None (label_acc as 1.0/0.0), and each image's ``chance_rmse``.
     - ``"order"``: the matching, ``order[i]`` = index of the reconstruction
@@ -251,8 +274,11 @@ def compare(
         ss = ssim(matched, x, data_range=data_range)
         per_sample["ssim"] = ss.tolist()
         result["ssim"] = _mean(ss)
+        pr = psnr_registered(matched, x, data_range=data_range)
+        per_sample["psnr_registered"] = pr.tolist()
+        result["psnr_registered"] = _mean(pr)
     else:
-        result["ssim"] = None
+        result["ssim"] = result["psnr_registered"] = None
 
     registered(matched, x, result, per_sample)
 
@@ -261,6 +287,11 @@ def compare(
         chance = flat_chance(x, level, data_range=data_range)
         per_sample["chance_rmse"] = chance.pop("per_sample")
         result.update(chance)
+        if is_image:  # a flat image is shift-invariant: the same metric on it, per sample, then the mean
+            result["chance_psnr_registered"] = _mean(psnr_registered(torch.full_like(x, level), x,
+                                                                     data_range=data_range))
+        if pool is not None:
+            _identify(matched, x, pool, level, result, per_sample, feature_fn)
 
     result["label_acc"] = None
     result["label_count_acc"] = None
