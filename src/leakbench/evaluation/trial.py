@@ -509,6 +509,7 @@ def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
 def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, clock: Clock) -> TrialResult:
     """Run the spec's attack on ``obs`` and score it against the batch ``(x, y)``."""
     from ..metrics import compare
+    from ..metrics.perceptual import user_weights
 
     try:
         rec = run_attack(spec, obs, clock)
@@ -540,7 +541,8 @@ def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, cloc
     # IIP against the batch plus a seeded draw of the dataset (iip_pixel beside chance_iip_pixel)
     scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x,
                      y if getattr(data, "labels_known", True) else None, chance_level=float(data.images.mean()),
-                     pool=identification_pool(x, data, seed=spec.seed) if x.dim() == 4 else None)
+                     pool=identification_pool(x, data, seed=spec.seed) if x.dim() == 4 else None,
+                     lpips=bool(user_weights()))  # LPIPS (and chance_lpips) when the user supplied its weights
     clock.lap("score")
     per_sample = scores.pop("per_sample")
     order = scores.pop("order")

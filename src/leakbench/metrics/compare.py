@@ -159,6 +159,7 @@ def compare(
     chance_level: float | None = None,
     pool: torch.Tensor | None = None,
     feature_fn: Any = None,
+    lpips_weights: Any = None,
 ) -> dict[str, Any]:
     """Score ``reconstruction`` against the original batch ``x`` (labels ``y``).
 
@@ -196,7 +197,9 @@ def compare(
       :func:`leakbench.metrics.register`): the mean of its per-sample values on the matched pairs.
     - ``"lpips"``: mean LPIPS distance when ``lpips=True`` and LPIPS can run
       offline, else None; when it was asked for but cannot run,
-      ``"lpips_missing"`` holds the reason.
+      ``"lpips_missing"`` holds the reason.  ``lpips_weights``: a directory of user-supplied weights in the
+      ``lpips`` package layout (default ``$LEAKBENCH_LPIPS_WEIGHTS``; :mod:`leakbench.metrics.perceptual`);
+      ``"chance_lpips"``: the LPIPS of the flat image at ``chance_level``.
     - ``"chance_rmse"``, ``"chance_psnr"``: the chance level (:func:`flat_chance`),
       the scores of a flat image at ``chance_level``, by default the batch's
       mean pixel value; a sweep and ``leakbench attack`` pass the dataset's
@@ -306,7 +309,7 @@ def compare(
 
     result["lpips"] = None
     if lpips:
-        ok, reason = lpips_available()
+        ok, reason = lpips_available(weights=lpips_weights)
         min_side = LPIPS_NETS["alex"][2]
         if ok and not (is_image and x.shape[1] in (1, 3)):
             ok, reason = False, f"LPIPS needs grayscale or RGB images B×C×H×W, got shape {tuple(x.shape)}"
@@ -316,9 +319,11 @@ def compare(
                 f"got {x.shape[2]}×{x.shape[3]}"
             )
         if ok:
-            lp = lpips_distance(matched, x)
+            lp = lpips_distance(matched, x, weights=lpips_weights)
             per_sample["lpips"] = lp.tolist()
             result["lpips"] = _mean(lp)
+            level = float(x.double().mean()) if chance_level is None else float(chance_level)
+            result["chance_lpips"] = _mean(lpips_distance(torch.full_like(x, level), x, weights=lpips_weights))
         else:
             result["lpips_missing"] = reason
 
