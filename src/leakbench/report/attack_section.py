@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..evaluation.strongest import (BUDGETS, AttackScore, PrivacyUtilityPoint, Strongest, batch_size, finite,
                                     npz_path, threat_model, usable, utility_for, utility_loss, verdicts)
 from .grid import save_grid
+from .identify_section import identify_table
 from .markup import MISSING, esc, figure, hover, muted, num, slug, table
 from .navigation import METRIC_NAMES, PICKABLE, collapsible, metric_labels, per_metric
 from .score_table import defense_header, metric_means, metric_table, ordered_defenses
@@ -242,6 +243,7 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
         for b in sizes:
             parts.append(f"<h5>B = {b}</h5>" + per_metric(
                 {m: table4(here, b, bounds) if m == "rmse" else metric_table(here, b, means, m) for m in PICKABLE}))
+        parts.append(identify_table(rows, threat, dataset, model))
         tag = slug(threat, dataset, model)
         heat = sd_heatmap(here, out / "plots" / f"sd-{tag}.png", title=f"S_D — {name}")
         if heat is not None:
