@@ -194,3 +194,5 @@ def test_an_attack_trial_stores_iip_and_registered_psnr_beside_their_chance(tria
     pool = identification_pool(x, data, seed=5)
     assert pool.shape[0] == min(IIP_POOL, len(data.images)) and torch.equal(pool[:3], x)
     assert torch.equal(pool, identification_pool(x, data, seed=5))
+    others = pool[3:].flatten(1)
+    assert not (others[:, None, :] == x.flatten(1)[None]).all(-1).any()  # the originals only once, first

@@ -435,9 +435,14 @@ IIP_POOL = 256
 
 def identification_pool(x: torch.Tensor, data, *, seed: int) -> torch.Tensor:
     """The candidates of the trial's IIP (:func:`leakbench.metrics.identify.iip`): the originals ``x`` first, then a
-    seeded draw of up to ``IIP_POOL − B`` other images of ``data`` (none equal to an original)."""
-    idx = draw_excluding(data.images, x, max(0, IIP_POOL - x.shape[0]), seed=int(seed) + 20011)
-    return torch.cat([x, data.images[idx.to(data.images.device)].to(x.device, x.dtype)])
+    seeded draw of up to ``IIP_POOL − B`` other images of ``data`` (none equal to an original).  Only the
+    ``IIP_POOL`` drawn candidates are read and compared, never the whole dataset."""
+    b = x.shape[0]
+    pick = torch.randperm(len(data.images), generator=torch.Generator().manual_seed(int(seed) + 20011))[:IIP_POOL]
+    others = data.images[pick.to(data.images.device)].to(x.device, x.dtype)
+    same = torch.cdist(others.reshape(len(others), -1).double(), x.reshape(b, -1).double(),
+                       compute_mode="donot_use_mm_for_euclid_dist") == 0
+    return torch.cat([x, others[~same.any(1)][: max(0, IIP_POOL - b)]])
 
 
 def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Module:
