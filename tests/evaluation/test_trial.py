@@ -188,6 +188,7 @@ def test_an_attack_trial_stores_iip_and_registered_psnr_beside_their_chance(tria
     assert result.status == "done", result.error
     m = result.metrics
     assert m["iip_pixel"] == 1.0 and 0.0 <= m["chance_iip_pixel"] <= 1.0  # one exact image: its own neighbour
+    assert m["iip_features"] == 1.0 and 0.0 <= m["chance_iip_features"] <= 1.0  # the MLP's hidden features
     assert m["psnr_registered"] >= m["psnr"] > m["chance_psnr_registered"]
     data = dataset_for(spec)
     x = data.images[:3]

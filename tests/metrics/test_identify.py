@@ -7,7 +7,8 @@ import torch
 
 from leakbench.errors import ConfigError
 from leakbench.metrics import METRICS, SCORES, compare, psnr
-from leakbench.metrics.identify import iip, iip_chance, psnr_registered, random_features, registered_shift
+from leakbench.metrics.identify import (iip, iip_chance, penultimate_features, psnr_registered, random_features,
+                                        registered_shift)
 
 
 def _data(b=5, p=40, shape=(1, 6, 6), seed=0):
@@ -88,3 +89,20 @@ def test_compare_reports_iip_and_registered_psnr_with_chances():
     assert "psnr_registered" in METRICS and SCORES["iip_pixel"].higher_is_better
     plain = compare(x, x)
     assert "iip_pixel" not in plain and plain["psnr_registered"] > 100
+
+
+def test_penultimate_features_are_the_last_linear_input_and_leave_the_model_as_it_was():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(36, 7), torch.nn.BatchNorm1d(7),
+                                torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    x, pool, _ = _data()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fn = penultimate_features(model)
+    model.eval()
+    want = model[:4](x)
+    model.train()
+    assert torch.allclose(fn(x), want) and model.training
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # BN statistics untouched
+    assert iip(x, x, pool, space="features", feature_fn=fn).rate == 1.0
+    with pytest.raises(ConfigError, match="field model"):
+        penultimate_features(torch.nn.Conv2d(1, 1, 1))

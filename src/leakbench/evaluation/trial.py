@@ -445,6 +445,20 @@ def identification_pool(x: torch.Tensor, data, *, seed: int) -> torch.Tensor:
     return torch.cat([x, others[~same.any(1)][: max(0, IIP_POOL - b)]])
 
 
+def model_features(model: torch.nn.Module, x: torch.Tensor):
+    """The feature map of the trial's feature-space IIP: the observed model's penultimate features
+    (:func:`leakbench.metrics.identify.penultimate_features`), or None for a model without a linear layer or whose
+    forward pass on the batch fails (then only the pixel-space IIP is stored)."""
+    from ..metrics.identify import penultimate_features
+
+    try:
+        fn = penultimate_features(model)
+        fn(x[:1])
+    except Exception:  # noqa: BLE001 - an optional score: a model it cannot read leaves it out
+        return None
+    return fn
+
+
 def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Module:
     """The model the malicious server ships (``spec.server``), built around the client's ``model``.
 
@@ -547,6 +561,7 @@ def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, cloc
     scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x,
                      y if getattr(data, "labels_known", True) else None, chance_level=float(data.images.mean()),
                      pool=identification_pool(x, data, seed=spec.seed) if x.dim() == 4 else None,
+                     feature_fn=model_features(obs.model, x) if x.dim() == 4 else None,
                      lpips=bool(user_weights()))  # LPIPS (and chance_lpips) when the user supplied its weights
     clock.lap("score")
     per_sample = scores.pop("per_sample")

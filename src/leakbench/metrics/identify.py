@@ -21,7 +21,8 @@ import torch
 from ..errors import ConfigError
 from .image import MSE_FLOOR, _as_tensor, _f64
 
-__all__ = ["IIPResult", "iip", "iip_chance", "random_features", "psnr_registered", "registered_shift", "SPACES"]
+__all__ = ["IIPResult", "iip", "iip_chance", "random_features", "penultimate_features", "psnr_registered",
+           "registered_shift", "SPACES"]
 
 #: the values of ``iip(..., space=)``
 SPACES = ("pixel", "features")
@@ -121,6 +122,32 @@ def random_features(shape: tuple[int, ...], *, dim: int = 256, seed: int = 0) ->
             raise ConfigError(f"expected images of {n} values each for these random features, got {flat.shape[1]} "
                               "(field images)")
         return torch.relu((flat - 0.5) @ weight.to(flat.device))
+
+    return features
+
+
+def penultimate_features(model: torch.nn.Module) -> FeatureFn:
+    """The model's penultimate features for ``iip(space="features")``: the input of its last ``nn.Linear`` (in
+    module order), taken in eval mode without gradients; the model's mode is restored and nothing is trained."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if not linears:
+        raise ConfigError(f"expected a model with a linear output layer for penultimate features, got "
+                          f"{type(model).__name__} without nn.Linear (field model)")
+    layer = linears[-1]
+
+    def features(images: torch.Tensor) -> torch.Tensor:
+        seen: list[torch.Tensor] = []
+        hook = layer.register_forward_hook(lambda _m, inp, _out: seen.append(inp[0].detach()))
+        was = model.training
+        first = next(model.parameters())
+        try:
+            model.eval()
+            with torch.no_grad():
+                model(images.to(first.device, first.dtype))
+        finally:
+            hook.remove()
+            model.train(was)
+        return seen[-1].reshape(images.shape[0], -1)
 
     return features
 

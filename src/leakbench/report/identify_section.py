@@ -2,7 +2,7 @@
 
 One table per (threat model, dataset, model): a row per attack and defense setting with the attack's threat tags
 (what it needs: :data:`leakbench.attacks.THREAT_TAGS`), and the mean over its usable trials of IIP (pixel space),
-registered PSNR and LPIPS (when the user supplied its weights), each beside its chance level (a flat image at the
+IIP in the observed model's penultimate features, registered PSNR and LPIPS (when the user supplied its weights), each beside its chance level (a flat image at the
 data mean scored by the same metric).  Rows are ordered by tags, so attacks that need the same thing sit together.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from .markup import MISSING, esc, hover, muted, num, table
 
 #: (score in a trial's metrics, its chance, column title, digits)
 COLUMNS = (("iip_pixel", "chance_iip_pixel", "IIP (pixel)", 2),
+           ("iip_features", "chance_iip_features", "IIP (model features)", 2),
            ("psnr_registered", "chance_psnr_registered", "registered PSNR (dB)", 2),
            ("lpips", "chance_lpips", "LPIPS", 3))
 
@@ -70,6 +71,7 @@ def identify_table(rows: Sequence[Mapping[str, Any]], threat: str, dataset: str,
     header = ["attack", "needs", "defense", *(title for _, _, title, _ in shown)]
     note = muted("IIP: the fraction of originals whose reconstruction's nearest neighbour (pixel space) in a pool of "
                  "the batch plus up to 256 other images of the dataset is that original (breaching's image "
-                 "identifiability precision). Registered PSNR: PSNR after the best circular shift of at most 2 pixels. "
+                 "identifiability precision); in model features, the same with the distance between the observed "
+                 "model's penultimate features. Registered PSNR: PSNR after the best circular shift of at most 2 pixels. "
                  "Each beside its chance level; rows grouped by what the attack needs (hover a tag).")
     return "<h4>Identifiability by threat needs</h4>" + table(header, body, left=3) + note
