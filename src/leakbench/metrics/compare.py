@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from .identify import iip, iip_chance, psnr_registered
+from .identify import iip_with_chance, psnr_registered
 from .image import _as_tensor, mse, psnr, ssim
 from .matching import METHODS
 from .matching import match as _match
@@ -140,10 +140,10 @@ def _identify(matched: torch.Tensor, x: torch.Tensor, pool: Any, level: float, r
     pool = _as_tensor(pool, "pool").detach().to(x.device)
     spaces = [("pixel", None)] + ([("features", feature_fn)] if feature_fn is not None else [])
     for space, fn in spaces:
-        found = iip(matched, x, pool, space=space, feature_fn=fn)
+        found, chance = iip_with_chance(matched, x, pool, level, space=space, feature_fn=fn)
         per_sample[f"iip_{space}"] = found.identified.double().tolist()
         result[f"iip_{space}"] = found.rate
-        result[f"chance_iip_{space}"] = iip_chance(x, pool, level, space=space, feature_fn=fn)
+        result[f"chance_iip_{space}"] = chance
 
 
 def compare(

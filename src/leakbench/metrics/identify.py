@@ -21,14 +21,12 @@ import torch
 from ..errors import ConfigError
 from .image import MSE_FLOOR, _as_tensor, _f64
 
-__all__ = ["IIPResult", "iip", "iip_chance", "random_features", "penultimate_features", "psnr_registered",
+__all__ = ["IIPResult", "iip", "iip_chance", "iip_with_chance", "random_features", "penultimate_features", "psnr_registered",
            "registered_shift", "SPACES"]
 
 #: the values of ``iip(..., space=)``
 SPACES = ("pixel", "features")
 
-#: cdist without the matrix-product shortcut: an exact copy is at distance exactly 0
-_EXACT = "donot_use_mm_for_euclid_dist"
 
 FeatureFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -58,17 +56,10 @@ def _embed(t: torch.Tensor, space: str, feature_fn: FeatureFn | None) -> torch.T
     return _f64(out).reshape(t.shape[0], -1)
 
 
-def iip(reconstructions: torch.Tensor, originals: torch.Tensor, pool: torch.Tensor, *, space: str = "pixel",
-        feature_fn: FeatureFn | None = None) -> IIPResult:
-    """Image identifiability precision: is reconstruction ``i``'s nearest neighbour in ``pool`` original ``i``?
-
-    ``reconstructions`` and ``originals`` are B×… paired row by row (match them first, as :func:`compare` does);
-    ``pool`` is P×… with the same per-sample shape and holds every original (an exact copy).  A neighbour counts as
-    the original when it equals it exactly, so duplicates of an original in the pool all count.  Ties go to the
-    lowest pool index.  ``space="features"`` measures the distance between ``feature_fn(images)`` rows instead.
-    """
-    rec = _as_tensor(reconstructions, "reconstructions")
-    x = _as_tensor(originals, "originals")
+def _checked(rec: object, x: object, pool: object, space: str,
+             feature_fn: FeatureFn | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rec = _as_tensor(rec, "reconstructions")
+    x = _as_tensor(x, "originals")
     pool = _as_tensor(pool, "pool")
     if space not in SPACES:
         raise ConfigError(f"expected space one of {', '.join(SPACES)}, got {space!r} (field space)")
@@ -81,18 +72,55 @@ def iip(reconstructions: torch.Tensor, originals: torch.Tensor, pool: torch.Tens
     if pool.ndim != x.ndim or pool.shape[1:] != x.shape[1:] or pool.shape[0] == 0:
         raise ConfigError(f"expected a pool of shape P×{'×'.join(map(str, x.shape[1:]))} like the originals, got "
                           f"{tuple(pool.shape)} (field pool)")
-    pool_flat = _flat(pool).to(x.device)
-    x_flat = _flat(x)
-    same = torch.cdist(x_flat, pool_flat, compute_mode=_EXACT) == 0  # B×P: which pool rows are original i
+    return rec, x, pool.to(x.device)
+
+
+def _owners(x: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+    """B×P bool: pool row j is an exact copy of original i.  Candidates by (fast) distance, then compared exactly,
+    so the B×P×D comparison is never materialised."""
+    xf, pf = _flat(x), _flat(pool)
+    near = torch.cdist(xf, pf) <= 1e-3 * (xf.shape[1] ** 0.5)
+    i, j = near.nonzero(as_tuple=True)
+    same = torch.zeros_like(near)
+    exact = (xf[i] == pf[j]).all(dim=1)
+    same[i[exact], j[exact]] = True
     missing = (~same.any(1)).nonzero().flatten()
     if missing.numel():
         raise ConfigError(f"expected a pool that holds every original, but original {int(missing[0])} is not in it "
                           "(field pool: the batch's originals plus other images)")
-    d = torch.cdist(_embed(rec, space, feature_fn).to(x.device), _embed(pool.to(x.device), space, feature_fn),
-                    compute_mode=_EXACT)
-    neighbour = d.argmin(dim=1)
+    return same
+
+
+def _result(same: torch.Tensor, queries: torch.Tensor, pool_emb: torch.Tensor) -> IIPResult:
+    neighbour = torch.cdist(queries, pool_emb).argmin(dim=1)
     identified = same.gather(1, neighbour[:, None]).squeeze(1)
     return IIPResult(float(identified.double().mean()), identified.cpu(), neighbour.cpu())
+
+
+def iip(reconstructions: torch.Tensor, originals: torch.Tensor, pool: torch.Tensor, *, space: str = "pixel",
+        feature_fn: FeatureFn | None = None) -> IIPResult:
+    """Image identifiability precision: is reconstruction ``i``'s nearest neighbour in ``pool`` original ``i``?
+
+    ``reconstructions`` and ``originals`` are B×… paired row by row (match them first, as :func:`compare` does);
+    ``pool`` is P×… with the same per-sample shape and holds every original (an exact copy).  A neighbour counts as
+    the original when it equals it exactly, so duplicates of an original in the pool all count.  Ties go to the
+    lowest pool index.  ``space="features"`` measures the distance between ``feature_fn(images)`` rows instead.
+    """
+    rec, x, pool = _checked(reconstructions, originals, pool, space, feature_fn)
+    same = _owners(x, pool)
+    return _result(same, _embed(rec, space, feature_fn).to(x.device), _embed(pool, space, feature_fn).to(x.device))
+
+
+def iip_with_chance(reconstructions: torch.Tensor, originals: torch.Tensor, pool: torch.Tensor, level: float, *,
+                    space: str = "pixel", feature_fn: FeatureFn | None = None) -> tuple[IIPResult, float]:
+    """:func:`iip` and :func:`iip_chance` together, the pool compared and embedded once."""
+    rec, x, pool = _checked(reconstructions, originals, pool, space, feature_fn)
+    same = _owners(x, pool)
+    pool_emb = _embed(pool, space, feature_fn).to(x.device)
+    queries = _embed(torch.cat([rec.to(x.device, x.dtype), torch.full_like(x[:1], float(level))]), space,
+                     feature_fn).to(x.device)
+    flat = queries[-1:].expand(x.shape[0], -1)
+    return _result(same, queries[:-1], pool_emb), _result(same, flat, pool_emb).rate
 
 
 def iip_chance(originals: torch.Tensor, pool: torch.Tensor, level: float, *, space: str = "pixel",
@@ -101,8 +129,7 @@ def iip_chance(originals: torch.Tensor, pool: torch.Tensor, level: float, *, spa
     learnt nothing scores.  The flat image has one nearest neighbour, so this is the fraction of originals equal to
     that one pool image (1/B at most for distinct originals, ≈ 1/pool size for a random batch)."""
     x = _as_tensor(originals, "originals")
-    flat = torch.full_like(x, float(level))
-    return iip(flat, x, pool, space=space, feature_fn=feature_fn).rate
+    return iip(torch.full_like(x, float(level)), x, pool, space=space, feature_fn=feature_fn).rate
 
 
 def random_features(shape: tuple[int, ...], *, dim: int = 256, seed: int = 0) -> FeatureFn:
