@@ -1,7 +1,7 @@
 """The report's identifiability table: IIP and registered PSNR beside their chance, attacks grouped by tags."""
 from __future__ import annotations
 
-from leakbench.report.identify_section import identify_table, tag_badges
+from leakbench.report.identify_section import attack_cell, identify_table, tag_badges
 
 
 def _row(attack, defense, iip, chance=0.004, **extra):
@@ -22,3 +22,7 @@ def test_identify_table_shows_scores_with_chance_grouped_by_tags():
     assert 'class="tag"' in html and "modified-model" in html
     assert identify_table(rows, "eavesdropper", "digits", "cnn") == ""
     assert "declares no threat tags" in tag_badges(())
+    labelled = [{**_row("ig", "none", 1.0), "spec": {"attack": "inverting-gradients"}}]  # a spec's label
+    assert "bn-stats" not in identify_table(labelled, "eavesdropper", "digits", "mlp:20").split("<p")[0]
+    assert "labels" in identify_table(labelled, "eavesdropper", "digits", "mlp:20")
+    assert 'title="needs: gradient, update, labels"' in attack_cell("ig", "inverting-gradients")

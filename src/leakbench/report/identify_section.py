@@ -34,6 +34,17 @@ def _group(tags: Sequence[str]) -> tuple[int, ...]:
     return tuple(sorted(vocab.index(t) if t in vocab else len(vocab) for t in tags))
 
 
+def attack_name(row: Mapping[str, Any]) -> str:
+    """The registry name of a row's attack (``row["attack"]`` is the spec's label, e.g. "ig")."""
+    return str((row.get("spec") or {}).get("attack") or row.get("attack") or "")
+
+
+def attack_cell(label: str, name: str | None = None) -> str:
+    """An attack's label in a table, its threat tags shown on hover."""
+    tags = attack_tags(name or label)
+    return hover(esc(label), "needs: " + ", ".join(tags)) if tags else esc(label)
+
+
 def _means(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, tuple[float, int]]]:
     sums: dict[tuple[str, str], dict[str, list[float]]] = {}
     for r in rows:
@@ -54,11 +65,12 @@ def identify_table(rows: Sequence[Mapping[str, Any]], threat: str, dataset: str,
     shown = [c for c in COLUMNS if any(c[0] in by for by in means.values())]
     if not shown:
         return ""
-    order = sorted(means, key=lambda k: (_group(attack_tags(k[0])), k[0], k[1] != "none", k[1]))
+    names = {r.get("attack") or "": attack_name(r) for r in mine}
+    order = sorted(means, key=lambda k: (_group(attack_tags(names[k[0]])), k[0], k[1] != "none", k[1]))
     body = []
     for attack, defense in order:
         by = means[(attack, defense)]
-        row: list[Any] = [esc(attack), tag_badges(attack_tags(attack)), esc(defense)]
+        row: list[Any] = [esc(attack), tag_badges(attack_tags(names[attack])), esc(defense)]
         for key, chance, _, digits in shown:
             if key not in by:
                 row.append((MISSING, "na"))
