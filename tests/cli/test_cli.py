@@ -98,6 +98,15 @@ def test_list_attacks_shows_presets():
             assert preset in result.output
 
 
+def test_list_attacks_shows_threat_tags():
+    from leakbench.attacks import attack_tags
+
+    result = invoke("list", "attacks")
+    assert "needs" in result.output
+    for tag in {t for name in ATTACKS.names() for t in attack_tags(name)}:
+        assert tag.split("-")[0] in result.output, tag
+
+
 def test_list_unknown_kind():
     assert_one_line_error(invoke("list", "gizmos"), "gizmos", *REGISTRIES)
 

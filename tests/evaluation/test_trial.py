@@ -178,3 +178,22 @@ def test_a_utility_run_that_ends_above_its_untrained_loss_is_diverged_not_failed
     result = run_trial(spec)
     assert result.status == "done" and result.metrics["diverged"]
     assert result.metrics["train_loss"] is None or result.metrics["train_loss"] > result.metrics["initial_loss"]
+
+
+def test_an_attack_trial_stores_iip_and_registered_psnr_beside_their_chance(trials):
+    from leakbench.evaluation.trial import IIP_POOL, dataset_for, identification_pool
+
+    spec = TrialSpec(**{**trials[("mlp:20", "fc-inversion")].to_dict(), "defense": "none", "batch_size": 1})
+    result = run_trial(spec)
+    assert result.status == "done", result.error
+    m = result.metrics
+    assert m["iip_pixel"] == 1.0 and 0.0 <= m["chance_iip_pixel"] <= 1.0  # one exact image: its own neighbour
+    assert m["iip_features"] == 1.0 and 0.0 <= m["chance_iip_features"] <= 1.0  # the MLP's hidden features
+    assert m["psnr_registered"] >= m["psnr"] > m["chance_psnr_registered"]
+    data = dataset_for(spec)
+    x = data.images[:3]
+    pool = identification_pool(x, data, seed=5)
+    assert pool.shape[0] == min(IIP_POOL, len(data.images)) and torch.equal(pool[:3], x)
+    assert torch.equal(pool, identification_pool(x, data, seed=5))
+    others = pool[3:].flatten(1)
+    assert not (others[:, None, :] == x.flatten(1)[None]).all(-1).any()  # the originals only once, first

@@ -105,7 +105,7 @@ def test_per_sample_values_are_scores_of_matched_pairs():
     assert s["psnr"] == pytest.approx(sum(s["per_sample"]["psnr"]) / 5)
     assert s["rmse"] == pytest.approx(math.sqrt(s["mse"]))
     assert s["per_sample"]["rmse"] == pytest.approx([math.sqrt(v) for v in s["per_sample"]["mse"]])
-    assert sorted(s["per_sample"]) == ["chance_rmse", "cosine", "mse", "psnr", "rmse", "ssim"]  # every registered metric
+    assert sorted(s["per_sample"]) == ["chance_rmse", "cosine", "mse", "psnr", "psnr_registered", "rmse", "ssim"]  # every registered metric
 
 
 def test_non_image_data_has_no_ssim():

@@ -134,7 +134,7 @@ def test_mse_is_differentiable_and_accepts_numpy():
 
 
 def test_metric_registry():
-    assert METRICS.names() == ["cosine", "mse", "psnr", "rmse", "ssim"]
+    assert METRICS.names() == ["cosine", "mse", "psnr", "psnr_registered", "rmse", "ssim"]
     assert METRICS.get("psnr") is psnr
     with pytest.raises(ConfigError, match="Known metrics"):
         METRICS.get("lpipz")

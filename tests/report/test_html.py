@@ -101,6 +101,15 @@ def test_report_tables_match_the_store(report):
     assert (files.parquet is not None) == parquet_available()
 
 
+def test_report_shows_identifiability_with_chance_and_threat_tags(report):
+    root, files = report
+    with Store(root / "results.db") as store:
+        done = [r for r in store.rows(kind="attack", status="done")]
+    assert done and all(0 <= r["metrics"]["iip_pixel"] <= 1 and "chance_iip_pixel" in r["metrics"] for r in done)
+    page = files.index.read_text()
+    assert "Identifiability by threat needs" in page and "(chance " in page and 'class="tag"' in page
+
+
 def test_grid_shows_matched_reconstructions(report):
     root, files = report
     grid = next(p for p in files.grids if "-none-1-" in p.name)

@@ -4,7 +4,7 @@
 """
 from . import dager, gradient, lamp, tag, text_imprint, trained  # noqa: F401  (registration)
 from .batch import attack_batch
-from .base import ATTACKS, Attack, Reconstruction, attack, create, preset_revision, register
+from .base import THREAT_TAGS, ATTACKS, Attack, Reconstruction, attack, attack_tags, create, preset_revision, register
 from .labels import idlg, label_counts, recover_labels
 from .gradient_matching import GradientMatcher, MatchingSettings
 
@@ -14,5 +14,5 @@ def names() -> list[str]:
     return ATTACKS.names()
 
 
-__all__ = ["ATTACKS", "Attack", "Reconstruction", "attack", "attack_batch", "create", "preset_revision", "register", "names",
+__all__ = ["THREAT_TAGS", "attack_tags", "ATTACKS", "Attack", "Reconstruction", "attack", "attack_batch", "create", "preset_revision", "register", "names",
            "idlg", "label_counts", "recover_labels", "GradientMatcher", "MatchingSettings"]

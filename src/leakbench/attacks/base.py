@@ -47,6 +47,19 @@ class Reconstruction:
 
 ATTACKS: Registry[Attack] = Registry("attack")
 
+#: the threat-model tags an attack declares (``Attack.tags``), in the terms of the gradient-inversion SoKs: what the
+#: attacker must see or control for the attack to run as leakbench runs it
+THREAT_TAGS: dict[str, str] = {
+    "gradient": "the shared gradient of one client step (FedSGD)",
+    "update": "also a FedAvg update after several local steps",
+    "weights": "the trained model's weights (no client round)",
+    "queries": "query access to the trained model's outputs",
+    "labels": "the batch's labels: used when the threat model grants them, otherwise recovered from what is shared",
+    "bn-stats": "the batch-norm statistics of the client's batch",
+    "modified-model": "a malicious server's modified model (an imprint or random-feature block)",
+    "rounds": "observations over several rounds",
+}
+
 
 class Attack(abc.ABC):
     """Base class of every attack.  Subclasses set ``name``, ``Options``, ``presets`` and ``run``."""
@@ -63,6 +76,9 @@ class Attack(abc.ABC):
     #: what the attack reconstructs: "image" (pixels) or "text" (token ids); a sweep pairs it with datasets of
     #: that modality only (the other pairs are "n/a" with the reason)
     modality: ClassVar[str] = "image"
+    #: what the attack needs from the threat model, from :data:`THREAT_TAGS` (``leakbench list attacks`` shows
+    #: them; the report groups attacks by them)
+    tags: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, preset: str | None = None, **options: Any) -> None:
         fields = {f.name: f for f in dataclasses.fields(self.Options)}
@@ -168,8 +184,25 @@ def check_reconstruction(rec: Reconstruction, name: str) -> None:
 def register(cls: type[Attack]) -> type[Attack]:
     """Class decorator: add an :class:`Attack` subclass to :data:`ATTACKS` under ``cls.name``."""
     doc = (cls.__doc__ or "").strip().splitlines()
+    check_tags(cls.name, cls.tags)
     ATTACKS.register(cls.name, cls, help=doc[0] if doc else "")
     return cls
+
+
+def check_tags(name: str, tags: Any) -> None:
+    """Refuse threat tags outside :data:`THREAT_TAGS` (one line naming the attack and the field)."""
+    if isinstance(tags, str) or not isinstance(tags, (tuple, list)):
+        raise ConfigError(f"expected tags a tuple of threat tags, got {type(tags).__name__} "
+                          f"(field tags of attack {name!r})")
+    unknown = [t for t in tags if t not in THREAT_TAGS]
+    if unknown:
+        raise ConfigError(f"expected threat tags among {', '.join(THREAT_TAGS)}, got {unknown[0]!r} "
+                          f"(field tags of attack {name!r})")
+
+
+def attack_tags(name: str) -> tuple[str, ...]:
+    """The threat tags of registered attack ``name`` (empty for an attack that declares none, e.g. a plug-in's)."""
+    return tuple(getattr(ATTACKS.get(name), "tags", ()) or ()) if name in ATTACKS else ()
 
 
 def create(name: str, *, preset: str | None = None, **options: Any) -> Attack:

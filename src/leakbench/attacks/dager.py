@@ -151,6 +151,7 @@ class Dager(Attack):
     """DAGER (Petrov et al. 2024): span checks of token embeddings against attention-weight gradients, exact text."""
 
     name = "dager"
+    tags = ("gradient",)
     modality = "text"
     Options = DagerOptions
     presets = {"quick": {}}

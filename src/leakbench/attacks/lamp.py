@@ -98,6 +98,7 @@ class Lamp(Attack):
     """LAMP (Balunović et al. 2022): TAG's continuous steps alternated with token moves ranked by an LM prior."""
 
     name = "lamp"
+    tags = ("gradient", "labels")
     modality = "text"
     Options = LampOptions
     presets = {"quick": {"iterations": 200, "lr": 0.02, "every": 40, "candidates": 20, "prior_steps": 150}}

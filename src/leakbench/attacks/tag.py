@@ -58,6 +58,7 @@ class Tag(Attack):
     """TAG (Deng et al. 2021): match the gradient with dummy input embeddings (L2 + α·L1), project to tokens."""
 
     name = "tag"
+    tags = ("gradient", "labels")
     modality = "text"
     Options = TagOptions
     presets = {"quick": {"iterations": 200, "lr": 0.02}}

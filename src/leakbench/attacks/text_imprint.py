@@ -149,6 +149,7 @@ class TextImprint(Attack):
     """The server's imprint block: exact (token, position) pairs; with a signature attention, exact sentences at B > 1."""
 
     name = "text-imprint"
+    tags = ("gradient", "update", "modified-model")
     modality = "text"
     Options = TextImprintOptions
     presets = {"quick": {}}

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..attacks import ATTACKS
+from ..attacks import ATTACKS, attack_tags
 from ..attacks.trained import MEMBERSHIP_ATTACKS
 from ..data import DATASETS
 from ..defenses import DEFENSES
@@ -43,11 +43,13 @@ def list_command(
     table.add_column("description")
     if is_attacks:
         table.add_column("presets")
+        table.add_column("needs")  # the threat tags (leakbench.attacks.THREAT_TAGS)
     table.add_column("from")
     for name, description in registry.describe().items():
         row = [name, description]
         if is_attacks:
             row.append(", ".join(attack_presets(name)))
+            row.append(", ".join(attack_tags(name)) or "—")
         row.append(origin_text(registry.origin(name)))
         table.add_row(*row)
     console.print(table)

@@ -429,6 +429,36 @@ def public_sample(data, exclude: torch.Tensor, count: int, *, seed: int) -> torc
     return data.images[idx.to(data.images.device)]
 
 
+#: the most images an IIP pool holds: the batch's originals plus a seeded draw of other images of the dataset
+IIP_POOL = 256
+
+
+def identification_pool(x: torch.Tensor, data, *, seed: int) -> torch.Tensor:
+    """The candidates of the trial's IIP (:func:`leakbench.metrics.identify.iip`): the originals ``x`` first, then a
+    seeded draw of up to ``IIP_POOL − B`` other images of ``data`` (none equal to an original).  Only the
+    ``IIP_POOL`` drawn candidates are read and compared, never the whole dataset."""
+    b = x.shape[0]
+    pick = torch.randperm(len(data.images), generator=torch.Generator().manual_seed(int(seed) + 20011))[:IIP_POOL]
+    others = data.images[pick.to(data.images.device)].to(x.device, x.dtype)
+    same = torch.cdist(others.reshape(len(others), -1).double(), x.reshape(b, -1).double(),
+                       compute_mode="donot_use_mm_for_euclid_dist") == 0
+    return torch.cat([x, others[~same.any(1)][: max(0, IIP_POOL - b)]])
+
+
+def model_features(model: torch.nn.Module, x: torch.Tensor):
+    """The feature map of the trial's feature-space IIP: the observed model's penultimate features
+    (:func:`leakbench.metrics.identify.penultimate_features`), or None for a model without a linear layer or whose
+    forward pass on the batch fails (then only the pixel-space IIP is stored)."""
+    from ..metrics.identify import penultimate_features
+
+    try:
+        fn = penultimate_features(model)
+        fn(x[:1])
+    except Exception:  # noqa: BLE001 - an optional score: a model it cannot read leaves it out
+        return None
+    return fn
+
+
 def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Module:
     """The model the malicious server ships (``spec.server``), built around the client's ``model``.
 
@@ -498,6 +528,7 @@ def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
 def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, clock: Clock) -> TrialResult:
     """Run the spec's attack on ``obs`` and score it against the batch ``(x, y)``."""
     from ..metrics import compare
+    from ..metrics.perceptual import user_weights
 
     try:
         rec = run_attack(spec, obs, clock)
@@ -525,9 +556,13 @@ def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, cloc
     x, y = x.cpu(), y.cpu()
     # the whole reconstruction, so attacks that flag exact samples are scored with their flags (confident-first)
     confidence = None if rec.confidence is None else rec.confidence.detach().cpu()
-    # the chance level: a flat image at the data mean; labels nobody knows (an unlabelled folder) score no accuracy
+    # the chance level: a flat image at the data mean; labels nobody knows (an unlabelled folder) score no accuracy;
+    # IIP against the batch plus a seeded draw of the dataset (iip_pixel beside chance_iip_pixel)
     scores = compare(dataclasses.replace(rec, images=images, labels=labels, confidence=confidence), x,
-                     y if getattr(data, "labels_known", True) else None, chance_level=float(data.images.mean()))
+                     y if getattr(data, "labels_known", True) else None, chance_level=float(data.images.mean()),
+                     pool=identification_pool(x, data, seed=spec.seed) if x.dim() == 4 else None,
+                     feature_fn=model_features(obs.model, x) if x.dim() == 4 else None,
+                     lpips=bool(user_weights()))  # LPIPS (and chance_lpips) when the user supplied its weights
     clock.lap("score")
     per_sample = scores.pop("per_sample")
     order = scores.pop("order")

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .identify import iip_with_chance, psnr_registered
 from .image import _as_tensor, mse, psnr, ssim
 from .matching import METHODS
 from .matching import match as _match
@@ -91,7 +92,7 @@ def _mean(values: torch.Tensor) -> float:
 
 
 #: the scores :func:`compare` computes itself (the others of ``METRICS`` by :func:`registered`)
-OWN = ("mse", "rmse", "psnr", "ssim", "label_acc", "label_count_acc", "lpips")
+OWN = ("mse", "rmse", "psnr", "ssim", "label_acc", "label_count_acc", "lpips", "psnr_registered")
 
 
 def registered(matched: torch.Tensor, x: torch.Tensor, result: dict[str, Any], per_sample: dict[str, list]) -> None:
@@ -133,6 +134,18 @@ def flat_chance(x: torch.Tensor, level: float, *, data_range: float = 1.0) -> di
             "per_sample": err.flatten(1).mean(1).sqrt().tolist()}
 
 
+def _identify(matched: torch.Tensor, x: torch.Tensor, pool: Any, level: float, result: dict[str, Any],
+              per_sample: dict[str, list], feature_fn: Any) -> None:
+    """IIP (pixel, and features with ``feature_fn``) of the matched pairs against ``pool``, each with its chance."""
+    pool = _as_tensor(pool, "pool").detach().to(x.device)
+    spaces = [("pixel", None)] + ([("features", feature_fn)] if feature_fn is not None else [])
+    for space, fn in spaces:
+        found, chance = iip_with_chance(matched, x, pool, level, space=space, feature_fn=fn)
+        per_sample[f"iip_{space}"] = found.identified.double().tolist()
+        result[f"iip_{space}"] = found.rate
+        result[f"chance_iip_{space}"] = chance
+
+
 def compare(
     reconstruction: Any,
     x: torch.Tensor,
@@ -144,6 +157,9 @@ def compare(
     cost: str = "mse",
     matching: str = "auto",
     chance_level: float | None = None,
+    pool: torch.Tensor | None = None,
+    feature_fn: Any = None,
+    lpips_weights: Any = None,
 ) -> dict[str, Any]:
     """Score ``reconstruction`` against the original batch ``x`` (labels ``y``).
 
@@ -181,13 +197,23 @@ def compare(
       :func:`leakbench.metrics.register`): the mean of its per-sample values on the matched pairs.
     - ``"lpips"``: mean LPIPS distance when ``lpips=True`` and LPIPS can run
       offline, else None; when it was asked for but cannot run,
-      ``"lpips_missing"`` holds the reason.
+      ``"lpips_missing"`` holds the reason.  ``lpips_weights``: a directory of user-supplied weights in the
+      ``lpips`` package layout (default ``$LEAKBENCH_LPIPS_WEIGHTS``; :mod:`leakbench.metrics.perceptual`);
+      ``"chance_lpips"``: the LPIPS of the flat image at ``chance_level``.
     - ``"chance_rmse"``, ``"chance_psnr"``: the chance level (:func:`flat_chance`),
       the scores of a flat image at ``chance_level``, by default the batch's
       mean pixel value; a sweep and ``leakbench attack`` pass the dataset's
       mean (``chance_level=float(data.images.mean())``).  An RMSE at or above
       ``chance_rmse`` (a PSNR at or below ``chance_psnr``) means the attack
       learnt nothing a flat image does not show — not that the data is safe.
+    - ``"psnr_registered"``: mean PSNR after the best circular shift of at most 2 pixels each way
+      (:func:`leakbench.metrics.identify.psnr_registered`), None for non-images; ``"chance_psnr_registered"``
+      the same metric on the flat image at ``chance_level``.
+    - with ``pool`` (P×… images holding every original, e.g. the batch plus a seeded draw of the dataset):
+      ``"iip_pixel"``, the fraction of originals whose matched reconstruction's nearest pool image (pixel space)
+      is that original (breaching's IIP, :func:`leakbench.metrics.identify.iip`), and ``"chance_iip_pixel"``,
+      the IIP of the flat image at ``chance_level``; with ``feature_fn`` (images → B×D) also ``"iip_features"``
+      and ``"chance_iip_features"`` in that feature space.  Per-sample 1.0/0.0 in ``per_sample``.
     - ``"per_sample"``: lists of the per-original values of each metric that
       is not None (label_acc as 1.0/0.0), and each image's ``chance_rmse``.
     - ``"order"``: the matching, ``order[i]`` = index of the reconstruction
@@ -251,8 +277,11 @@ def compare(
         ss = ssim(matched, x, data_range=data_range)
         per_sample["ssim"] = ss.tolist()
         result["ssim"] = _mean(ss)
+        pr = psnr_registered(matched, x, data_range=data_range)
+        per_sample["psnr_registered"] = pr.tolist()
+        result["psnr_registered"] = _mean(pr)
     else:
-        result["ssim"] = None
+        result["ssim"] = result["psnr_registered"] = None
 
     registered(matched, x, result, per_sample)
 
@@ -261,6 +290,11 @@ def compare(
         chance = flat_chance(x, level, data_range=data_range)
         per_sample["chance_rmse"] = chance.pop("per_sample")
         result.update(chance)
+        if is_image:  # a flat image is shift-invariant: the same metric on it, per sample, then the mean
+            result["chance_psnr_registered"] = _mean(psnr_registered(torch.full_like(x, level), x,
+                                                                     data_range=data_range))
+        if pool is not None:
+            _identify(matched, x, pool, level, result, per_sample, feature_fn)
 
     result["label_acc"] = None
     result["label_count_acc"] = None
@@ -275,7 +309,7 @@ def compare(
 
     result["lpips"] = None
     if lpips:
-        ok, reason = lpips_available()
+        ok, reason = lpips_available(weights=lpips_weights)
         min_side = LPIPS_NETS["alex"][2]
         if ok and not (is_image and x.shape[1] in (1, 3)):
             ok, reason = False, f"LPIPS needs grayscale or RGB images B×C×H×W, got shape {tuple(x.shape)}"
@@ -285,9 +319,11 @@ def compare(
                 f"got {x.shape[2]}×{x.shape[3]}"
             )
         if ok:
-            lp = lpips_distance(matched, x)
+            lp = lpips_distance(matched, x, weights=lpips_weights)
             per_sample["lpips"] = lp.tolist()
             result["lpips"] = _mean(lp)
+            level = float(x.double().mean()) if chance_level is None else float(chance_level)
+            result["chance_lpips"] = _mean(lpips_distance(torch.full_like(x, level), x, weights=lpips_weights))
         else:
             result["lpips_missing"] = reason
 

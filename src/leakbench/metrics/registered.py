@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from ..registry import Registry
+from .identify import psnr_registered
 from .image import cosine, mse, psnr, rmse, ssim
 from .scores import SCORES, MetricInfo
 
@@ -25,6 +26,8 @@ METRICS.register("mse", mse, info=SCORES["mse"])
 METRICS.register("rmse", rmse, info=SCORES["rmse"])
 METRICS.register("psnr", psnr, info=SCORES["psnr"])
 METRICS.register("ssim", ssim, info=SCORES["ssim"])
+METRICS.register("psnr_registered", psnr_registered, info=SCORES["psnr_registered"],
+                 help="PSNR after the best circular shift of at most 2 pixels each way")
 METRICS.register("cosine", cosine, info=MetricInfo("cosine", higher_is_better=True, column=False))
 
 

@@ -39,6 +39,9 @@ SCORES: dict[str, MetricInfo] = {
     "ssim": MetricInfo("SSIM", higher_is_better=True),
     "label_acc": MetricInfo("label accuracy", higher_is_better=True),
     "lpips": MetricInfo("LPIPS", higher_is_better=False, column=False),
+    "psnr_registered": MetricInfo("registered PSNR (dB)", higher_is_better=True, fmt=".2f", column=False),
+    "iip_pixel": MetricInfo("IIP (pixel)", higher_is_better=True, fmt=".3f", column=False),
+    "iip_features": MetricInfo("IIP (features)", higher_is_better=True, fmt=".3f", column=False),
 }
 
 

@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..evaluation.strongest import (BUDGETS, AttackScore, PrivacyUtilityPoint, Strongest, batch_size, finite,
                                     npz_path, threat_model, usable, utility_for, utility_loss, verdicts)
 from .grid import save_grid
+from .identify_section import attack_cell, identify_table
 from .markup import MISSING, esc, figure, hover, muted, num, slug, table
 from .navigation import METRIC_NAMES, PICKABLE, collapsible, metric_labels, per_metric
 from .score_table import defense_header, metric_means, metric_table, ordered_defenses
@@ -67,10 +68,11 @@ def table4(best: Sequence[Strongest], size: int, bounds: Mapping[tuple, float] |
     groups = ordered_defenses(list(here))
     columns = [d for _, ds in groups for d in ds]
     attacks = sorted({a.attack for s in here.values() for a in s.scores})
+    registry = {a.attack: a.name for s in here.values() for a in s.scores}
     head = defense_header(groups)
     rows = []
     for name in attacks:
-        row: list[Any] = [esc(name)]
+        row: list[Any] = [attack_cell(name, registry.get(name))]
         for d in columns:
             s = here[d]
             row.append(_score_cell(next((a for a in s.scores if a.attack == name), None), s.attack == name))
@@ -242,6 +244,7 @@ def attack_section(threat: str, rows: Sequence[Mapping[str, Any]], best: Sequenc
         for b in sizes:
             parts.append(f"<h5>B = {b}</h5>" + per_metric(
                 {m: table4(here, b, bounds) if m == "rmse" else metric_table(here, b, means, m) for m in PICKABLE}))
+        parts.append(identify_table(rows, threat, dataset, model))
         tag = slug(threat, dataset, model)
         heat = sd_heatmap(here, out / "plots" / f"sd-{tag}.png", title=f"S_D — {name}")
         if heat is not None:

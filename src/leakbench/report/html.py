@@ -74,6 +74,7 @@ img{max-width:100%;border:1px solid #eee} .grids{display:flex;flex-wrap:wrap;ali
 .grids img{height:230px;width:auto;max-width:none} .grid-row{margin:.4rem 0 1rem;border-top:1px dashed #ddd}
 pre.spec{white-space:pre-wrap;background:#f7f7f7;padding:.6rem;font-size:.8rem}
 figure{margin:.4rem 0} figcaption{font-size:.8rem;color:#555} .muted{color:#777;font-size:.85rem}
+.tag{font-size:.75rem;background:#eef;border-radius:3px;padding:0 .25rem}
 code{background:#f5f5f5} ul.verdict li{margin:.25rem 0} section.threat{margin-bottom:2rem}
 .broken{color:#b00020;font-weight:700}
 """

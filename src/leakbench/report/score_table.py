@@ -14,6 +14,7 @@ from typing import Any
 from ..evaluation.plan import defense_family
 from ..evaluation.strongest import Strongest, batch_size, finite, threat_model, usable
 from ..metrics.scores import SCORES
+from .identify_section import attack_cell
 from .markup import MISSING, esc, hover, num, table
 
 #: digits each metric is printed with.
@@ -73,9 +74,10 @@ def metric_table(best: Sequence[Strongest], size: int, means: Mapping[tuple, Map
         vals = [v[0] for a in attacks if (v := value(d, a)) is not None]
         if vals:
             tops[d] = max(vals) if info.higher_is_better else min(vals)
+    registry = {a.attack: a.name for s in here.values() for a in s.scores}
     rows = []
     for name in attacks:
-        row: list[Any] = [esc(name)]
+        row: list[Any] = [attack_cell(name, registry.get(name))]
         for d in columns:
             score = next((a for a in here[d].scores if a.attack == name), None)
             v = value(d, name)

@@ -183,6 +183,7 @@ class CocktailParty(Attack):
     """Cocktail Party Attack: ICA unmixing of the first FC layer's weight gradient (+ feature inversion for CNNs)."""
 
     name = "cocktail-party"
+    tags = ("gradient", "update")
     Options = CPAOptions
     presets = {"quick": {"iterations": 500, "inversion_iterations": 200}, "paper": {"domain": "pixels", "tv": 10.0}}
 

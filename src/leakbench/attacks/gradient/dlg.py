@@ -23,6 +23,7 @@ class DLG(Attack):
     """Deep Leakage from Gradients: L-BFGS on the L2 gradient distance with dummy soft labels."""
 
     name = "dlg"
+    tags = ("gradient", "update", "labels")
     matching = True
     Options = MatchingSettings
     presets = {

@@ -149,6 +149,7 @@ class Exclusivity(Attack):
     """Pan et al.'s neuron-exclusivity attack on ReLU MLP batches: exact for samples with exclusive neurons."""
 
     name = "exclusivity"
+    tags = ("gradient", "update", "labels")
     Options = ExclusivityOptions
     presets = {"quick": {}}
 

@@ -63,6 +63,7 @@ class FCInversion(Attack):
     """Closed-form input of the first fully connected layer from its gradients (Lemma 3.1)."""
 
     name = "fc-inversion"
+    tags = ("gradient", "update", "labels")
     Options = FCOptions
     presets = {"quick": {}}
 

@@ -152,6 +152,7 @@ class Hybrid(Attack):
     """Chen & Campbell's hybrid: R-GAP per layer, each conv solution corrected by gradient matching."""
 
     name = "hybrid"
+    tags = ("gradient", "update", "labels")
     matching = True
     Options = HybridOptions
     presets = {

@@ -43,6 +43,7 @@ class InvertingGradients(Attack):
     """Inverting Gradients: signed Adam on 1 − cosine gradient similarity + TV, box-constrained, restarts."""
 
     name = "inverting-gradients"
+    tags = ("gradient", "update", "labels")
     matching = True
     Options = MatchingSettings
     preset_revisions = {"fast": 5}  # 2: α_TV grows with the batch (tv_growth); 3: output-layer features from B = 2;

@@ -230,6 +230,7 @@ class Liu2024(Attack):
     """Liu et al. 2024: IG + BN prior + TV + tensor-feature matching, images from an untrained U-Net (deep image prior)."""
 
     name = "liu2024"
+    tags = ("gradient", "update", "labels", "bn-stats", "modified-model")
     matching = True
     Options = Liu2024Options
     presets = {

@@ -24,6 +24,7 @@ class RGAP(Attack):
     """R-GAP: per-layer weight + gradient linear systems from the output to the input (batch 1)."""
 
     name = "rgap"
+    tags = ("gradient", "update", "labels")
     Options = RGAPOptions
     presets = {"quick": {}}
 

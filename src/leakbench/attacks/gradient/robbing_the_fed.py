@@ -115,6 +115,7 @@ class RobbingTheFed(Attack):
     """Robbing the Fed: exact recovery of samples alone in a bin of the server's imprint block."""
 
     name = "robbing-the-fed"
+    tags = ("gradient", "labels", "modified-model")
     Options = RobbingOptions
     presets = {"quick": {}}
 

@@ -146,6 +146,7 @@ class Spear(Attack):
     """SPEAR: exact batch recovery from a ReLU linear layer's low-rank, sparse weight gradient (+ certificates)."""
 
     name = "spear"
+    tags = ("gradient", "update")
     Options = SpearOptions
     presets = {"quick": {"rounds": 2}}
     preset_revisions = {"default": 1, "quick": 1}  # 1: peeling, precision-gated certificates, option seconds

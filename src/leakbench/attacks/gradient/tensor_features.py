@@ -55,6 +55,7 @@ class TensorFeatures(Attack):
     """Tensor method (Wang et al. 2023): unit-norm features of a random two-layer block by tensor decomposition."""
 
     name = "tensor-features"
+    tags = ("gradient", "update", "modified-model")
     Options = TensorOptions
     presets = {"quick": {"trials": 8, "refine": 50, "inversion_iterations": 200}}
 

@@ -46,6 +46,7 @@ class ModelInversion(Attack):
     """Model inversion baseline: push the output up (half) or down (half) from random inputs (Haim et al. 5.4)."""
 
     name = "model-inversion"
+    tags = ("weights", "queries")
     Options = InversionOptions
     presets = {"default": {}, "quick": {"candidates": 10, "iterations": 200}}
 

@@ -172,6 +172,7 @@ class KKTReconstruction(Attack):
     """Haim et al. 2022: candidates and multipliers fitted to the KKT stationarity condition of the weights."""
 
     name = "kkt"
+    tags = ("weights",)
     Options = KKTOptions
     presets = {
         "default": {},

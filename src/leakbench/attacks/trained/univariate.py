@@ -153,6 +153,7 @@ class Univariate(Attack):
     """Univariate candidate set of a 1-D two-layer ReLU net at a KKT point (provable attacks, Thm. 3.2–3.4)."""
 
     name = "univariate"
+    tags = ("weights",)
     Options = UnivariateOptions
     presets = {"default": {}}
 

@@ -1,0 +1,28 @@
+"""The report's identifiability table: IIP and registered PSNR beside their chance, attacks grouped by tags."""
+from __future__ import annotations
+
+from leakbench.report.identify_section import attack_cell, identify_table, tag_badges
+
+
+def _row(attack, defense, iip, chance=0.004, **extra):
+    return {"kind": "attack", "status": "done", "rmse": 0.1, "attack": attack, "defense": defense,
+            "dataset": "digits", "model": "mlp:20", "threat_model": "eavesdropper",
+            "metrics": {"iip_pixel": iip, "chance_iip_pixel": chance, "psnr_registered": 20.0,
+                        "chance_psnr_registered": 12.0, **extra}}
+
+
+def test_identify_table_shows_scores_with_chance_grouped_by_tags():
+    rows = [_row("kkt", "none", 0.5), _row("fc-inversion", "none", 1.0), _row("fc-inversion", "none", 0.5),
+            _row("robbing-the-fed", "noise:0.1", 0.25), {**_row("dlg", "none", 1.0), "status": "failed"}]
+    html = identify_table(rows, "eavesdropper", "digits", "mlp:20")
+    assert "IIP (pixel)" in html and "registered PSNR" in html and "LPIPS" not in html.split("</table>")[0]
+    assert "0.75 <small>(chance 0.00)</small>" in html  # fc-inversion's mean over two trials
+    assert "dlg" not in html  # a failed trial is no measurement
+    assert html.index("fc-inversion") < html.index("robbing-the-fed") < html.index("kkt")  # ordered by tags
+    assert 'class="tag"' in html and "modified-model" in html
+    assert identify_table(rows, "eavesdropper", "digits", "cnn") == ""
+    assert "declares no threat tags" in tag_badges(())
+    labelled = [{**_row("ig", "none", 1.0), "spec": {"attack": "inverting-gradients"}}]  # a spec's label
+    assert "bn-stats" not in identify_table(labelled, "eavesdropper", "digits", "mlp:20").split("<p")[0]
+    assert "labels" in identify_table(labelled, "eavesdropper", "digits", "mlp:20")
+    assert 'title="needs: gradient, update, labels"' in attack_cell("ig", "inverting-gradients")
