@@ -133,6 +133,7 @@ class GIAS(Attack):
 
     name = "gias"
     matching = True
+    tags = ("gradient", "update", "labels")  # a gradient or a multi-step update; labels used when granted
     Options = GIASOptions
     # ``default`` (the options' defaults): 2 restarts × 200 latent steps, then 200 generator steps (600 steps of the
     # simulated gradient), Adam with a cosine decay, lr 0.1 on z and 1e-3 on w, λ_z 1e-4, λ_w 1e-2.  Chosen before
