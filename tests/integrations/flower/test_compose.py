@@ -38,14 +38,7 @@ LR = 0.1
 CLIP = 0.05  # the raw one-step update's norm is ≈ 0.4 (asserted below)
 
 
-@pytest.fixture(autouse=True)
-def task_identity():
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("task_identity")  # conftest.py
 
 
 def model_fn() -> torch.nn.Module:

@@ -28,24 +28,12 @@ LR = 0.1
 SLOW_ATTACK = {"name": "inverting-gradients", "options": {"iterations": 1_000_000}}
 
 
-@pytest.fixture(autouse=True)
-def task_identity():
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id)
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+pytestmark = pytest.mark.usefixtures("task_identity")  # conftest.py
 
 
 def model_fn() -> torch.nn.Module:
     return lb.build("mlp:32", input_shape=(1, 8, 8), classes=10, act="relu", seed=0)
 
-
-@pytest.fixture(scope="module")
-def batch():
-    data = lb.load("digits")
-    return data.images[:1].clone(), data.labels[:1].clone()
 
 
 def train_message(config: dict | None = None) -> Message:
