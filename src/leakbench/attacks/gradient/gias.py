@@ -194,26 +194,33 @@ class GIAS(Attack):
             with torch.enable_grad():
                 return float(matcher.objective(x, labels)[1].detach())
 
+        def descend(params, render, steps: int, lr: float, penalty) -> list[float]:
+            """Adam on ``params`` against the gradient match of ``render()`` (+ ``penalty()``): the match curve."""
+            opt = torch.optim.Adam(params, lr=lr)
+            sched = step_schedule(opt, o.schedule, steps)
+            curve, value = [], math.inf
+            for step in range(steps):
+                x = render()
+                total, match = matcher.objective(x, labels)
+                if penalty is not None:
+                    total = total + penalty()
+                for p, g in zip(params, torch.autograd.grad(total, params)):
+                    p.grad = g
+                opt.step()
+                if sched is not None:
+                    sched.step()
+                if step % o.trace_every == 0 or step == steps - 1:
+                    value = float(match.detach())
+                    curve.append(value)
+                report(x, value)
+            return curve
+
         # stage 1: the latent codes, several random starts
         finals, curves, best = [], [], (math.inf, None)
         for _ in range(o.restarts):
             z = torch.randn((B, o.latent), generator=rng).to(obs.device, obs.dtype).requires_grad_(True)
-            opt = torch.optim.Adam([z], lr=o.latent_lr)
-            sched = step_schedule(opt, o.schedule, o.latent_steps)
-            curve, value = [], math.inf
-            for step in range(o.latent_steps):
-                x = lo + (hi - lo) * gen(z)
-                total, match = matcher.objective(x, labels)
-                if o.latent_prior:
-                    total = total + o.latent_prior * z.pow(2).sum(1).mean()
-                (z.grad,) = torch.autograd.grad(total, [z])
-                opt.step()
-                if sched is not None:
-                    sched.step()
-                if step % o.trace_every == 0 or step == o.latent_steps - 1:
-                    value = float(match.detach())
-                    curve.append(value)
-                report(x, value)
+            curve = descend([z], lambda z=z: lo + (hi - lo) * gen(z), o.latent_steps, o.latent_lr,
+                            (lambda z=z: o.latent_prior * z.pow(2).sum(1).mean()) if o.latent_prior else None)
             with torch.no_grad():
                 x = lo + (hi - lo) * gen(z)
             finals.append(match_of(x))
@@ -230,25 +237,8 @@ class GIAS(Attack):
         # stage 2: one generator copy per image, from the pretrained weights, codes fixed
         if o.generator_steps:
             copies = _Stacked(gen, B)
-            opt = torch.optim.Adam(list(copies.params.values()), lr=o.generator_lr)
-            sched = step_schedule(opt, o.schedule, o.generator_steps)
-            curve, value = [], math.inf
-            for step in range(o.generator_steps):
-                x = lo + (hi - lo) * copies(z_best)
-                total, match = matcher.objective(x, labels)
-                if o.anchor:
-                    total = total + o.anchor * copies.drift()
-                names = list(copies.params)
-                grads = torch.autograd.grad(total, [copies.params[n] for n in names])
-                for n, g in zip(names, grads):
-                    copies.params[n].grad = g
-                opt.step()
-                if sched is not None:
-                    sched.step()
-                if step % o.trace_every == 0 or step == o.generator_steps - 1:
-                    value = float(match.detach())
-                    curve.append(value)
-                report(x, value)
+            curve = descend(list(copies.params.values()), lambda: lo + (hi - lo) * copies(z_best), o.generator_steps,
+                            o.generator_lr, (lambda: o.anchor * copies.drift()) if o.anchor else None)
             with torch.no_grad():
                 tuned = lo + (hi - lo) * copies(z_best)
             generator_match = match_of(tuned)
