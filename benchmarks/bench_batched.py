@@ -30,8 +30,8 @@ import torch
 
 import leakbench as lb
 from leakbench.attacks import GradientMatcher, create, recover_labels
-from leakbench.attacks.batched_matching import STACKING, solve_many
-from leakbench.evaluation.utility import utility_seeds
+from leakbench.attacks.solvers.batched_matching import STACKING, solve_many
+from leakbench.evaluation.training.utility import utility_seeds
 
 from .common import console, table
 

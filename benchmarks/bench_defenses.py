@@ -4,7 +4,7 @@
    ``digits`` (8×8) as each defense's strength grows — RMSE and PSNR after Hungarian matching,
    per batch size, in the spirit of Liu et al. (2024) Table 4 — printed beside the defense's
    utility (Table 5: final training loss; test accuracy; ε for DP-SGD) from
-   ``leakbench.evaluation.utility.utility`` with the same CNN and the same budget.
+   ``leakbench.evaluation.training.utility.utility`` with the same CNN and the same budget.
 2. Time overhead of each defense: ``observe`` with the defense ÷ ``observe`` without (batch 16,
    same process, interleaved, best of n) and one training epoch with ÷ without.
 3. The Cramér–Rao lower bound on the per-entry RMSE (Liu et al. eq. 28/29 with clipping and
@@ -19,7 +19,7 @@ import torch
 import leakbench as lb
 from leakbench.analysis.bounds import cramer_rao
 from leakbench.defenses import parse, share
-from leakbench.evaluation.utility import utility
+from leakbench.evaluation.training.utility import utility
 from leakbench.losses import get_loss
 
 from .common import console, table

@@ -6,7 +6,7 @@ sentence labelled b mod 3), 2 layers, 4 heads, intermediate 2·width, width chos
 wrapped by ``lb.build`` (:class:`leakbench.models.huggingface.HFTextModel`).  DAGER reads q/k/v of blocks 1
 and 2 through the span view: Llama's layer-1 candidates are one position-free set (rotary positions act
 after the projection), placed by the greedy extension through block 2; BERT's are position-wise (learned
-positions, LN_emb), and encoder batches of B > 1 go to the encoder search (:mod:`leakbench.attacks.dager_encoder`).
+positions, LN_emb), and encoder batches of B > 1 go to the encoder search (:mod:`leakbench.attacks.text.dager_encoder`).
 Chance: the originals' lengths drawn from the corpus's unigram distribution, scored the same way.
 
 Needs the ``transformers`` extra; skipped without it.

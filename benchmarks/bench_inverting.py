@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import leakbench as lb
-from leakbench.attacks.objectives import total_variation
+from leakbench.attacks.solvers.objectives import total_variation
 
 from .common import benchmark_images, psnr, table
 

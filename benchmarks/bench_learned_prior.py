@@ -28,7 +28,7 @@ import torch
 
 import leakbench as lb
 from leakbench.attacks import attack_batch
-from leakbench.evaluation.utility import loss_and_accuracy, train_model
+from leakbench.evaluation.training.utility import loss_and_accuracy, train_model
 
 from .common import console, env_names, table
 

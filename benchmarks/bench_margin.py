@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import leakbench as lb
-from leakbench.attacks.trained import membership_margin
+from leakbench.attacks.membership import membership_margin
 from leakbench.metrics.membership import roc_auc
 from leakbench.models.targets import train_target
 from leakbench.threat import observe_weights

@@ -38,8 +38,8 @@ import time
 import torch
 
 import leakbench as lb
-from leakbench.evaluation.reference import (Recipe, membership_rows, run_membership_attacks, target_on_half,
-                                            train_reference_models)
+from leakbench.evaluation.membership.reference import (Recipe, membership_rows, run_membership_attacks,
+    target_on_half, train_reference_models)
 
 from .common import table
 

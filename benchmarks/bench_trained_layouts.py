@@ -35,7 +35,7 @@ import torch
 
 import leakbench as lb
 from leakbench.attacks import attack_batch
-from leakbench.evaluation.utility import loss_and_accuracy, train_model
+from leakbench.evaluation.training.utility import loss_and_accuracy, train_model
 
 from .common import benchmark_images, console, env_names, env_pick, pattern_batches, table, tv_variants
 

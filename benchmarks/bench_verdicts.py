@@ -21,8 +21,8 @@ from pathlib import Path
 import yaml
 
 from leakbench.evaluation import Sweep
-from leakbench.evaluation.bundled import preset_path
-from leakbench.evaluation.strongest import BUDGETS, privacy_utility, strongest, utility_table, verdicts
+from leakbench.evaluation.spec.model.bundled import preset_path
+from leakbench.evaluation.verdicts.strongest import BUDGETS, privacy_utility, strongest, utility_table, verdicts
 
 from .common import table
 

@@ -121,7 +121,7 @@ its margin and the n it rests on. About half a minute on a CPU."""),
     ("code", """import leakbench as lb
 from leakbench.cli.evaluate import verdict_texts
 from leakbench.evaluation import Store
-from leakbench.evaluation.strongest import strongest
+from leakbench.evaluation.verdicts.strongest import strongest
 
 spec = {
     "name": "defenses-notebook",

@@ -11,8 +11,8 @@ import leakbench as lb
 from leakbench.budget import check_time, seconds_left, time_limit
 from leakbench.errors import BudgetExceeded
 from leakbench.evaluation import Store, Sweep, load_spec, plan
-from leakbench.evaluation.run import run_trial
-from leakbench.evaluation.utility import train_model
+from leakbench.evaluation.running.run import run_trial
+from leakbench.evaluation.training.utility import train_model
 from leakbench.models.targets import train_target
 
 DATA = lb.load("digits")

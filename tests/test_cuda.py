@@ -11,10 +11,11 @@ import torch
 
 import leakbench as lb
 from leakbench.attacks import attack_batch
-from leakbench.evaluation import Store, Sweep, chunks, load_spec, plan
-from leakbench.evaluation.chunks import CUDA_CHUNK, batch_group, cuda_stack, run_chunk, stack_size
-from leakbench.evaluation.run import run_trial
-from leakbench.evaluation.utility import utility_seeds
+from leakbench.evaluation import Store, Sweep, load_spec, plan
+from leakbench.evaluation.running import chunks
+from leakbench.evaluation.running.chunks import CUDA_CHUNK, batch_group, cuda_stack, run_chunk, stack_size
+from leakbench.evaluation.running.run import run_trial
+from leakbench.evaluation.training.utility import utility_seeds
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -19,8 +19,8 @@ from leakbench.data import DATASETS
 from leakbench.defenses import DEFENSES
 from leakbench.errors import ConfigError
 from leakbench.evaluation import Store, load_spec
-from leakbench.evaluation.plan import plan
-from leakbench.evaluation.run import run_trial
+from leakbench.evaluation.trials.plan import plan
+from leakbench.evaluation.running.run import run_trial
 from leakbench.metrics import METRICS, SCORES
 from leakbench.models import MODELS
 
@@ -317,7 +317,7 @@ def test_a_yaml_sweep_with_a_plugin_runs_in_two_workers_into_the_report(plugin, 
 def test_a_plugin_named_by_path_runs_on_ray_actors(plugin, tmp_path):
     ray = pytest.importorskip("ray", reason="the ray extra is not installed")
     from leakbench.evaluation import Sweep
-    from leakbench.evaluation.runners import RayRunner
+    from leakbench.evaluation.running.runners import RayRunner
 
     name, tag, path = plugin()
     plugins.load([str(path)], source="--plugin")

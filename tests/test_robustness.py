@@ -348,7 +348,7 @@ def _observe(**change):
 
 def _preflight(name):
     def run(w):
-        from leakbench.evaluation.preflight import preflight
+        from leakbench.evaluation.running.preflight import preflight
 
         return preflight(lb.evaluation.load_spec(w / f"{name}.yaml"))
     return run
@@ -833,7 +833,7 @@ def _files(function: str, name: str):
 
 
 def _outside_commit(u):
-    from leakbench.evaluation.trial import TrialResult
+    from leakbench.evaluation.trials.trial import TrialResult
 
     db = u / "commit.db"
     with lb.evaluation.Store(db) as store:
@@ -925,7 +925,7 @@ def _deep(spec: dict, depth: int) -> dict:
 
 
 def _preflight_u(u: Path, name: str):
-    from leakbench.evaluation.preflight import preflight
+    from leakbench.evaluation.running.preflight import preflight
 
     return preflight(lb.evaluation.load_spec(u / f"{name}.yaml"))
 

@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 
 from leakbench.evaluation import Sweep
-from leakbench.evaluation.stats import paired_bootstrap
-from leakbench.evaluation.strongest import BUDGETS, privacy_utility, strongest, utility_table, verdicts
+from leakbench.evaluation.verdicts.stats import paired_bootstrap
+from leakbench.evaluation.verdicts.strongest import BUDGETS, privacy_utility, strongest, utility_table, verdicts
 
 from .common import Quote, table
 

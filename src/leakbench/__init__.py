@@ -20,7 +20,7 @@ from .data import DATASETS, ImageDataset, load  # noqa: E402
 from .defenses import DEFENSES  # noqa: E402
 from .errors import ConfigError, DataNotFound, LeakbenchError, UnsupportedThreatModel  # noqa: E402
 from .evaluation import evaluate  # noqa: E402
-from .evaluation.utility import utility  # noqa: E402
+from .evaluation.training.utility import utility  # noqa: E402
 from .metrics import compare  # noqa: E402
 from .models import MODELS, build  # noqa: E402
 from .models.targets import train_target  # noqa: E402

@@ -19,7 +19,7 @@ def die_with_parent_early() -> None:
     """In a pool worker still starting (``LEAKBENCH_PARENT_PID`` set): die with that parent from now on.
 
     Linux's ``PR_SET_PDEATHSIG`` is armed here, before torch is imported, and a parent already gone ends
-    this process at once; :func:`leakbench.evaluation.workers.die_with_parent` adds the watchdog later.
+    this process at once; :func:`leakbench.evaluation.running.workers.die_with_parent` adds the watchdog later.
     """
     value = os.environ.pop(PARENT_ENV, "")
     if not value.isdigit():

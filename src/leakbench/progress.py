@@ -207,7 +207,7 @@ def sweep_progress(total: int, done: int, name: str, *,
                    eta: Callable[[], float | None] | None = None) -> Iterator[Callable[[str], None]]:
     """Yield ``advance(status)`` for each finished trial: a bar with counts per status, or log lines.
 
-    ``eta()``: seconds left (weighted by the trials' measured costs, :class:`~leakbench.evaluation.eta
+    ``eta()``: seconds left (weighted by the trials' measured costs, :class:`~leakbench.evaluation.running.eta
     .CostEstimate`), shown instead of the count-based ETA."""
     counts: dict[str, int] = {"done": 0, "failed": 0, "n/a": 0}
 

@@ -10,8 +10,8 @@ import torch
 
 import leakbench as lb
 from leakbench.attacks import ATTACKS, create
-from leakbench.attacks.gradient_matching import MatchingSettings
-from leakbench.attacks.objectives import GradientDistance
+from leakbench.attacks.solvers.gradient_matching import MatchingSettings
+from leakbench.attacks.solvers.objectives import GradientDistance
 from leakbench.errors import ConfigError, UnsupportedThreatModel
 from leakbench.losses import get_loss
 

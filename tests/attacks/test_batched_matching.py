@@ -6,7 +6,7 @@ import torch
 
 import leakbench as lb
 from leakbench.attacks import attack_batch
-from leakbench.attacks.batched_matching import DivergedMatch, StackedMatching
+from leakbench.attacks.solvers.batched_matching import DivergedMatch, StackedMatching
 
 # float64 throughout: signed Adam turns a rounding difference in a near-zero gradient entry into a full step,
 # so float32 runs agree to rounding only for a while; in float64 the stacked run equals the sequential one

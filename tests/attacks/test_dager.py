@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import leakbench as lb
-from leakbench.attacks.dager import extension_inputs, span_basis, span_distance
+from leakbench.attacks.text.dager import extension_inputs, span_basis, span_distance
 from leakbench.errors import NothingRecovered, UnsupportedThreatModel
 from leakbench.metrics.text_metrics import text_scores
 
@@ -107,7 +107,7 @@ def test_first_layer_rejects_tokens_not_in_the_batch_as_numpy_rank_does(data):
     # DAGER's layer-1 candidates against an independent membership test: does LN₁(E[v] + P[t]) raise the numpy
     # SVD rank of block 1's gradient?  Every batch token at its own position is in the span, tokens absent from
     # the batch are not, and DAGER's candidate sets agree on all of them
-    from leakbench.attacks.dager import _position_candidates
+    from leakbench.attacks.text.dager import _position_candidates
 
     model = decoder(data)
     x, y = data.batch(2, seed=3)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import leakbench as lb
-from leakbench.attacks.dager import DagerOptions
+from leakbench.attacks.text.dager import DagerOptions
 from leakbench.errors import ConfigError, NothingRecovered, UnsupportedThreatModel
 from leakbench.metrics.text_metrics import text_scores, unigram_chance
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import leakbench as lb
-from leakbench.attacks.lamp import _lm_nll, language_prior
+from leakbench.attacks.text.lamp import _lm_nll, language_prior
 from leakbench.errors import ConfigError
 from leakbench.metrics.text_metrics import text_scores, unigram_chance
 

@@ -1,11 +1,11 @@
-"""The output layer's inputs recovered from its gradient (leakbench.attacks.last_layer)."""
+"""The output layer's inputs recovered from its gradient (leakbench.attacks.solvers.last_layer)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import leakbench as lb
-from leakbench.attacks.last_layer import last_layer_inputs
+from leakbench.attacks.solvers.last_layer import last_layer_inputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -117,7 +117,7 @@ def test_where_the_term_is_off_the_attack_is_unchanged(indices, reason):
 
 
 def test_the_feature_phase_does_not_simulate_the_gradient(monkeypatch):
-    from leakbench.attacks.gradient_matching import GradientMatcher
+    from leakbench.attacks.solvers.gradient_matching import GradientMatcher
 
     calls = []
     original = GradientMatcher.shared_of
@@ -142,7 +142,7 @@ def test_bad_feature_options_name_the_field(options, field):
 def test_a_trained_network_is_refused_for_the_true_reason():
     """Briefly trained, undefended, one step: with a repeated label the per-label mean model breaks because the
     network predicts the images of that label differently; with distinct labels the same network is exact."""
-    from leakbench.evaluation.utility import train_model
+    from leakbench.evaluation.training.utility import train_model
 
     ds = lb.load("digits", size=16)
     model = lb.build("convnet-8", input_shape=ds.shape, classes=10, seed=0)

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from leakbench.attacks.objectives import DISTANCES, GradientDistance, bn_statistics, layer_weights, total_variation
+from leakbench.attacks.solvers.objectives import (DISTANCES, GradientDistance, bn_statistics, layer_weights,
+    total_variation)
 from leakbench.errors import ConfigError
 
 
@@ -160,7 +161,7 @@ def test_bn_statistics_equals_hand_computation():
 @pytest.mark.parametrize("weights", [None, [0.5, 2.0, 3.0]])
 def test_linear_factors_give_the_dense_distance(kind, weights):
     """⟨δᵀz, T⟩ = Σ(δ ∘ zTᵀ) and ‖δᵀz‖² = Σ(δδᵀ ∘ zzᵀ): every distance equals its value on δᵀz formed."""
-    from leakbench.attacks.objectives import LinearFactors
+    from leakbench.attacks.solvers.objectives import LinearFactors
 
     g = torch.Generator().manual_seed(3)
     delta = torch.randn(5, 7, generator=g, dtype=torch.float64, requires_grad=True)
@@ -180,7 +181,7 @@ def test_linear_factors_give_the_dense_distance(kind, weights):
 
 def test_linear_factors_l2_keeps_precision_near_a_match():
     """The L2 expansion cancels near a match; accumulated in float64 it still equals the float32 dense value."""
-    from leakbench.attacks.objectives import LinearFactors
+    from leakbench.attacks.solvers.objectives import LinearFactors
 
     g = torch.Generator().manual_seed(4)
     delta, z = torch.randn(4, 300, generator=g), torch.randn(4, 200, generator=g)

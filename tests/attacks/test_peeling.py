@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import leakbench as lb
-from leakbench.attacks.peeling import Residual, SampleGradients, candidate_scale, peel_pass
+from leakbench.attacks.solvers.peeling import Residual, SampleGradients, candidate_scale, peel_pass
 
 
 def _setup(batch: int, seed: int):

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import leakbench as lb
-from leakbench.attacks.gradient_matching import GradientMatcher, MatchingSettings
+from leakbench.attacks.solvers.gradient_matching import GradientMatcher, MatchingSettings
 from leakbench.defenses import parse
 from leakbench.defenses.pipeline import minibatches, share
 from leakbench.errors import ConfigError

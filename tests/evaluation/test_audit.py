@@ -10,12 +10,12 @@ import torch
 from scipy import stats
 
 import leakbench as lb
-from leakbench.attacks.trained.reference import loss_scores, target_confidence
+from leakbench.attacks.membership.reference import loss_scores, target_confidence
 from leakbench.defenses import DPSGD
 from leakbench.defenses.client import dp_gradient
 from leakbench.errors import ConfigError
-from leakbench.evaluation.audit import audit_scores, epsilon_lower_bound
-from leakbench.evaluation.utility import train_model
+from leakbench.evaluation.membership.audit import audit_scores, epsilon_lower_bound
+from leakbench.evaluation.training.utility import train_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -92,7 +92,7 @@ def test_noiseless_dpsgd_is_caught(canaries):
 
 
 def test_one_run_bound_without_delta_is_the_logit_of_the_one_sided_clopper_pearson_bound():
-    from leakbench.evaluation.audit import one_run_epsilon, one_run_p_value
+    from leakbench.evaluation.membership.audit import one_run_epsilon, one_run_p_value
 
     for r, v in ((40, 40), (80, 70), (100, 60), (30, 14)):
         assert math.isclose(one_run_p_value(200, r, v, 1.0), stats.binom.sf(v - 1, r, 1 / (1 + math.exp(-1.0))))
@@ -109,7 +109,7 @@ def test_one_run_bound_without_delta_is_the_logit_of_the_one_sided_clopper_pears
 
 def _one_run(defense, m: int = 200, seed: int = 0):
     """One run: 200 digits plus each of ``m`` random-label noise canaries with probability ½."""
-    from leakbench.evaluation.audit import include_canaries, one_run_audit
+    from leakbench.evaluation.membership.audit import include_canaries, one_run_audit
 
     data = lb.load("digits")
     base = data.subset(torch.randperm(len(data), generator=torch.Generator().manual_seed(0))[:200])

@@ -5,9 +5,10 @@ import dataclasses
 
 import pytest
 
-from leakbench.evaluation import chunks, load_spec, plan
-from leakbench.evaluation.chunks import batch_group, batched_order, run_chunk
-from leakbench.evaluation.run import run_trial
+from leakbench.evaluation.running import chunks
+from leakbench.evaluation import load_spec, plan
+from leakbench.evaluation.running.chunks import batch_group, batched_order, run_chunk
+from leakbench.evaluation.running.run import run_trial
 
 SPEC = {
     "name": "chunks",
@@ -94,7 +95,7 @@ def test_batched_order_puts_each_group_together():
 
 
 def test_the_spec_stack_bounds_a_chunk_and_one_runs_every_trial_alone():
-    from leakbench.evaluation.chunks import CPU_STACK, stack_size
+    from leakbench.evaluation.running.chunks import CPU_STACK, stack_size
 
     default, two, alone = (plan(load_spec({**SPEC, **extra})) for extra in ({}, {"stack": 2}, {"stack": 1}))
     assert [t.key for t in default] == [t.key for t in two] == [t.key for t in alone], "stack is no part of a key"

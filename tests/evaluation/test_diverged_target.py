@@ -9,7 +9,7 @@ import torch
 
 import leakbench as lb
 from leakbench.evaluation import Sweep, load_spec
-from leakbench.evaluation.reference import divergence
+from leakbench.evaluation.membership.reference import divergence
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

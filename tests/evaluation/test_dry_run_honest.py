@@ -6,8 +6,8 @@ import pytest
 
 from leakbench.errors import ConfigError
 from leakbench.evaluation import load_spec
-from leakbench.evaluation.preflight import preflight
-from leakbench.evaluation.audit import check_canaries, min_canaries
+from leakbench.evaluation.running.preflight import preflight
+from leakbench.evaluation.membership.audit import check_canaries, min_canaries
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from leakbench.evaluation import load_spec, plan
-from leakbench.evaluation.eta import CostEstimate, probes_first, shape_of
+from leakbench.evaluation.running.eta import CostEstimate, probes_first, shape_of
 
 SPEC = {
     "name": "eta",

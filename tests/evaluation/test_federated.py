@@ -11,12 +11,12 @@ from torch import nn
 
 import leakbench as lb
 from leakbench.errors import ConfigError
-from leakbench.evaluation import federated
-from leakbench.evaluation.federated import Run, checkpoint, client_batch, diverged, layout, run_key
-from leakbench.evaluation.plan import plan, split_round
-from leakbench.evaluation.rounds import round_table, sentence
-from leakbench.evaluation.spec import load_spec
-from leakbench.evaluation.strongest import privacy_utility, strongest, utility_table, verdicts
+from leakbench.evaluation.training import federated
+from leakbench.evaluation.training.federated import Run, checkpoint, client_batch, diverged, layout, run_key
+from leakbench.evaluation.trials.plan import plan, split_round
+from leakbench.evaluation.verdicts.rounds import round_table, sentence
+from leakbench.evaluation.spec.model import load_spec
+from leakbench.evaluation.verdicts.strongest import privacy_utility, strongest, utility_table, verdicts
 
 CONFIG = {"clients": 3, "partition": "iid", "alpha": 0.5, "local_epochs": 1, "batch_size": 8, "lr": 0.1,
           "client_samples": None, "test_fraction": 0.2, "public": 12}
@@ -274,14 +274,14 @@ def test_a_vanishing_update_is_never_credited_as_stopping_the_attack():
 def test_a_rounds_utility_is_never_stacked_with_other_training():
     import dataclasses
 
-    from leakbench.evaluation.chunks import batch_group
+    from leakbench.evaluation.running.chunks import batch_group
 
     utility = next(t for t in plan(load_spec(SPEC)) if t.kind == "utility")
     assert batch_group(dataclasses.replace(utility, device="cuda")) is None  # it reads its run: nothing to train
 
 
 def test_dry_run_refuses_a_layout_no_client_can_fill():
-    from leakbench.evaluation.preflight import preflight
+    from leakbench.evaluation.running.preflight import preflight
 
     assert preflight(load_spec(SPEC)).trials > 0
     crowded = {**SPEC, "datasets": [{"name": "digits", "options": {"limit": 60}}], "batch_sizes": [4],

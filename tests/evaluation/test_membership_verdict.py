@@ -7,8 +7,8 @@ import math
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from leakbench.evaluation.membership_verdict import (auc_bootstrap, membership_defenses, membership_rows,
-                                                     membership_verdicts)
+from leakbench.evaluation.membership.verdict import (auc_bootstrap, membership_defenses, membership_rows,
+    membership_verdicts)
 
 N = 1200  # 600 members, 600 non-members
 
@@ -95,7 +95,7 @@ def test_verdicts_stop_decide_and_tie_like_the_reconstruction_verdicts():
 def test_the_resampled_auc_counts_agree_with_rank_sums_on_tied_scores():
     from scipy.stats import rankdata
 
-    from leakbench.evaluation.membership_verdict import _auc_weighted
+    from leakbench.evaluation.membership.verdict import _auc_weighted
 
     g = np.random.default_rng(3)
     s = np.round(g.normal(size=300), 1)  # many ties

@@ -7,8 +7,8 @@ import pytest
 from leakbench.data import load
 from leakbench.errors import ConfigError
 from leakbench.evaluation import load_spec, plan, run_trial
-from leakbench.evaluation.bundled import preset_names, preset_path
-from leakbench.evaluation.trial import THREAT_MODELS
+from leakbench.evaluation.spec.model.bundled import preset_names, preset_path
+from leakbench.evaluation.trials.trial import THREAT_MODELS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -119,7 +119,7 @@ def test_the_sweep_text_preset_runs_as_documented(tmp_path):
     import time
 
     from leakbench.evaluation.store import Store
-    from leakbench.evaluation.strongest import strongest
+    from leakbench.evaluation.verdicts.strongest import strongest
 
     start = time.perf_counter()
     result = _sweep_text_cli(["--preset", "sweep-text", "--db", str(tmp_path / "t.db"), "--report",

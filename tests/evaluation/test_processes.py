@@ -162,7 +162,7 @@ def test_kill_during_a_batched_chunk_and_resume_equals_an_uninterrupted_run(tmp_
     """In-process chunks of 32 stacked Inverting Gradients trials: a kill -9 while the second chunk is being solved
     loses only that chunk, the resumed sweep runs each lost trial once, and every result equals an uninterrupted
     sweep's (the same chunks stacked)."""
-    from leakbench.evaluation.chunks import CPU_STACK
+    from leakbench.evaluation.running.chunks import CPU_STACK
 
     spec = {**TINY, "batch_sizes": [1], "images": 3 * CPU_STACK, "defenses": ["none"],
             "attacks": [{"name": "inverting-gradients", "options": {"iterations": 60}}]}

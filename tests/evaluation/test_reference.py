@@ -8,8 +8,9 @@ import pytest
 from scipy.stats import binom, fisher_exact
 
 import leakbench as lb
-from leakbench.evaluation.reference import Recipe, run_membership_attacks, target_on_half, train_reference_models
-from leakbench.evaluation.stats import auc_interval
+from leakbench.evaluation.membership.reference import (Recipe, run_membership_attacks, target_on_half,
+    train_reference_models)
+from leakbench.evaluation.verdicts.stats import auc_interval
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

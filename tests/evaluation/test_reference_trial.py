@@ -7,8 +7,8 @@ import torch
 import leakbench as lb
 from leakbench.errors import ConfigError
 from leakbench.evaluation import Sweep, load_spec, plan, run_trial
-from leakbench.evaluation.reference import Recipe, cached_target, target_mask
-from leakbench.evaluation.reference_trial import pool_for
+from leakbench.evaluation.membership.reference import Recipe, cached_target, target_mask
+from leakbench.evaluation.membership.reference_trial import pool_for
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -146,7 +146,7 @@ def test_a_users_model_file_is_the_start_of_the_target_and_of_every_reference_mo
     assert trial.model_options["file_digest"] and trial.key != plan(load_spec(_spec(**{
         k: v for k, v in entry.items() if k != "model"})))[0].key
     seen = []
-    from leakbench.evaluation import reference
+    from leakbench.evaluation.membership import reference
 
     original = reference.Recipe.build
 

@@ -7,7 +7,7 @@ import pytest
 
 from leakbench.evaluation import Sweep
 from leakbench.report import write_report
-from leakbench.evaluation.replicate import open_cells
+from leakbench.evaluation.verdicts.replicate import open_cells
 
 SPEC = {
     "name": "rep", "datasets": [{"name": "digits", "options": {"size": 8}}],

@@ -2,7 +2,7 @@
 
 Issue 32 §5: two runs of ``leakbench demo`` differed on liu2024 / tensor-features trials on the random head.
 The cause was ``torch.linalg.lstsq``'s default CPU driver ``gelsy``, whose solutions differ between processes
-(MKL); the attacks now solve with ``gelsd`` (:mod:`leakbench.attacks.linalg`).  Each process has its own hash
+(MKL); the attacks now solve with ``gelsd`` (:mod:`leakbench.attacks.solvers.linalg`).  Each process has its own hash
 seed (``PYTHONHASHSEED`` unset) and its own cache directory; metrics are compared exactly (every attack here
 runs on the CPU, where no kernel is documented nondeterministic; the CUDA rerun lives in tests/test_cuda.py).
 """
@@ -80,7 +80,7 @@ EVERY = {
 RUN = """
 import json, sys
 from leakbench.evaluation import load_spec, plan
-from leakbench.evaluation.run import run_trial
+from leakbench.evaluation.running.run import run_trial
 out = {}
 for trial in plan(load_spec(json.loads(sys.argv[1]))):
     r = run_trial(trial, cache_dir=sys.argv[2])
@@ -116,7 +116,7 @@ def test_the_random_head_trials_give_the_same_bits_in_two_fresh_processes(tmp_pa
 
 @pytest.mark.slow
 def test_every_attack_gives_the_same_bits_in_two_fresh_processes(tmp_path):
-    from leakbench.attacks.trained import MEMBERSHIP_ATTACKS
+    from leakbench.attacks.membership import MEMBERSHIP_ATTACKS
 
     results = _same_bits(EVERY, tmp_path)
     assert {key.split()[0] for key in results} == set(lb.ATTACKS.names()) | set(MEMBERSHIP_ATTACKS.names())

@@ -6,8 +6,8 @@ import torch
 
 import leakbench as lb
 from leakbench.defenses import parse
-from leakbench.evaluation.seeds import seeds_refusal
-from leakbench.evaluation.utility import utility_seeds
+from leakbench.evaluation.training.seeds import seeds_refusal
+from leakbench.evaluation.training.utility import utility_seeds
 
 DATA = lb.load("digits").subset(torch.arange(400))
 COMMON = dict(epochs=2, batch_size=8, lr=0.05, model_options={"act": "tanh"}, cache_dir=False, test_fraction=0.25)
@@ -54,7 +54,7 @@ def test_defenses_that_cannot_stack_say_why_and_still_train_each_seed():
 def test_seeds_stack_by_default_on_cuda_only():
     from unittest import mock
 
-    from leakbench.evaluation import utility
+    from leakbench.evaluation.training import utility
 
     with mock.patch.object(utility, "train_seeds", side_effect=AssertionError("stacked on a CPU")) as called:
         out = utility_seeds("mlp:16", DATA, "none", seeds=[0, 1], **COMMON)

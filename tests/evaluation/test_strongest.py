@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from leakbench.evaluation import privacy_utility, strongest, utility_table
-from leakbench.evaluation.plan import defense_family
-from leakbench.evaluation.strongest import (BUDGETS, PrivacyUtilityPoint, membership_table, pareto_front,
-                                            roc_curve, threat_model, utility_for, verdicts, weights_table)
+from leakbench.evaluation.trials.plan import defense_family
+from leakbench.evaluation.verdicts.strongest import (BUDGETS, PrivacyUtilityPoint, membership_table, pareto_front,
+    roc_curve, threat_model, utility_for, verdicts, weights_table)
 
 
 def row(attack, defense, b, rmse, psnr=None, ssim=None, status="done", error=None, dataset="d", model="m",

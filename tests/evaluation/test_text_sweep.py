@@ -8,14 +8,14 @@ import torch
 
 import leakbench as lb
 from leakbench.errors import ConfigError
-from leakbench.evaluation.modality import is_mismatch, pair_refusal
-from leakbench.evaluation.plan import plan
-from leakbench.evaluation.run import run_trial
-from leakbench.evaluation.spec import load_spec
-from leakbench.evaluation.stats import bootstrap_mean
+from leakbench.evaluation.spec.model.modality import is_mismatch, pair_refusal
+from leakbench.evaluation.trials.plan import plan
+from leakbench.evaluation.running.run import run_trial
+from leakbench.evaluation.spec.model import load_spec
+from leakbench.evaluation.verdicts.stats import bootstrap_mean
 from leakbench.evaluation.store import Store
-from leakbench.evaluation.strongest import privacy_utility, strongest, utility_table, verdicts
-from leakbench.evaluation.trial import TEXT_METRICS
+from leakbench.evaluation.verdicts.strongest import privacy_utility, strongest, utility_table, verdicts
+from leakbench.evaluation.trials.trial import TEXT_METRICS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,7 +9,8 @@ import torch
 
 from leakbench.errors import ConfigError
 from leakbench.evaluation import Sweep, load_spec, plan, run_trial
-from leakbench.evaluation.trial import TrialSpec, apply_server, batch_for, dataset_for, model_for, public_sample
+from leakbench.evaluation.trials.trial import (TrialSpec, apply_server, batch_for, dataset_for, model_for,
+    public_sample)
 from leakbench.models.malicious import ImprintBlock, RandomFeatureHead, find_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -123,7 +124,7 @@ def test_a_weights_trial_stores_counts_with_their_control(tmp_path):
 
 
 def test_weights_scores_count_members_against_non_members():
-    from leakbench.evaluation.published import weights_scores
+    from leakbench.evaluation.membership.published import weights_scores
 
     gen = torch.Generator().manual_seed(0)
     members, nonmembers = torch.rand(6, 1, 8, 8, generator=gen), torch.rand(6, 1, 8, 8, generator=gen)
@@ -212,7 +213,7 @@ def test_old_trial_keys_are_unchanged_by_the_new_fields():
 
 
 def test_chance_scores_are_those_of_a_flat_grey_image():
-    from leakbench.evaluation.trial import chance_scores
+    from leakbench.evaluation.trials.trial import chance_scores
 
     trial = _trial(SERVER, model_key="honest", attack="fc-inversion")
     data = dataset_for(trial)
@@ -224,7 +225,7 @@ def test_chance_scores_are_those_of_a_flat_grey_image():
 
 
 def test_preflight_ships_the_server_model_and_checks_published_data():
-    from leakbench.evaluation.preflight import preflight
+    from leakbench.evaluation.running.preflight import preflight
 
     too_many_bins = {**SERVER, "models": [{"spec": "mlp:32", "server": {"imprint": {"bins": 5000}}}]}
     with pytest.raises(ConfigError, match=r"models\[0\]\.server\.imprint.*N ≥ 5000"):

@@ -30,7 +30,7 @@ def _script(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
 def test_an_unguarded_script_is_refused_before_any_worker_starts(tmp_path):
     done = _script(tmp_path, f"""
         import leakbench as lb
-        from leakbench.evaluation.runners import unguarded_main_call
+        from leakbench.evaluation.running.runners import unguarded_main_call
 
         def where():
             return unguarded_main_call()
@@ -78,7 +78,7 @@ def test_a_summary_with_failed_trials_is_false_and_says_how_many():
 
 
 def test_evaluate_warns_and_returns_false_when_trials_fail(tmp_path, monkeypatch):
-    from leakbench.evaluation import run
+    from leakbench.evaluation.running import run
 
     def broken(spec, clock, cache_dir):
         raise RuntimeError("boom")

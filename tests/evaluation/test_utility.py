@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import leakbench as lb
 from leakbench.defenses import DEFENSES, Defense, epsilon
 from leakbench.errors import ConfigError
-from leakbench.evaluation.utility import TrainResult, UtilityResult, loss_and_accuracy, split, train_model, utility
+from leakbench.evaluation.training.utility import (TrainResult, UtilityResult, loss_and_accuracy, split, train_model,
+    utility)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -150,7 +151,7 @@ def test_utility_is_cached_by_configuration(digits, tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("trained again")
 
-    monkeypatch.setattr("leakbench.evaluation.utility.train_model", fail)
+    monkeypatch.setattr("leakbench.evaluation.training.utility.train_model", fail)
     b = utility("mlp:16", "digits", "clip:1.0", epochs=1, cache_dir=tmp_path)  # the same defense, spelt differently
     assert b.cached and b.train_loss == a.train_loss and b.test_accuracy == a.test_accuracy and b.config == a.config
     with pytest.raises(AssertionError, match="trained again"):
@@ -182,7 +183,7 @@ def test_secagg_training_draws_other_clients_from_the_training_set(small):
                                           ("local:2,0.1+secagg:2", 4), ("prune:0.5", 1)])
 def test_every_defense_sees_the_same_number_of_samples(small, defense, cost):
     from leakbench.defenses import parse
-    from leakbench.evaluation.utility import samples_per_round
+    from leakbench.evaluation.training.utility import samples_per_round
 
     assert samples_per_round(parse(defense)) == cost
     plain = train_model(_model(small), small, defense="none", epochs=2, batch_size=40)
@@ -220,7 +221,7 @@ def test_text_utility_is_next_token_accuracy_on_held_out_sentences():
 
     from leakbench.data import load
     from leakbench.data.text import IGNORE
-    from leakbench.evaluation.utility import loss_and_accuracy, tensors
+    from leakbench.evaluation.training.utility import loss_and_accuracy, tensors
     from leakbench.models import build
 
     test = load("text", context=8, split="test", limit=40)
@@ -250,7 +251,7 @@ def test_text_utility_is_next_token_accuracy_on_held_out_sentences():
 def test_a_run_from_a_checkpoint_is_diverged_only_above_the_untrained_models_loss(tmp_path):
     """Issue 44: fine-tuning a trained checkpoint may end a little above the checkpoint's own loss; the divergence
     line is the untrained model's loss (a fresh build), never the checkpoint's."""
-    from leakbench.evaluation.utility import tensors
+    from leakbench.evaluation.training.utility import tensors
 
     build = lb.build
     data = lb.load("digits", limit=300)

@@ -6,8 +6,8 @@ import math
 import numpy as np
 
 from leakbench.evaluation import Store, TrialResult, TrialSpec
-from leakbench.evaluation.strongest import (BUDGETS, INCOMPLETE, privacy_utility, strongest, utility_table,
-                                            verdicts)
+from leakbench.evaluation.verdicts.strongest import (BUDGETS, INCOMPLETE, privacy_utility, strongest, utility_table,
+    verdicts)
 
 CHANCE = 0.30
 

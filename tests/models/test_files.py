@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 import leakbench as lb
 from leakbench.cli import app
 from leakbench.errors import ConfigError
-from leakbench.evaluation.run import run_trial
+from leakbench.evaluation.running.run import run_trial
 from leakbench.models.files import load_model, load_weights, save_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,7 +9,7 @@ import pytest
 from matplotlib.image import imread
 
 from leakbench.evaluation import Store, evaluate, strongest
-from leakbench.evaluation.trial import TrialResult, TrialSpec
+from leakbench.evaluation.trials.trial import TrialResult, TrialSpec
 from leakbench.report import write_report
 from leakbench.report.export import RESULT_COLUMNS, parquet_available
 

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from leakbench.evaluation import Sweep
-from leakbench.evaluation.strongest import invalid_result, strongest, usable
+from leakbench.evaluation.verdicts.strongest import invalid_result, strongest, usable
 from leakbench.report import write_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")

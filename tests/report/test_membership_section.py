@@ -11,7 +11,7 @@ from sklearn.metrics import roc_auc_score
 from leakbench.defenses import DPSGD
 from leakbench.defenses.client import dp_gradient
 from leakbench.evaluation import Sweep, load_spec
-from leakbench.evaluation.membership_verdict import membership_defenses
+from leakbench.evaluation.membership.verdict import membership_defenses
 from leakbench.report import plots, write_report
 from leakbench.report.attack_section import Drawn
 from leakbench.report.membership_section import BROKEN, audit_rows, reference_section

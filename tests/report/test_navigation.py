@@ -13,8 +13,8 @@ import yaml
 from matplotlib.image import imread
 
 from leakbench.evaluation import Store
-from leakbench.evaluation.images import save_trial_files
-from leakbench.evaluation.trial import TrialResult, TrialSpec
+from leakbench.evaluation.running.images import save_trial_files
+from leakbench.evaluation.trials.trial import TrialResult, TrialSpec
 from leakbench.report import write_report
 from leakbench.report.navigation import METRIC_NAMES, PICKABLE, metric_id
 from leakbench.report.plots import roc_plot

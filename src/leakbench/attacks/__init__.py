@@ -2,11 +2,12 @@
 
 ``leakbench.attack(name, observation, **options)`` runs one; ``names()`` lists them.
 """
-from . import dager, gradient, lamp, tag, text_imprint, trained  # noqa: F401  (registration)
+from . import gradient, membership, trained  # noqa: F401  (registration)
+from .text import dager, lamp, tag, text_imprint  # noqa: F401  (registration)
 from .batch import attack_batch
 from .base import THREAT_TAGS, ATTACKS, Attack, Reconstruction, attack, attack_tags, create, preset_revision, register
 from .labels import idlg, label_counts, recover_labels
-from .gradient_matching import GradientMatcher, MatchingSettings
+from .solvers.gradient_matching import GradientMatcher, MatchingSettings
 
 
 def names() -> list[str]:

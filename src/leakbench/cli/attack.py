@@ -21,9 +21,9 @@ from ..attacks import ATTACKS, Reconstruction, create as create_attack, preset_r
 from ..data import DATASETS
 from ..defenses import parse as parse_defense
 from ..errors import ConfigError, LeakbenchError, UnsupportedThreatModel
-from ..evaluation.preflight import MAX_ATTACK_WORK, attack_work
-from ..evaluation.run import run_trial
-from ..evaluation.trial import TrialSpec, dataset_for
+from ..evaluation.running.preflight import MAX_ATTACK_WORK, attack_work
+from ..evaluation.running.run import run_trial
+from ..evaluation.trials.trial import TrialSpec, dataset_for
 from ..losses import LOSSES
 from ..metrics import score_columns
 from ..models import MODELS, parse_spec

@@ -4,7 +4,7 @@
     leakbench evaluate sweep.yaml --db results.db --ray auto      # Ray tasks (pip install 'leakbench[ray]')
     leakbench report results.db --out report/                     # report/index.html, results.csv
 
-``evaluate`` checks everything before the first trial (:func:`~leakbench.evaluation.preflight.preflight`:
+``evaluate`` checks everything before the first trial (:func:`~leakbench.evaluation.running.preflight.preflight`:
 size, every dataset loaded, every model built, one client round), refuses a store that holds another
 sweep (``--force`` adds to it), exits 1 when trials failed and, on Ctrl-C, prints how many trials are
 kept and the command that resumes.  ``report`` opens the store read-only.
@@ -27,10 +27,10 @@ from rich.text import Text
 from ..errors import ConfigError
 from ..models.custom import add_code_paths, deferred_imports
 from ..evaluation import Store, Sweep, SweepSummary, load_spec, strongest
-from ..evaluation.preflight import check_size, preflight
-from ..evaluation.spec import MAX_STACK
-from ..evaluation.speccheck import MAX_TRIALS
-from ..evaluation.strongest import Strongest
+from ..evaluation.running.preflight import check_size, preflight
+from ..evaluation.spec.model import MAX_STACK
+from ..evaluation.spec.check import MAX_TRIALS
+from ..evaluation.verdicts.strongest import Strongest
 from ..plugins import loaded
 from ..report import write_report
 from ..report.pdf import chromium_problem, find_chromium, write_pdf
@@ -44,7 +44,7 @@ def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
         return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
     tables: dict[tuple, Table] = {}
-    from ..evaluation.modality import is_mismatch
+    from ..evaluation.spec.modality import is_mismatch
 
     for s in best:
         if s.scores and all(a.not_applicable and is_mismatch(a.not_applicable) for a in s.scores):
@@ -73,14 +73,14 @@ def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
 
 def verdict_texts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The report's summary verdict per gradient threat model, dataset and model, as plain text."""
-    from ..evaluation.strongest import privacy_utility, utility_table
+    from ..evaluation.verdicts.strongest import privacy_utility, utility_table
     from ..report.verdict_text import summaries
 
     out = []
     for (threat, dataset, model), (text, _) in summaries(privacy_utility(strongest(rows), utility_table(rows))).items():
         plain = html.unescape(re.sub(r"<[^>]+>", "", text.replace("<sub>D</sub>", "_D")))
         out.append(f"{threat} · {dataset} · {model}: {plain}")
-    from ..evaluation.membership_verdict import membership_defenses
+    from ..evaluation.membership.verdict import membership_defenses
     from ..report.membership_section import reference_summary
 
     for text in reference_summary(membership_defenses(rows)):  # reference-model membership, AUC with n points
@@ -100,7 +100,7 @@ def print_verdicts(store: Store) -> None:
 
 def print_rounds(store: Store) -> None:
     """A federated sweep's rounds, one line each: the attack's power beside the clients' leakage (nothing else)."""
-    from ..evaluation.rounds import round_table, sentence
+    from ..evaluation.verdicts.rounds import round_table, sentence
 
     found = round_table(store.rows())
     if found:
@@ -155,7 +155,7 @@ def _checked(spec: Path, *, stack: int | None, yes: bool, defenses: Sequence[str
     """The spec read, with --defense, --stack and --yes applied, and its preflight."""
     sweep_spec = load_spec(spec)
     if defenses:
-        from ..evaluation.spec import DefenseEntry
+        from ..evaluation.spec.model import DefenseEntry
 
         sweep_spec = load_spec(sweep_spec.model_copy(update={
             "defenses": [*sweep_spec.defenses, *(DefenseEntry(spec=d) for d in defenses)]}))
@@ -213,7 +213,7 @@ def evaluate_command(
         raise ConfigError("expected a sweep spec file or --preset NAME (one of them), e.g. "
                           "`leakbench evaluate examples/sweep-tiny.yaml` or `leakbench evaluate --preset demo`")
     if preset is not None:
-        from ..evaluation.bundled import preset_path
+        from ..evaluation.spec.bundled import preset_path
 
         spec = preset_path(preset)
     add_code_paths(code_path or [])

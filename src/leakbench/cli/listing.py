@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from ..attacks import ATTACKS, attack_tags
-from ..attacks.trained import MEMBERSHIP_ATTACKS
+from ..attacks.membership import MEMBERSHIP_ATTACKS
 from ..data import DATASETS
 from ..defenses import DEFENSES
 from ..errors import ConfigError

@@ -1,7 +1,7 @@
 """The client's round with its defenses: :func:`share` computes what the server receives.
 
 One code path serves :func:`leakbench.observe` (one round on the attacked batch) and
-:func:`leakbench.evaluation.utility.train_model` (one round per training step):
+:func:`leakbench.evaluation.training.utility.train_model` (one round per training step):
 
 1. every client computes, with the model-stage wrappers active (dropout), either one
    step's gradient (FedSGD) or θ_k − θ_0 after its local epochs (FedAvg, ``local`` defense:

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from ..errors import ConfigError
 from ..metrics.scores import score_columns
-from .trial import TrialResult, TrialSpec, threat_model
+from .trials.trial import TrialResult, TrialSpec, threat_model
 
 SCHEMA_VERSION = 1
 #: statuses ``retry_failed`` runs again (a timed-out trial may finish under a larger budget).

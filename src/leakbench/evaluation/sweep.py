@@ -25,15 +25,15 @@ from collections.abc import Callable, Iterator
 
 from ..errors import ConfigError
 from ..progress import sweep_progress
-from .chunks import batched_order
-from .eta import CostEstimate, probes_first
-from .images import save_trial_files
-from .plan import plan
-from .preflight import check_size, preflight
-from .runners import Runner, capped_workers, in_spawned_main, make_runner, refuse_unguarded_main
-from .spec import SweepSpec, dump_spec, load_spec
+from .running.chunks import batched_order
+from .running.eta import CostEstimate, probes_first
+from .running.images import save_trial_files
+from .trials.plan import plan
+from .running.preflight import check_size, preflight
+from .running.runners import Runner, capped_workers, in_spawned_main, make_runner, refuse_unguarded_main
+from .spec.model import SweepSpec, dump_spec, load_spec
 from .store import RETRYABLE, Store
-from .trial import SWEEP_BUDGET, TrialResult, TrialSpec, worker_id
+from .trials.trial import SWEEP_BUDGET, TrialResult, TrialSpec, worker_id
 
 #: statuses that count as finished (not run again).
 FINISHED = ("done", "n/a")
@@ -216,8 +216,8 @@ class Sweep:
     def _replicate(self, runner: Runner, start: float, progress: bool) -> None:
         """``replicate: auto``: add batches to the cells whose verdict is still open, round by round (resumable:
         trials added by an earlier run and still pending run first)."""
-        from .replicate import more_trials, open_cells
-        from .trial import dataset_for
+        from .verdicts.replicate import more_trials, open_cells
+        from .trials.trial import dataset_for
 
         rep = self.spec.replicate
         begun = time.perf_counter()  # replication's own clock: max_minutes is spent on replication rounds

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from ..evaluation.strongest import (BUDGETS, AttackScore, PrivacyUtilityPoint, Strongest, batch_size, finite,
-                                    npz_path, threat_model, usable, utility_for, utility_loss, verdicts)
+from ..evaluation.verdicts.strongest import (BUDGETS, AttackScore, PrivacyUtilityPoint, Strongest, batch_size,
+    finite, npz_path, threat_model, usable, utility_for, utility_loss, verdicts)
 from .grid import save_grid
 from .identify_section import attack_cell, identify_table
 from .markup import MISSING, esc, figure, hover, muted, num, slug, table
@@ -26,7 +26,7 @@ from .score_table import defense_header, metric_means, metric_table, ordered_def
 from .plots import CRAMER_RAO, pareto_plot, sd_heatmap
 from .text_section import is_text_setting, text_block
 from .verdict_text import SUMMARY_BUDGET, ci, ci_n, summary_sentence, verdict_table
-from ..evaluation.modality import is_mismatch
+from ..evaluation.spec.modality import is_mismatch
 
 GAIN_NOTE = ("a negative utility loss: the defended run ended with a lower training loss than the undefended run of "
              "the same seed; where its interval spans 0 the difference is within run-to-run noise")

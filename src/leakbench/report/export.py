@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..evaluation.plan import defense_family
-from ..evaluation.strongest import Strongest
+from ..evaluation.trials.plan import defense_family
+from ..evaluation.verdicts.strongest import Strongest
 from ..metrics.scores import score_columns
 
 #: first characters that make a spreadsheet read a cell as a formula.

@@ -27,10 +27,10 @@ from collections.abc import Mapping, Sequence
 
 from .. import __version__
 from ..errors import ConfigError
-from ..evaluation.membership_verdict import membership_defenses
+from ..evaluation.membership.verdict import membership_defenses
 from ..evaluation.store import Store
-from ..evaluation.strongest import (THREAT_MODELS, bounds_table, finite, invalid_result, is_public, membership_table,
-                                    privacy_utility, strongest, threat_model, usable, utility_table, weights_table)
+from ..evaluation.verdicts.strongest import (THREAT_MODELS, bounds_table, finite, invalid_result, is_public,
+    membership_table, privacy_utility, strongest, threat_model, usable, utility_table, weights_table)
 from .attack_section import Drawn, attack_section
 from .text_section import TEXT_CSS
 from .verdict_text import summaries

@@ -1,11 +1,11 @@
 """The report's membership section for reference-model attacks (loss, LiRA, RMIA) against trained targets.
 
-Per (dataset, model): the verdict (:func:`~leakbench.evaluation.membership_verdict.membership_verdicts`, in the
+Per (dataset, model): the verdict (:func:`~leakbench.evaluation.membership.verdict.membership_verdicts`, in the
 reconstruction verdict's form: decided / tied / stops, with its n and interval), a table attack × defense with
 AUC ± its 95 % interval and TPR at 1 % and 0.1 % FPR (or "not measurable at n = …" below 10/FPR
 non-members), TPR with no false positive, the utility cost and ε; ROC curves on log–log axes with the chance
 diagonal; and for DP-SGD the audit: Opacus's ε beside the empirical lower bound of Jagielski et al. 2020
-(:mod:`leakbench.evaluation.audit`), with a red flag where the bound exceeds the accountant's ε.
+(:mod:`leakbench.evaluation.membership.audit`), with a red flag where the bound exceeds the accountant's ε.
 
 The audit's flag takes the largest bound over the attacks of a setting, each bound at confidence
 1 − 0.05/k for k bounds (Bonferroni), so a correct DP-SGD is flagged with probability at most 5 %.
@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..evaluation.audit import epsilon_lower_bound
-from ..evaluation.membership_verdict import MembershipDefense, MembershipVerdict, membership_verdicts
-from ..evaluation.stats import CONFIDENCE, MIN_N, Interval
-from ..evaluation.strongest import finite, roc_curve
+from ..evaluation.membership.audit import epsilon_lower_bound
+from ..evaluation.membership.verdict import MembershipDefense, MembershipVerdict, membership_verdicts
+from ..evaluation.verdicts.stats import CONFIDENCE, MIN_N, Interval
+from ..evaluation.verdicts.strongest import finite, roc_curve
 from .attack_section import Drawn
 from .markup import MISSING, esc, figure, hover, num, slug, table
 from .plots import roc_plot

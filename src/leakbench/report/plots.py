@@ -19,7 +19,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..evaluation.strongest import PrivacyUtilityPoint, Strongest, finite, pareto_front
+from ..evaluation.verdicts.strongest import PrivacyUtilityPoint, Strongest, finite, pareto_front
 
 MARKERS = "osD^v<>PX*hp"
 #: the legend label of the Cramér–Rao value (it bounds unbiased estimators only).

@@ -1,4 +1,4 @@
-"""The report's section on leakage along training: a federated sweep's rounds (:mod:`leakbench.evaluation.rounds`).
+"""The report's section on leakage along training: a federated sweep's rounds (:mod:`leakbench.evaluation.verdicts.rounds`).
 
 Per (threat model, dataset, model, batch size): a table with one row per defense and round — the run's test
 accuracy over the seeds, the strongest attack on the clients' batches (S_D ± its interval, n), the attack's power
@@ -16,8 +16,8 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..evaluation.rounds import RoundRow, round_table
-from ..evaluation.strongest import Strongest, finite
+from ..evaluation.verdicts.rounds import RoundRow, round_table
+from ..evaluation.verdicts.strongest import Strongest, finite
 from .attack_section import Drawn
 from .markup import MISSING, esc, figure, hover, muted, num, slug, table
 from .plots import _save, plain

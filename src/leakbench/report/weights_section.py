@@ -18,8 +18,9 @@ import numpy as np
 from scipy.stats import fisher_exact
 
 from ..errors import ConfigError
-from ..evaluation.stats import auc_interval, binomial, measurable_fpr
-from ..evaluation.strongest import SSIM_THRESHOLDS, MembershipScore, WeightsSummary, finite, npz_path, roc_curve
+from ..evaluation.verdicts.stats import auc_interval, binomial, measurable_fpr
+from ..evaluation.verdicts.strongest import (SSIM_THRESHOLDS, MembershipScore, WeightsSummary, finite, npz_path,
+    roc_curve)
 from .attack_section import Drawn
 from .grid import save_grid
 from .markup import MISSING, esc, figure, hover, num, pct, slug, table

@@ -120,7 +120,7 @@ def test_global_and_per_layer_clipping_are_invisible_to_the_objective_and_the_te
         shared_gradient,
         tensor_features,
     )
-    from leakbench.attacks.objectives import GradientDistance, layer_weights
+    from leakbench.attacks.solvers.objectives import GradientDistance, layer_weights
 
     model = lb.build("cnn:3-4-2-1,3-4-2-1", input_shape=photos.shape, classes=photos.num_classes, seed=0)
     x, y = photos.batch(2, seed=0)
@@ -226,7 +226,7 @@ def _positive_two_layer(seed, defense=None):
 def test_feature_term_enters_the_objective_with_a_plus_sign():
     """total − match is +α_f·R_feature (eq. 4): positive away from the features, zero at them."""
     from leakbench.attacks.gradient.liu2024 import Liu2024Matcher
-    from leakbench.attacks.gradient_matching import MatchingSettings
+    from leakbench.attacks.solvers.gradient_matching import MatchingSettings
 
     x, obs = _positive_two_layer(0)
     matcher = Liu2024Matcher(obs, MatchingSettings(iterations=1, distance="cosine"), features=x,

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import leakbench as lb
-from leakbench.attacks.sparse_span import certify, decompose
+from leakbench.attacks.solvers.sparse_span import certify, decompose
 from leakbench.errors import UnsupportedThreatModel
 
 

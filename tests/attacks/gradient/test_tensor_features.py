@@ -171,7 +171,7 @@ def _hermite_brute(w: torch.Tensor, order: int) -> torch.Tensor:
 
 
 def test_projected_moments_match_the_hermite_definition():
-    from leakbench.attacks.tensor_moments import _fourth_moment_along, _third_moment
+    from leakbench.attacks.solvers.tensor_moments import _fourth_moment_along, _third_moment
 
     gen = torch.Generator().manual_seed(0)
     u = torch.randn(7, 3, generator=gen, dtype=torch.float64)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import leakbench as lb
-from leakbench.attacks.trained import MEMBERSHIP_ATTACKS, membership_margin
+from leakbench.attacks.membership import MEMBERSHIP_ATTACKS, membership_margin
 from leakbench.errors import ConfigError, UnsupportedThreatModel
 from leakbench.metrics.membership import membership_scores
 from leakbench.models.targets import train_target

@@ -47,9 +47,9 @@ from torch import nn
 from ...errors import expect
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
-from ..objectives import total_variation
-from ..feature_blocks import invert_features
-from ..linalg import lstsq
+from ..solvers.objectives import total_variation
+from ..solvers.feature_blocks import invert_features
+from ..solvers.linalg import lstsq
 from ..observed import attacker_model, block_input, shared_gradient
 
 DOMAINS = ("edges", "pixels")

@@ -43,8 +43,8 @@ from ...models.matrices import layer_chain
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import label_counts
-from ..linalg import lstsq
-from ..analytic import analytic_reasons, chain_or_reason
+from ..solvers.linalg import lstsq
+from ..solvers.analytic import analytic_reasons, chain_or_reason
 from ..observed import layer_gradients, param_index
 
 __all__ = ["Exclusivity", "ExclusivityOptions", "parallel_groups", "joint_solve"]

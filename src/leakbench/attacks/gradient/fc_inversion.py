@@ -19,8 +19,8 @@ input never changes, so ΔW = −η Σ_t δ_t xᵀ and Δb = −η Σ_t δ_t, an
 steps, minibatches or epochs (the bias path only: eq. 5 needs δ of one step).  ``fc-inversion`` then returns the B
 combinations of the B largest |∇b[k]| and says so in ``trace["recovered"]``.
 
-The algebra (:func:`~leakbench.attacks.analytic.output_layer`, ``act_derivative``,
-``act_inverse``) lives in :mod:`leakbench.attacks.analytic`, shared with R-GAP, the hybrid attack
+The algebra (:func:`~leakbench.attacks.solvers.analytic.output_layer`, ``act_derivative``,
+``act_inverse``) lives in :mod:`leakbench.attacks.solvers.analytic`, shared with R-GAP, the hybrid attack
 and exclusivity; the reading of the observation in :mod:`leakbench.attacks.observed`.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ import torch
 from ...errors import ConfigError
 from ...models.matrices import Chain, layer_chain
 from ...threat import Observation
-from ..analytic import (act_derivative, act_inverse, analytic_reasons, chain_or_reason, linear_input,
-                        observed_output_layer, output_layer)
+from ..solvers.analytic import (act_derivative, act_inverse, analytic_reasons, chain_or_reason, linear_input,
+    observed_output_layer, output_layer)
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
 from ..observed import layer_gradients, param_index

@@ -42,9 +42,9 @@ from ...models.custom import is_class_spec
 from ...models.prior import PUBLIC, PriorConfig, learned_generator, user_generator
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
-from ..gradient_matching import SCHEDULES, GradientMatcher, MatchingSettings, step_schedule
+from ..solvers.gradient_matching import SCHEDULES, GradientMatcher, MatchingSettings, step_schedule
 from ..labels import recover_labels
-from ..objectives import DISTANCES
+from ..solvers.objectives import DISTANCES
 
 
 @dataclass

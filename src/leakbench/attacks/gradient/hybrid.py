@@ -2,14 +2,14 @@
 
 At every convolutional layer i, from the output towards the input, R-GAP's
 minimum-norm least-squares solution x̂_i of the stacked system U x = V (eqs. 6–8,
-:mod:`~leakbench.attacks.rgap_solver`) is the starting point of a correction by gradient matching (eqs. 9–11
+:mod:`~leakbench.attacks.solvers.rgap_solver`) is the starting point of a correction by gradient matching (eqs. 9–11
 in the unconstrained form of Appendix B, eq. 16):
 
     min_x  w_cos · Σ_{j ≥ i} (1 − cos(∇θ_j L(f_{≥i}(x), y), ∇θ_j observed))    (eq. 10: cosine)
          + w_tv · TV(x) + w_sq · ‖U x − V‖²
 
 where f_{≥i} is the network from layer i on, the sum runs over the parameter tensors
-of those layers, TV is :func:`~leakbench.attacks.objectives.total_variation`.  The
+of those layers, TV is :func:`~leakbench.attacks.solvers.objectives.total_variation`.  The
 corrected x_i is the activation output of layer i − 1: the recursion continues with
 z_{i−1} = σ⁻¹(x_i).  Fully connected layers are not corrected (Lemma 3.1 is exact).
 
@@ -46,9 +46,9 @@ from ...models.matrices import layer_chain
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
-from ..objectives import GradientDistance, total_variation
+from ..solvers.objectives import GradientDistance, total_variation
 from ..observed import param_index
-from ..rgap_solver import LayerSystem, RGAPOptions, rgap_reasons, solve
+from ..solvers.rgap_solver import LayerSystem, RGAPOptions, rgap_reasons, solve
 
 __all__ = ["Hybrid", "HybridOptions"]
 

@@ -16,7 +16,7 @@ Presets: ``default`` (the paper's settings: 4 800 iterations, one restart),
 networks), ``fast`` (tuned for time-to-quality: a 4× lighter TV weight at B = 1 that grows
 as B^(2/3), a cosine step schedule over 500 steps, a quieter start, and — beyond the paper — a term matching
 the output layer's inputs, which the paper's Sec. 3 notes a fully connected layer's gradient reveals: with
-the labels known, :mod:`~leakbench.attacks.last_layer` recovers the mean feature vector of each label's
+the labels known, :mod:`~leakbench.attacks.solvers.last_layer` recovers the mean feature vector of each label's
 images exactly, and ``features`` weighs ‖mean φ(x̂) − recovered‖²/‖recovered‖² per label, the first
 ``feature_phase`` of the steps matching those features alone (no simulated gradient, about a third of a
 step's cost).  ``benchmarks/bench_inverting.py`` measures its gain, ``benchmarks/bench_peers.py`` compares
@@ -27,8 +27,8 @@ from __future__ import annotations
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
-from ..batched_matching import solve_observations
-from ..gradient_matching import GradientMatcher, MatchingSettings
+from ..solvers.batched_matching import solve_observations
+from ..solvers.gradient_matching import GradientMatcher, MatchingSettings
 
 # α_TV: the authors' reference implementation (inversefed, ConvNet on CIFAR-10) weighs TV by 1e-4
 # on standardised images.  TV of standardised images is TV/σ, so on [0, 1] pixels (σ = 0.25, the

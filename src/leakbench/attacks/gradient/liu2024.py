@@ -60,18 +60,12 @@ from ...models.generator import UNetGenerator
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
-from ..batched_matching import solve_observations
-from ..gradient_matching import (
-    SCHEDULES,
-    STEP_UNITS,
-    GradientMatcher,
-    MatchingSettings,
-    step_schedule,
-)
-from ..objectives import layer_weights
-from ..feature_blocks import block_requirements, find_block
+from ..solvers.batched_matching import solve_observations
+from ..solvers.gradient_matching import SCHEDULES, STEP_UNITS, GradientMatcher, MatchingSettings, step_schedule
+from ..solvers.objectives import layer_weights
+from ..solvers.feature_blocks import block_requirements, find_block
 from ..observed import shared_gradient
-from ..tensor_moments import tensor_features
+from ..solvers.tensor_moments import tensor_features
 
 FEATURE_FORMS = ("auto", "cosine", "signed", "projection")
 BLOCK_WEIGHTS = ("l0", "mean", "exclude")

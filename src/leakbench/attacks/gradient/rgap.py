@@ -3,7 +3,7 @@
 The recursion from the output layer to the image — activation inversion (eq. 2), upstream
 gradients (eq. 3), Lemma 3.1 for fully connected layers, the minimum-norm least-squares solution
 of the stacked weight and gradient constraints for convolutions (eqs. 6–8) — is in
-:mod:`leakbench.attacks.rgap_solver`, shared with the hybrid attack.  ``trace["layers"]`` records
+:mod:`leakbench.attacks.solvers.rgap_solver`, shared with the hybrid attack.  ``trace["layers"]`` records
 each layer's rank; rank < dim(x_i) is where R-GAP must guess, and ``confidence`` is 1 only when no
 layer is rank-deficient.
 """
@@ -14,7 +14,8 @@ import torch
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
-from ..rgap_solver import INVERTIBLE, SOLVERS, LayerSystem, LeastSquares, RGAPOptions, least_squares, rgap_reasons, solve
+from ..solvers.rgap_solver import (INVERTIBLE, SOLVERS, LayerSystem, LeastSquares, RGAPOptions, least_squares,
+    rgap_reasons, solve)
 
 __all__ = ["RGAP", "RGAPOptions", "LayerSystem", "LeastSquares", "solve", "least_squares", "INVERTIBLE", "SOLVERS"]
 

@@ -31,7 +31,7 @@ span of those taken (a mixture comes after both of its samples: it has fewer zer
 fewer than B are found, the missing columns are completed with the best rejected proposals, the batch
 X̂ = Q̂⁻¹R solved, and its rows become new candidate inputs (``rounds`` times).
 
-SPEAR's certificates (per sample, :func:`~leakbench.attacks.sparse_span.certify`): the recovered x̂_i's own
+SPEAR's certificates (per sample, :func:`~leakbench.attacks.solvers.sparse_span.certify`): the recovered x̂_i's own
 activation pattern reproduces the zero pattern of δ̂_i (SPEAR's sparsity matching), and Δ̂ᵀX̂ reproduces
 ∂L/∂W on the rows where i is active and Δ̂ᵀ1 reproduces ∂L/∂b (relative ``tol``).  With all B columns of
 Q the residuals vanish for *any* Q (L Q Q⁻¹ R = L R), so here the pattern test carries the certificate:
@@ -45,7 +45,7 @@ ones are subtracted provisionally (they drive later passes, which are then not c
 otherwise (0/1 flags, so :func:`leakbench.metrics.compare` matches exact slots first).  Labels are read by
 matching each δ̂_i with the gradient at Z that the rest of the model gives for x̂_i and each class.
 
-Beyond rank B — peeling (``leakbench.attacks.peeling``).  SPEAR's factorisation needs rank ∂L/∂W = B, i.e.
+Beyond rank B — peeling (``leakbench.attacks.solvers.peeling``).  SPEAR's factorisation needs rank ∂L/∂W = B, i.e.
 linearly independent inputs; 28×28 digits are 8×8 images upsampled and 64 of them span ~53 dimensions, so no
 column of Q is exact there.  The attack therefore runs, in turn until neither certifies anything new:
 
@@ -83,11 +83,12 @@ from torch import nn
 from ...errors import expect
 from ...models.matrices import layer_chain
 from ...threat import Observation
-from ..analytic import analytic_reasons, chain_or_reason
+from ..solvers.analytic import analytic_reasons, chain_or_reason
 from ..base import Attack, Reconstruction, register
 from ..observed import attacker_model, layer_gradients, param_index
-from ..peeling import Residual, SampleGradients, candidate_scale, peel_pass
-from ..sparse_span import certify, decompose, directions_from_inputs, exact_zeros, refine, scales, strays, unique_columns
+from ..solvers.peeling import Residual, SampleGradients, candidate_scale, peel_pass
+from ..solvers.sparse_span import (certify, decompose, directions_from_inputs, exact_zeros, refine, scales, strays,
+    unique_columns)
 
 __all__ = ["Spear", "SpearOptions"]
 

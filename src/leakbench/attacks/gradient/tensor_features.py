@@ -3,10 +3,10 @@
 For a two-layer block f(z) = Σ_j a_j σ(w_jᵀz) with w_j ~ N(0, I), the gradients g(w_j) with respect to
 the a_j give, by Stein's lemma (eq. 5), empirical moments P̂ (eq. 6) and T̂ (eq. 8) whose low-rank
 factors are the block's unit-norm inputs z_i (eqs. 7, 9).  The maths (moments, Hermite orders, the
-decomposition, the sign) is in :mod:`leakbench.attacks.tensor_moments`, whose docstring gives the steps: (1) the span of the features
+decomposition, the sign) is in :mod:`leakbench.attacks.solvers.tensor_moments`, whose docstring gives the steps: (1) the span of the features
 from the top-B eigenvectors of P̂, (2) Jennrich's simultaneous diagonalisation of the projected slices
 refined by L-BFGS, (3) unit-norm features with their sign from the first-order moment where k₂ = 2.
-The block and feature inversion are in :mod:`leakbench.attacks.feature_blocks`.  The error grows as
+The block and feature inversion are in :mod:`leakbench.attacks.solvers.feature_blocks`.  The error grows as
 B·sqrt(d/m) (Theorem 3.1).
 
 Blocks: a :class:`~leakbench.models.TwoLayer` model without hidden bias and with Gaussian
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from ...errors import expect
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
-from ..feature_blocks import TensorBlock, block_requirements, find_block, invert_features
+from ..solvers.feature_blocks import TensorBlock, block_requirements, find_block, invert_features
 from ..observed import attacker_model, block_input, shared_gradient
-from ..tensor_moments import TensorFeatureResult, hermite_coefficients, hermite_orders, tensor_features
+from ..solvers.tensor_moments import TensorFeatureResult, hermite_coefficients, hermite_orders, tensor_features
 
 __all__ = ["TensorBlock", "find_block", "shared_gradient", "block_input", "hermite_coefficients",
            "hermite_orders", "tensor_features", "TensorFeatureResult", "invert_features", "attacker_model",

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ...evaluation.store import Store
-from ...evaluation.trial import TrialResult, TrialSpec, worker_id
+from ...evaluation.trials.trial import TrialResult, TrialSpec, worker_id
 from .audit import Audited, AttackChoice
 from .keys import LocalTraining
 

@@ -1,0 +1,214 @@
+"""Peeling a batch off a ReLU layer's gradient, one certified sample at a time: the rank-free half of ``spear``.
+
+A linear layer Z = X Wᵀ + b followed by a ReLU shares ∂L/∂W = Σ_i δ_i x_iᵀ and ∂L/∂b = Σ_i δ_i (δ_i = ∂L/∂z_i,
+zero wherever sample i leaves a neuron off).  Pan et al. (USENIX Security 2022, "Exploring the security boundary
+of data reconstruction via neuron exclusivity analysis", Sec. 4 and the proofs' initial step): when neuron j is
+activated by one sample only (an exclusively activated neuron, ExAN), row j of the gradient is δ_ij x_iᵀ and
+
+    x_i = ∂L/∂W_j / ∂L/∂b_j                                                      (Pan et al., eq. 6)
+
+Which rows are exclusive is not observed.  Here every row proposes a candidate, and a candidate is *certified*
+by the rest of the model: with W, b and the later layers known, the per-sample gradient δ(x̂, y) of a sample x̂
+with label y is computable, and an exclusive row must satisfy δ(x̂, y)_j = ∂L/∂b_j (times one global factor,
+1 for an undefended gradient, the clipping factor for a clipped one).  A weighted mean of several samples
+(a non-exclusive row) meets this scalar equation only by coincidence; the test is run at the precision the
+row itself carries (its float round-off and the observation's noise floor, propagated through every
+subtraction), the label must be the only one that passes, and the candidate must lie in the data range.
+
+Peeling (ours; the composition of exact contributions, not in either paper): a certified sample's exact
+contribution δ(x̂, y) x̂ᵀ and δ(x̂, y) is subtracted from the gradient; neurons it shared with one other
+sample become exclusive to that sample, so the next pass certifies more, and the residual is the gradient of
+the remaining samples only.  Nothing here needs ∂L/∂W to have rank B: it reaches batches whose inputs are
+linearly dependent (e.g. digits that live in ~55 dimensions at B = 64), where SPEAR's factorisation cannot
+separate them; SPEAR then runs on the residual, whose batch is smaller (``leakbench.attacks.gradient.spear``).
+Every pass is batched: candidates × classes forward/backward passes through the rest of the model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ...losses import get_loss
+
+__all__ = ["SampleGradients", "Residual", "peel_pass"]
+
+#: the candidate must lie in the data range up to this fraction of its width.
+RANGE_SLACK = 1e-3
+#: a true row's mismatch stays below MATCH × its estimated relative error (measured: ≤ 10×).
+MATCH = 30.0
+#: rows whose estimated relative error exceeds this are not used (their candidate is not exact).
+GATE = 1e-5
+#: the second-best label must mismatch by at least this many times the tolerance.
+MARGIN = 100.0
+
+
+class SampleGradients:
+    """δ(x, y) = ∂ℓ(x, y)/∂z at the first layer's output, through the rest of the model (1/B of the batch loss).
+
+    ``rest`` maps the first layer's pre-activations to the outputs (the first activation included).
+    """
+
+    def __init__(self, rest: nn.Module, weight: torch.Tensor, bias: torch.Tensor, loss: str, batch: int,
+                 classes: int, chunk: int = 256):
+        self.rest, self.weight, self.bias = rest, weight, bias
+        self.loss_fn, self.batch, self.classes, self.chunk = get_loss(loss), batch, classes, chunk
+
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Per-sample δ (K×m) for inputs (K×n) and labels (K)."""
+        return self.at_pre(inputs @ self.weight.T + self.bias, labels)
+
+    def at_pre(self, pre: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """δ from the pre-activations (K×m) directly."""
+        out = []
+        for start in range(0, pre.shape[0], self.chunk):
+            with torch.enable_grad():
+                z = pre[start:start + self.chunk].detach().requires_grad_(True)
+                loss = self.loss_fn(self.rest(z), labels[start:start + self.chunk]) * z.shape[0] / self.batch
+                out.append(torch.autograd.grad(loss, z)[0])
+        return torch.cat(out) if out else pre.new_zeros(0, self.weight.shape[0])
+
+    def at_rows(self, inputs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """δ(x̂_k, c)_{rows_k} for every candidate k and class c (K×C): the layer once, one backward pass of the
+        rest of the model per class."""
+        pre = inputs @ self.weight.T + self.bias
+        cols = []
+        for cls in range(self.classes):
+            labels = torch.full((inputs.shape[0],), cls, dtype=torch.long, device=inputs.device)
+            cols.append(self.at_pre(pre, labels).gather(1, rows[:, None])[:, 0])
+        return torch.stack(cols, 1)
+
+
+@dataclass
+class Residual:
+    """The first layer's gradient minus the contributions peeled so far, and each row's absolute error bound."""
+
+    grad_w: torch.Tensor
+    grad_b: torch.Tensor
+    err_w: torch.Tensor      # bound on the error of ‖row j of grad_w‖
+    err_b: torch.Tensor      # bound on the error of grad_b_j
+    eps: float               # relative round-off of the observation (a few ulps of its dtype)
+    inputs: list[torch.Tensor] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    deltas: list[torch.Tensor] = field(default_factory=list)
+    how: list[str] = field(default_factory=list)
+    certified: list[bool] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, grad_w: torch.Tensor, grad_b: torch.Tensor, eps: float, noise: float) -> Residual:
+        """``noise``: the absolute per-entry noise level of the observation (0 for an exact one)."""
+        n = grad_w.shape[1]
+        return cls(grad_w.clone(), grad_b.clone(), eps * grad_w.norm(dim=1) + noise * n ** 0.5,
+                   eps * grad_b.abs() + noise, eps)
+
+    @property
+    def count(self) -> int:
+        return len(self.inputs)
+
+    def relative_error(self) -> torch.Tensor:
+        """Per row, the estimated relative error of its candidate ∂W_j/∂b_j."""
+        tiny = torch.finfo(self.grad_b.dtype).tiny
+        return self.err_b / self.grad_b.abs().clamp_min(tiny) + self.err_w / self.grad_w.norm(dim=1).clamp_min(tiny)
+
+    def subtract(self, x: torch.Tensor, label: int, delta: torch.Tensor, how: str, certified: bool = True) -> None:
+        """Remove one sample's exact contribution (``delta`` already carries the global scale)."""
+        self.grad_w -= delta[:, None] * x[None, :]
+        self.grad_b -= delta
+        # the subtraction is exact only to the sample's own precision: widen the bounds of the rows it touched
+        self.err_w += self.eps * delta.abs() * x.norm()
+        self.err_b += self.eps * delta.abs()
+        self.inputs.append(x)
+        self.labels.append(label)
+        self.deltas.append(delta)
+        self.how.append(how)
+        self.certified.append(certified)
+
+
+def _distinct(inputs: torch.Tensor, order: torch.Tensor, tol: float) -> torch.Tensor:
+    """Indices (in ``order``'s order of preference) of inputs not within ``tol``·‖x‖ of an earlier one."""
+    keep: list[int] = []
+    if order.numel() == 0:
+        return order
+    x = inputs[order]
+    dist = torch.cdist(x, x)
+    close = dist <= tol * x.norm(dim=1).clamp_min(torch.finfo(x.dtype).tiny)[:, None]
+    for k in range(order.numel()):       # K ≤ the batch: accepted candidates only
+        if not any(bool(close[k, j]) for j in keep):
+            keep.append(k)
+    return order[torch.tensor(keep, dtype=torch.long, device=order.device)]
+
+
+def candidate_scale(res: Residual, grads: SampleGradients, data_range: tuple[float, float]) -> float | None:
+    """The global factor s with ∂L/∂b_j = s·δ(x̂, y)_j on exclusive rows: 1 when one row certifies at s = 1,
+    else the value shared by the most rows (at least three, to the rows' precision); None when none is."""
+    rel = res.relative_error()
+    rows = (rel <= GATE).nonzero().flatten()
+    if rows.numel() == 0:
+        return None
+    cand = res.grad_w[rows] / res.grad_b[rows, None]
+    lo, hi = data_range
+    inside = ((cand >= lo - RANGE_SLACK * (hi - lo)) & (cand <= hi + RANGE_SLACK * (hi - lo))).all(1)
+    rows, cand = rows[inside], cand[inside]
+    if rows.numel() == 0:
+        return None
+    ratio = res.grad_b[rows, None] / grads.at_rows(cand, rows)          # K×C
+    tol = MATCH * rel[rows][:, None].expand_as(ratio)
+    if bool(((ratio - 1).abs() <= tol).any()):
+        return 1.0
+    # a clipped gradient: every exclusive row shows the same factor; count, per (row, label), the rows whose
+    # best label agrees with it to their precision (sorted log-ratios and a window search: K·C·log(K·C))
+    positive = ratio > 0
+    logs, tols = ratio[positive].log(), tol[positive]
+    if logs.numel() == 0:
+        return None
+    order = logs.argsort()
+    logs, tols = logs[order], tols[order]
+    lo_i = torch.searchsorted(logs, logs - tols)
+    hi_i = torch.searchsorted(logs, logs + tols, right=True)
+    support = hi_i - lo_i
+    k = int(support.argmax())
+    if int(support[k]) < 3:
+        return None
+    return float(logs[k].exp())
+
+
+def peel_pass(res: Residual, grads: SampleGradients, scale: float, data_range: tuple[float, float], budget: int,
+              *, certified: bool = True) -> int:
+    """One pass: certify every row whose candidate meets its own bias gradient, subtract the distinct samples
+    found (at most ``budget``).  Returns how many were peeled.  ``certified=False``: the residual carries an
+    imprecise earlier subtraction, so what is found is subtracted but not certified on its own."""
+    if budget <= 0:
+        return 0
+    rel = res.relative_error()
+    rows = (rel <= GATE).nonzero().flatten()
+    if rows.numel() == 0:
+        return 0
+    cand = res.grad_w[rows] / res.grad_b[rows, None]
+    lo, hi = data_range
+    slack = RANGE_SLACK * (hi - lo)
+    inside = ((cand >= lo - slack) & (cand <= hi + slack)).all(1)
+    rows, cand = rows[inside], cand[inside]
+    if rows.numel() == 0:
+        return 0
+    predicted = scale * grads.at_rows(cand, rows)                         # K×C
+    mismatch = (predicted - res.grad_b[rows, None]).abs() / res.grad_b[rows, None].abs()
+    tol = MATCH * rel[rows]
+    two = mismatch.topk(min(2, mismatch.shape[1]), dim=1, largest=False)
+    best, label = two.values[:, 0], two.indices[:, 0]
+    unique = two.values[:, 1] > MARGIN * tol if mismatch.shape[1] > 1 else torch.ones_like(best, dtype=torch.bool)
+    ok = (best <= tol) & unique
+    if res.count:   # a sample already peeled cannot come back (its row would be round-off): skip look-alikes
+        taken = torch.stack(res.inputs)
+        near = torch.cdist(cand, taken).min(1).values <= 1e-3 * cand.norm(dim=1)
+        ok &= ~near
+    idx = ok.nonzero().flatten()
+    if idx.numel() == 0:
+        return 0
+    idx = idx[rel[rows[idx]].argsort()]                                   # the most precise row of each sample
+    idx = _distinct(cand, idx, 1e-4)[:budget]
+    labels = label[idx]
+    deltas = scale * grads(cand[idx], labels)
+    for k in range(idx.numel()):                                          # ≤ budget samples
+        res.subtract(cand[idx[k]], int(labels[k]), deltas[k], f"row {int(rows[idx[k]])}", certified=certified)
+    return int(idx.numel())

@@ -1,0 +1,2 @@
+"""Attacks on text models: TAG, LAMP, DAGER (decoder and encoder) and the text imprint, with the span checks
+they share."""

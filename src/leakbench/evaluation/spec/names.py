@@ -1,0 +1,267 @@
+"""Every name of a sweep spec resolved through the registries, before any trial runs (used by :mod:`.spec`).
+
+Datasets and their loader options, models, the server's moves and their options, attacks with presets
+and options (gradient, published-weights and membership attacks), defenses and their grids, losses,
+per-attack threat overrides, devices, include/exclude rules, and the published targets' options.  A
+problem is one :class:`~leakbench.errors.ConfigError` naming the spec line and field.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...defenses import family_of
+from ...errors import ConfigError, LeakbenchError
+from .check import RULE_KEYS, SERVER_SET_BY_TRIAL
+from .source import Source
+
+__all__ = ["check_names", "server_options", "attack_culprit", "check_rule", "rule_values"]
+
+
+def check_names(spec, where: Source | None = None) -> None:
+    """Resolve every name of ``spec`` (a validated :class:`~.spec.SweepSpec`) through the registries; a
+    :class:`ConfigError` naming the line otherwise."""
+    where = where or Source("spec", {})
+    from ...attacks import ATTACKS, create as create_attack
+    from ...data import DATASETS, options as data_options
+    from ...defenses import parse as parse_defense
+    from ...losses import LOSSES
+    from ...models import parse_spec
+
+    def guard(path: tuple, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (LeakbenchError, ValueError, TypeError) as err:
+            raise ConfigError(f"{where.where(path)}: {err}") from None
+
+    for i, d in enumerate(spec.datasets):
+        guard(("datasets", i, "name"), DATASETS.get, d.name)
+        accepted = data_options(d.name)
+        for key in d.options:
+            if key not in accepted:
+                raise ConfigError(f"{where.where(('datasets', i, 'options', key))}: unknown option {key!r} for "
+                                  f"dataset {d.name!r}; accepted options: {', '.join(accepted)}")
+    for i, m in enumerate(spec.models):
+        guard(("models", i, "spec"), parse_spec, m.spec)
+        if m.server is not None:
+            name, options = m.server.move
+            accepted = server_options(name)
+            for key in options:
+                if key not in accepted:
+                    raise ConfigError(f"{where.where(('models', i, 'server', name, key))}: unknown option {key!r} "
+                                      f"for the server move {name!r}; accepted options: {', '.join(accepted)}")
+    for section in ("weights", "membership"):
+        for i, entry in enumerate(getattr(spec, section)):
+            if section == "membership" and entry.reference:
+                _check_reference(spec, entry, ("membership", i), where, guard)
+                continue
+            _check_target(entry.target, (section, i, "target"), where, guard)
+            attacks = entry.attack_list if section == "membership" else entry.attacks
+            for j, a in enumerate(attacks):
+                path = (section, i, "attacks", j)
+                if section == "membership":
+                    from ...attacks.membership import MEMBERSHIP_ATTACKS
+
+                    guard(path + ("name",), MEMBERSHIP_ATTACKS.get, a.name)
+                    if a.name != "membership-margin":
+                        raise ConfigError(f"{where.where(path + ('name',))}: {a.name!r} needs reference models: "
+                                          "give the membership entry model: and dataset: (and reference_models:) "
+                                          "instead of target:, which runs the margin attack on a two-layer net "
+                                          "(docs/membership.md)")
+                    guard(path + ("options",), MEMBERSHIP_ATTACKS.create, a.name, **a.options)
+                else:
+                    guard(path + ("name",), ATTACKS.get, a.name)
+                    guard(path, create_attack, a.name, preset=a.preset, **a.options)
+    for i, a in enumerate(spec.attacks):
+        path = ("attacks", i)
+        guard(path + ("name",), ATTACKS.get, a.name)
+        try:
+            create_attack(a.name, preset=a.preset, **a.options)
+        except (LeakbenchError, ValueError, TypeError) as err:
+            raise ConfigError(f"{where.where(path + attack_culprit(a))}: {err}") from None
+    from .modality import check_modalities
+
+    check_modalities(spec, where)
+    labels = [a.key for a in spec.attacks]
+    dup = next((k for k in labels if labels.count(k) > 1), None)
+    if dup is not None:
+        i = len(labels) - 1 - labels[::-1].index(dup)
+        raise ConfigError(f"{where.where(('attacks', i))}: attack {dup!r} is listed twice; "
+                          "give one of them a distinct label (label: ...)")
+    for i, d in enumerate(spec.defenses):
+        specs = guard(("defenses", i), d.expand)
+        if not specs:
+            raise ConfigError(f"{where.where(('defenses', i))}: the grid {dict(d.grid)} gives no defense setting; "
+                              "list at least one value or remove the entry")
+        for text in specs:
+            guard(("defenses", i), parse_defense, text)
+    guard(("threat", "loss"), LOSSES.get, spec.threat.loss)
+    for i, a in enumerate(spec.attacks):
+        guard(("attacks", i, "threat"), lambda a=a: type(spec.threat)(**{**spec.threat.model_dump(), **a.threat}))
+    guard(("device",), _check_device, spec.device)
+    for kind in ("include", "exclude"):
+        for i, rule in enumerate(getattr(spec, kind)):
+            for key in rule:
+                if key not in RULE_KEYS:
+                    raise ConfigError(f"{where.where((kind, i, key))}: unknown rule key {key!r}; "
+                                      f"a rule may name: {', '.join(RULE_KEYS)}")
+            check_rule(spec, rule, kind, i, where)
+    if spec.utility is not None or any(m.training.epochs for m in spec.models):
+        path = ("utility",) if spec.utility is not None else ("models",)
+        guard(path, _needs_utility)
+    if spec.bounds is not None and spec.bounds.cramer_rao:
+        guard(("bounds", "cramer_rao"), _needs_bounds)
+
+
+def _check_reference(spec, entry, path: tuple, where: Source, guard) -> None:
+    """A reference-model membership entry: its dataset and options, model, recipe loss, defenses and attacks."""
+    from ...attacks.membership import MEMBERSHIP_ATTACKS
+    from ...data import DATASETS, options as data_options
+    from ...defenses import parse as parse_defense
+    from ...losses import LOSSES
+    from ...models import parse_spec
+
+    guard(path + ("dataset", "name"), DATASETS.get, entry.dataset.name)
+    accepted = data_options(entry.dataset.name)
+    for key in entry.dataset.options:
+        if key not in accepted:
+            raise ConfigError(f"{where.where(path + ('dataset', 'options', key))}: unknown option {key!r} for "
+                              f"dataset {entry.dataset.name!r}; accepted options: {', '.join(accepted)}")
+    guard(path + ("model", "spec"), parse_spec, entry.model.spec)
+    if entry.model.server is not None:
+        raise ConfigError(f"{where.where(path + ('model', 'server'))}: a membership target is trained and queried, "
+                          "no server move applies; remove server")
+    if entry.model.training.epochs:
+        raise ConfigError(f"{where.where(path + ('model', 'training'))}: a membership target is trained with the "
+                          "entry's training: recipe (epochs, batch_size, lr), not model.training; move it there")
+    if entry.training is not None:
+        guard(path + ("training", "loss"), LOSSES.get, entry.training.loss)
+    for j, d in enumerate(entry.defenses or []):
+        for text in guard(path + ("defenses", j), d.expand):
+            guard(path + ("defenses", j), parse_defense, text)
+    labels = []
+    for j, a in enumerate(entry.attack_list):
+        guard(path + ("attacks", j, "name"), MEMBERSHIP_ATTACKS.get, a.name)
+        guard(path + ("attacks", j, "options"), MEMBERSHIP_ATTACKS.create, a.name, **a.options)
+        if a.key in labels:
+            raise ConfigError(f"{where.where(path + ('attacks', j))}: attack {a.key!r} is listed twice; give one "
+                              "of them a distinct label (label: ...)")
+        labels.append(a.key)
+
+
+def server_options(name: str) -> list[str]:
+    """The options a server move accepts (its function's keyword arguments less those the trial sets)."""
+    import inspect
+
+    from ...models import malicious
+
+    fn = getattr(malicious, name)
+    return [p for p in inspect.signature(fn).parameters if p not in SERVER_SET_BY_TRIAL]
+
+
+def _check_target(target, path: tuple, where: Source, guard) -> None:
+    import dataclasses
+
+    from ...data import DATASETS, options as data_options
+    from ...models.targets import TargetConfig
+
+    guard(path + ("dataset", "name"), DATASETS.get, target.dataset.name)
+    accepted = data_options(target.dataset.name)
+    for key in target.dataset.options:
+        if key not in accepted:
+            raise ConfigError(f"{where.where(path + ('dataset', 'options', key))}: unknown option {key!r} for "
+                              f"dataset {target.dataset.name!r}; accepted options: {', '.join(accepted)}")
+    known = [f.name for f in dataclasses.fields(TargetConfig)]
+    for key in target.options:
+        if key not in known:
+            raise ConfigError(f"{where.where(path + ('options', key))}: unknown option {key!r} for train_target; "
+                              f"known options: {', '.join(known)}")
+    guard(path + ("options",), lambda: TargetConfig(**target.options).check())
+
+
+def _attack_fields(name: str) -> set[str]:
+    import dataclasses
+
+    from ...attacks import ATTACKS
+
+    options = getattr(ATTACKS.get(name), "Options", None)
+    return {f.name for f in dataclasses.fields(options)} if dataclasses.is_dataclass(options) else set()
+
+
+def _check_device(name: str) -> None:
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"expected a torch device like cpu or cuda:0, got {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} is not available on this machine; use device: cpu")
+
+
+def _needs_utility() -> None:
+    try:
+        from ..training import utility  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(f"training models and measuring utility need leakbench.evaluation.training.utility, which "
+                          f"cannot be imported here ({err}); remove the utility section and training epochs") from None
+
+
+def _needs_bounds() -> None:
+    try:
+        from ...analysis.bounds import cramer_rao  # noqa: F401
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"the Cramér–Rao bound needs leakbench.analysis.bounds.cramer_rao, which is not "
+                          f"available here ({err}); remove the bounds section") from None
+
+
+def attack_culprit(a) -> tuple:
+    """The field of an attack entry (a :class:`~.spec.AttackEntry`) that :func:`create` refuses: ``("options", key)``,
+    ``("preset",)`` or ``()``."""
+    from ...attacks import create as create_attack
+
+    unknown = next((k for k in a.options if k not in _attack_fields(a.name)), None)
+    if unknown is not None:
+        return ("options", unknown)
+    if a.preset is not None:
+        try:
+            create_attack(a.name, preset=a.preset)
+        except (LeakbenchError, ValueError, TypeError):
+            return ("preset",)
+    for key, value in a.options.items():  # the first option that fails on its own (with the preset)
+        try:
+            create_attack(a.name, preset=a.preset, **{key: value})
+        except (LeakbenchError, ValueError, TypeError):
+            return ("options", key)
+    return ("options",) if a.options else ()
+
+
+def rule_values(spec) -> dict[str, set[str]]:
+    """Per rule key, the values a rule can match in ``spec`` (names and labels, as text)."""
+    defenses = spec.defense_specs()
+    refs = [e for e in spec.membership if e.reference]
+    defenses = [*defenses, *(d for e in refs for d in e.defense_specs(spec.defense_specs()))]
+    families = {family_of(d)[0] for d in defenses}
+    return {"dataset": {v for d in [*spec.datasets, *(e.dataset for e in refs)] for v in (d.name, d.key)},
+            "model": {v for m in [*spec.models, *(e.model for e in refs)] for v in (m.spec, m.key)},
+            "attack": {v for a in [*spec.attacks, *(a for e in refs for a in e.attack_list)] for v in (a.name, a.key)},
+            "defense": set(defenses) | families,
+            "batch_size": {str(b) for b in spec.batch_sizes},
+            "seed": {str(s) for s in [*spec.seeds, *(s for e in refs for s in e.seeds)]},
+            "round": {str(r) for m in spec.models if m.federated is not None for r in m.federated.rounds}}
+
+
+def check_rule(spec, rule: Mapping[str, Any], kind: str, i: int, where: Source) -> None:
+    """Every value an include/exclude rule names must match something in the spec (a typo selects nothing)."""
+    known = rule_values(spec)
+    if not rule:
+        raise ConfigError(f"{where.where((kind, i))}: an empty rule {{}} matches every trial; name at least one of "
+                          f"{', '.join(RULE_KEYS)}")
+    for key, wanted in rule.items():
+        values = wanted if isinstance(wanted, list) else [wanted]
+        if not values:
+            raise ConfigError(f"{where.where((kind, i, key))}: an empty list matches no trial; give a value")
+        for value in values:
+            if str(value) not in known.get(key, set()):
+                raise ConfigError(f"{where.where((kind, i, key))}: {kind} rule value {value!r} matches no {key} of "
+                                  f"this spec, so the rule selects nothing; known: {', '.join(sorted(known[key])) or 'none'}")
