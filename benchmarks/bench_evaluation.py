@@ -19,7 +19,7 @@ import torch
 
 from leakbench.evaluation import Store, Sweep, evaluate, load_spec, plan, run_trial
 from leakbench.evaluation.running.images import save_trial_files
-from leakbench.evaluation.running.runners import PoolRunner
+from leakbench.evaluation.running.pool import PoolRunner
 
 from .common import table
 
@@ -74,7 +74,7 @@ def throughput(quick: bool) -> None:
         try:
             import ray  # noqa: F401
 
-            from leakbench.evaluation.running.runners import RayRunner
+            from leakbench.evaluation.running.ray_runner import RayRunner
 
             runner = RayRunner("local", num_cpus=2)
             t = time.perf_counter()

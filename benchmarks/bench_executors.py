@@ -4,8 +4,8 @@ The same sweep (Inverting Gradients on digits, ``cnn:3-8-2-1`` tanh, B = 1, one 
 lengths — about 0.03 s, 0.2 s and 3 s a trial (steps calibrated here) — run into a fresh store by
 
 - ``1 worker``: in this process (``--workers 1``);
-- ``pool ×2``: :class:`~leakbench.evaluation.running.runners.PoolRunner` with 2 long-lived workers;
-- ``Ray, 2 CPUs``: :class:`~leakbench.evaluation.running.runners.RayRunner` on a local cluster of 2 CPUs (2 actors);
+- ``pool ×2``: :class:`~leakbench.evaluation.running.pool.PoolRunner` with 2 long-lived workers;
+- ``Ray, 2 CPUs``: :class:`~leakbench.evaluation.running.ray_runner.RayRunner` on a local cluster of 2 CPUs (2 actors);
 - ``futures ×2`` (the library alternative, issue 32): :class:`concurrent.futures.ProcessPoolExecutor` with 2
   spawned workers, one trial a future, four in flight, results taken as they complete;
 - ``2 bare processes`` (the control): two independent spawned processes, each running half the trials
@@ -30,7 +30,8 @@ from pathlib import Path
 
 from leakbench.evaluation import Sweep
 from leakbench.evaluation.running.chunks import run_chunk
-from leakbench.evaluation.running.runners import InProcessRunner, PoolRunner, Runner
+from leakbench.evaluation.running.runner import InProcessRunner, Runner
+from leakbench.evaluation.running.pool import PoolRunner
 
 from .common import console, table
 
@@ -141,7 +142,7 @@ def _ray():
         import ray  # noqa: F401
     except ImportError:
         return None
-    from leakbench.evaluation.running.runners import RayRunner
+    from leakbench.evaluation.running.ray_runner import RayRunner
 
     return lambda: RayRunner("local", num_cpus=2).start(wait=True)
 

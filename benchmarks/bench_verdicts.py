@@ -22,7 +22,9 @@ import yaml
 
 from leakbench.evaluation import Sweep
 from leakbench.evaluation.spec.model.bundled import preset_path
-from leakbench.evaluation.verdicts.strongest import BUDGETS, privacy_utility, strongest, utility_table, verdicts
+from leakbench.evaluation.verdicts.rules import BUDGETS, privacy_utility, verdicts
+from leakbench.evaluation.verdicts.strongest import strongest
+from leakbench.evaluation.verdicts.utility import utility_table
 
 from .common import table
 

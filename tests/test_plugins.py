@@ -317,7 +317,7 @@ def test_a_yaml_sweep_with_a_plugin_runs_in_two_workers_into_the_report(plugin, 
 def test_a_plugin_named_by_path_runs_on_ray_actors(plugin, tmp_path):
     ray = pytest.importorskip("ray", reason="the ray extra is not installed")
     from leakbench.evaluation import Sweep
-    from leakbench.evaluation.running.runners import RayRunner
+    from leakbench.evaluation.running.ray_runner import RayRunner
 
     name, tag, path = plugin()
     plugins.load([str(path)], source="--plugin")

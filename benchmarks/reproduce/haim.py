@@ -27,7 +27,7 @@ import time
 
 import leakbench as lb
 from leakbench.analysis.stationarity import kkt_residual
-from leakbench.evaluation.trials.trial import draw_excluding
+from leakbench.evaluation.trials.controls import draw_excluding
 from leakbench.metrics.voting import vote
 from leakbench.models.targets import train_target
 from leakbench.threat import observe_weights

@@ -26,7 +26,9 @@ from pathlib import Path
 
 from leakbench.evaluation import Sweep
 from leakbench.evaluation.verdicts.stats import paired_bootstrap
-from leakbench.evaluation.verdicts.strongest import BUDGETS, privacy_utility, strongest, utility_table, verdicts
+from leakbench.evaluation.verdicts.rules import BUDGETS, privacy_utility, verdicts
+from leakbench.evaluation.verdicts.strongest import strongest
+from leakbench.evaluation.verdicts.utility import utility_table
 
 from .common import Quote, table
 

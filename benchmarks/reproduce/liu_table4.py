@@ -24,7 +24,7 @@ import torch
 
 import leakbench as lb
 from leakbench.errors import NothingRecovered
-from leakbench.evaluation.trials.trial import public_sample
+from leakbench.evaluation.trials.controls import public_sample
 from leakbench.models import malicious
 
 from .common import Quote, grey, held_out_images, noise_observation, paper_vs_ours, score

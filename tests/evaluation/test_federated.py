@@ -16,7 +16,9 @@ from leakbench.evaluation.training.federated import Run, checkpoint, client_batc
 from leakbench.evaluation.trials.plan import plan, split_round
 from leakbench.evaluation.verdicts.rounds import round_table, sentence
 from leakbench.evaluation.spec.model import load_spec
-from leakbench.evaluation.verdicts.strongest import privacy_utility, strongest, utility_table, verdicts
+from leakbench.evaluation.verdicts.rules import privacy_utility, verdicts
+from leakbench.evaluation.verdicts.strongest import strongest
+from leakbench.evaluation.verdicts.utility import utility_table
 
 CONFIG = {"clients": 3, "partition": "iid", "alpha": 0.5, "local_epochs": 1, "batch_size": 8, "lr": 0.1,
           "client_samples": None, "test_fraction": 0.2, "public": 12}

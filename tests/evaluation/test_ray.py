@@ -6,7 +6,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'leakbench[ray]')")
 
 from leakbench.evaluation import Store, Sweep, evaluate  # noqa: E402
-from leakbench.evaluation.running.runners import RayRunner  # noqa: E402
+from leakbench.evaluation.running.ray_runner import RayRunner  # noqa: E402
 from leakbench.evaluation.trials.trial import TrialSpec  # noqa: E402
 from leakbench.evaluation.running.workers import ray_device  # noqa: E402
 

@@ -10,7 +10,9 @@ import pytest
 from leakbench.errors import ConfigError
 from leakbench.evaluation import Store, Sweep, evaluate, load_spec, plan
 from leakbench.evaluation.running.chunks import CPU_STACK, batch_group, stack_size
-from leakbench.evaluation.running.runners import ChunkSizer, PoolRunner, make_runner
+from leakbench.evaluation.running.runner import ChunkSizer
+from leakbench.evaluation.running.pool import PoolRunner
+from leakbench.evaluation.running.runners import make_runner
 from leakbench.evaluation.trials.trial import TrialResult
 from leakbench.evaluation.running.workers import die_with_parent
 

@@ -11,8 +11,10 @@ import pytest
 
 from leakbench.evaluation import privacy_utility, strongest, utility_table
 from leakbench.evaluation.trials.plan import defense_family
-from leakbench.evaluation.verdicts.strongest import (BUDGETS, PrivacyUtilityPoint, membership_table, pareto_front,
-    roc_curve, threat_model, utility_for, verdicts, weights_table)
+from leakbench.evaluation.verdicts.rules import BUDGETS, PrivacyUtilityPoint, pareto_front, verdicts
+from leakbench.evaluation.verdicts.weights import membership_table, roc_curve, weights_table
+from leakbench.evaluation.verdicts.rows import threat_model
+from leakbench.evaluation.verdicts.utility import utility_for
 
 
 def row(attack, defense, b, rmse, psnr=None, ssim=None, status="done", error=None, dataset="d", model="m",

@@ -14,8 +14,10 @@ from leakbench.evaluation.running.run import run_trial
 from leakbench.evaluation.spec.model import load_spec
 from leakbench.evaluation.verdicts.stats import bootstrap_mean
 from leakbench.evaluation.store import Store
-from leakbench.evaluation.verdicts.strongest import privacy_utility, strongest, utility_table, verdicts
-from leakbench.evaluation.trials.trial import TEXT_METRICS
+from leakbench.evaluation.verdicts.rules import privacy_utility, verdicts
+from leakbench.evaluation.verdicts.strongest import strongest
+from leakbench.evaluation.verdicts.utility import utility_table
+from leakbench.evaluation.trials.attack import TEXT_METRICS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,8 +9,9 @@ import torch
 
 from leakbench.errors import ConfigError
 from leakbench.evaluation import Sweep, load_spec, plan, run_trial
-from leakbench.evaluation.trials.trial import (TrialSpec, apply_server, batch_for, dataset_for, model_for,
-    public_sample)
+from leakbench.evaluation.trials.trial import TrialSpec
+from leakbench.evaluation.trials.inputs import apply_server, batch_for, dataset_for, model_for
+from leakbench.evaluation.trials.controls import public_sample
 from leakbench.models.malicious import ImprintBlock, RandomFeatureHead, find_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -213,7 +214,7 @@ def test_old_trial_keys_are_unchanged_by_the_new_fields():
 
 
 def test_chance_scores_are_those_of_a_flat_grey_image():
-    from leakbench.evaluation.trials.trial import chance_scores
+    from leakbench.evaluation.trials.controls import chance_scores
 
     trial = _trial(SERVER, model_key="honest", attack="fc-inversion")
     data = dataset_for(trial)

@@ -73,7 +73,7 @@ def test_a_revised_preset_is_a_new_trial_and_an_unrevised_one_keeps_its_key(tria
 
 
 def test_batches_cover_the_same_images_for_every_batch_size(trials):
-    from leakbench.evaluation.trials.trial import batch_for, dataset_for
+    from leakbench.evaluation.trials.inputs import batch_for, dataset_for
 
     trial = trials[("cnn:3-4-2-1", "inverting-gradients")]
     data = dataset_for(trial)
@@ -151,7 +151,7 @@ def test_per_image_chance_averages_to_the_batch_chance():
     import math
 
     import leakbench as lb
-    from leakbench.evaluation.trials.trial import chance_per_sample, chance_scores, constant_output
+    from leakbench.evaluation.trials.controls import chance_per_sample, chance_scores, constant_output
 
     data = lb.load("digits", size=8)
     x, _ = data.batch(5, seed=1)
@@ -181,7 +181,8 @@ def test_a_utility_run_that_ends_above_its_untrained_loss_is_diverged_not_failed
 
 
 def test_an_attack_trial_stores_iip_and_registered_psnr_beside_their_chance(trials):
-    from leakbench.evaluation.trials.trial import IIP_POOL, dataset_for, identification_pool
+    from leakbench.evaluation.trials.controls import IIP_POOL, identification_pool
+    from leakbench.evaluation.trials.inputs import dataset_for
 
     spec = TrialSpec(**{**trials[("mlp:20", "fc-inversion")].to_dict(), "defense": "none", "batch_size": 1})
     result = run_trial(spec)

@@ -6,8 +6,9 @@ import math
 import numpy as np
 
 from leakbench.evaluation import Store, TrialResult, TrialSpec
-from leakbench.evaluation.verdicts.strongest import (BUDGETS, INCOMPLETE, privacy_utility, strongest, utility_table,
-    verdicts)
+from leakbench.evaluation.verdicts.rules import BUDGETS, privacy_utility, verdicts
+from leakbench.evaluation.verdicts.strongest import INCOMPLETE, strongest
+from leakbench.evaluation.verdicts.utility import utility_table
 
 CHANCE = 0.30
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from leakbench.evaluation.verdicts.strongest import THREAT_MODELS
+from leakbench.evaluation.trials.trial import THREAT_MODELS
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_report.py"
 spec = importlib.util.spec_from_file_location("check_report", SCRIPT)

@@ -7,7 +7,8 @@ import sqlite3
 import pytest
 
 from leakbench.evaluation import Sweep
-from leakbench.evaluation.verdicts.strongest import invalid_result, strongest, usable
+from leakbench.evaluation.verdicts.rows import invalid_result, usable
+from leakbench.evaluation.verdicts.strongest import strongest
 from leakbench.report import write_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,7 +15,8 @@ from matplotlib.text import Text
 
 from leakbench.evaluation import Store
 from leakbench.evaluation.running.images import save_trial_files
-from leakbench.evaluation.verdicts.strongest import THREAT_MODELS, strongest
+from leakbench.evaluation.trials.trial import THREAT_MODELS
+from leakbench.evaluation.verdicts.strongest import strongest
 from leakbench.evaluation.trials.trial import TrialResult, TrialSpec
 from leakbench.report import write_report
 from leakbench.report.plots import pareto_plot, plain, roc_plot, sd_heatmap
@@ -243,7 +244,8 @@ def test_plain_escapes_mathtext():
 
 
 def test_plots_draw_dollar_labels(tmp_path):
-    from leakbench.evaluation.verdicts.strongest import PrivacyUtilityPoint, Strongest
+    from leakbench.evaluation.verdicts.rules import PrivacyUtilityPoint
+    from leakbench.evaluation.verdicts.strongest import Strongest
 
     best = [Strongest(dataset=DATASET, model="m", defense="none", batch_size=1, attack=CRASH, rmse=0.1, psnr=20.0,
                       ssim=None)]
@@ -269,7 +271,8 @@ def test_numbers_and_file_names():
 
 def test_verdict_sentence_states_decision_margin_and_n():
     from leakbench.evaluation.verdicts.stats import Interval
-    from leakbench.evaluation.verdicts.strongest import INCOMPLETE, Verdict
+    from leakbench.evaluation.verdicts.strongest import INCOMPLETE
+    from leakbench.evaluation.verdicts.rules import Verdict
     from leakbench.report.verdict_text import summary_sentence, verdict_table
 
     def v(b, status, defense, tied=(), n=12, incomplete=None):

@@ -23,7 +23,8 @@ from ..defenses import parse as parse_defense
 from ..errors import ConfigError, LeakbenchError, UnsupportedThreatModel
 from ..evaluation.running.preflight import MAX_ATTACK_WORK, attack_work
 from ..evaluation.running.run import run_trial
-from ..evaluation.trials.trial import TrialSpec, dataset_for
+from ..evaluation.trials.trial import TrialSpec
+from ..evaluation.trials.inputs import dataset_for
 from ..losses import LOSSES
 from ..metrics import score_columns
 from ..models import MODELS, parse_spec

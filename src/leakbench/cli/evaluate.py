@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from ..models.custom import add_code_paths, deferred_imports
 from ..evaluation import Store, Sweep, SweepSummary, load_spec, strongest
 from ..evaluation.running.preflight import check_size, preflight
-from ..evaluation.spec.model import MAX_STACK
+from ..evaluation.spec.entries import MAX_STACK
 from ..evaluation.spec.check import MAX_TRIALS
 from ..evaluation.verdicts.strongest import Strongest
 from ..plugins import loaded
@@ -73,7 +73,8 @@ def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
 
 def verdict_texts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The report's summary verdict per gradient threat model, dataset and model, as plain text."""
-    from ..evaluation.verdicts.strongest import privacy_utility, utility_table
+    from ..evaluation.verdicts.rules import privacy_utility
+    from ..evaluation.verdicts.utility import utility_table
     from ..report.verdict_text import summaries
 
     out = []
@@ -155,7 +156,7 @@ def _checked(spec: Path, *, stack: int | None, yes: bool, defenses: Sequence[str
     """The spec read, with --defense, --stack and --yes applied, and its preflight."""
     sweep_spec = load_spec(spec)
     if defenses:
-        from ..evaluation.spec.model import DefenseEntry
+        from ..evaluation.spec.entries import DefenseEntry
 
         sweep_spec = load_spec(sweep_spec.model_copy(update={
             "defenses": [*sweep_spec.defenses, *(DefenseEntry(spec=d) for d in defenses)]}))

@@ -30,7 +30,9 @@ from .running.eta import CostEstimate, probes_first
 from .running.images import save_trial_files
 from .trials.plan import plan
 from .running.preflight import check_size, preflight
-from .running.runners import Runner, capped_workers, in_spawned_main, make_runner, refuse_unguarded_main
+from .running.runner import Runner
+from .running.runners import capped_workers, make_runner
+from .running.guard import in_spawned_main, refuse_unguarded_main
 from .spec.model import SweepSpec, dump_spec, load_spec
 from .store import RETRYABLE, Store
 from .trials.trial import SWEEP_BUDGET, TrialResult, TrialSpec, worker_id
@@ -217,7 +219,7 @@ class Sweep:
         """``replicate: auto``: add batches to the cells whose verdict is still open, round by round (resumable:
         trials added by an earlier run and still pending run first)."""
         from .verdicts.replicate import more_trials, open_cells
-        from .trials.trial import dataset_for
+        from .trials.inputs import dataset_for
 
         rep = self.spec.replicate
         begun = time.perf_counter()  # replication's own clock: max_minutes is spent on replication rounds

@@ -16,8 +16,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from ..evaluation.verdicts.strongest import (BUDGETS, AttackScore, PrivacyUtilityPoint, Strongest, batch_size,
-    finite, npz_path, threat_model, usable, utility_for, utility_loss, verdicts)
+from ..evaluation.verdicts.rules import BUDGETS, PrivacyUtilityPoint, verdicts
+from ..evaluation.verdicts.strongest import AttackScore, Strongest
+from ..evaluation.verdicts.rows import batch_size, finite, npz_path, threat_model, usable
+from ..evaluation.verdicts.utility import utility_for, utility_loss
 from .grid import save_grid
 from .identify_section import attack_cell, identify_table
 from .markup import MISSING, esc, figure, hover, muted, num, slug, table

@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..evaluation.verdicts.strongest import finite
+from ..evaluation.verdicts.rows import finite
 from .attack_section import Drawn
 from .grid import save_grid
 from .markup import MISSING, esc, figure, muted, num, slug, table

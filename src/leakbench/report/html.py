@@ -29,8 +29,12 @@ from .. import __version__
 from ..errors import ConfigError
 from ..evaluation.membership.verdict import membership_defenses
 from ..evaluation.store import Store
-from ..evaluation.verdicts.strongest import (THREAT_MODELS, bounds_table, finite, invalid_result, is_public,
-    membership_table, privacy_utility, strongest, threat_model, usable, utility_table, weights_table)
+from ..evaluation.trials.trial import THREAT_MODELS
+from ..evaluation.verdicts.utility import bounds_table, utility_table
+from ..evaluation.verdicts.rows import finite, invalid_result, threat_model, usable
+from ..evaluation.verdicts.strongest import is_public, strongest
+from ..evaluation.verdicts.weights import membership_table, weights_table
+from ..evaluation.verdicts.rules import privacy_utility
 from .attack_section import Drawn, attack_section
 from .text_section import TEXT_CSS
 from .verdict_text import summaries

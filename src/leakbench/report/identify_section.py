@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..attacks import THREAT_TAGS, attack_tags
-from ..evaluation.verdicts.strongest import finite, threat_model, usable
+from ..evaluation.verdicts.rows import finite, threat_model, usable
 from .markup import MISSING, esc, hover, muted, num, table
 
 #: (score in a trial's metrics, its chance, column title, digits)

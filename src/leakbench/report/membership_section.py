@@ -22,7 +22,8 @@ import numpy as np
 from ..evaluation.membership.audit import epsilon_lower_bound
 from ..evaluation.membership.verdict import MembershipDefense, MembershipVerdict, membership_verdicts
 from ..evaluation.verdicts.stats import CONFIDENCE, MIN_N, Interval
-from ..evaluation.verdicts.strongest import finite, roc_curve
+from ..evaluation.verdicts.rows import finite
+from ..evaluation.verdicts.weights import roc_curve
 from .attack_section import Drawn
 from .markup import MISSING, esc, figure, hover, num, slug, table
 from .plots import roc_plot

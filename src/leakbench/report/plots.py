@@ -19,7 +19,9 @@ from matplotlib.colors import ListedColormap
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..evaluation.verdicts.strongest import PrivacyUtilityPoint, Strongest, finite, pareto_front
+from ..evaluation.verdicts.rules import PrivacyUtilityPoint, pareto_front
+from ..evaluation.verdicts.strongest import Strongest
+from ..evaluation.verdicts.rows import finite
 
 MARKERS = "osD^v<>PX*hp"
 #: the legend label of the Cramér–Rao value (it bounds unbiased estimators only).

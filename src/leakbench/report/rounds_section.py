@@ -17,7 +17,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..evaluation.verdicts.rounds import RoundRow, round_table
-from ..evaluation.verdicts.strongest import Strongest, finite
+from ..evaluation.verdicts.strongest import Strongest
+from ..evaluation.verdicts.rows import finite
 from .attack_section import Drawn
 from .markup import MISSING, esc, figure, hover, muted, num, slug, table
 from .plots import _save, plain

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..evaluation.trials.plan import defense_family
-from ..evaluation.verdicts.strongest import Strongest, batch_size, finite, threat_model, usable
+from ..evaluation.verdicts.strongest import Strongest
+from ..evaluation.verdicts.rows import batch_size, finite, threat_model, usable
 from ..metrics.scores import SCORES
 from .identify_section import attack_cell
 from .markup import MISSING, esc, hover, num, table

@@ -1,8 +1,8 @@
 """The report's text parts: the score table of a text setting and original against recovered sentences.
 
-A text trial (:func:`leakbench.evaluation.trials.trial.text_result`) stores token accuracy after Hungarian matching,
+A text trial (:func:`leakbench.evaluation.trials.attack.text_result`) stores token accuracy after Hungarian matching,
 ROUGE-1/2/L, the exact-sequence rate and the same scores of unigram draws (the chance level).  The verdict
-logic ranks by the token error 1 − token accuracy (:func:`leakbench.evaluation.verdicts.strongest.scored`); here every
+logic ranks by the token error 1 − token accuracy (:func:`leakbench.evaluation.verdicts.rows.scored`); here every
 number is shown as token accuracy again (higher = more leakage), with its 95 % bootstrap interval over batches
 (mirrored: the interval of 1 − error), n, and the chance level beside it.
 
@@ -22,7 +22,8 @@ import numpy as np
 
 from ..evaluation.spec.modality import is_mismatch
 from ..evaluation.verdicts.stats import Interval
-from ..evaluation.verdicts.strongest import AttackScore, Strongest, batch_size, finite, npz_path, threat_model
+from ..evaluation.verdicts.strongest import AttackScore, Strongest
+from ..evaluation.verdicts.rows import batch_size, finite, npz_path, threat_model
 from .markup import MISSING, esc, hover, muted, num, table
 from .score_table import ordered_defenses
 

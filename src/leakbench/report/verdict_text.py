@@ -1,6 +1,6 @@
 """The verdict in words: one short sentence per threat model for the summary, and the per-B table behind it.
 
-Every sentence carries the decision (:data:`~leakbench.evaluation.verdicts.strongest.VERDICT_STATUSES`), its margin and
+Every sentence carries the decision (:data:`~leakbench.evaluation.verdicts.rules.VERDICT_STATUSES`), its margin and
 the n it rests on; the table gives each batch size and budget with S_D ± its interval, the utility loss ± its
 interval over training seeds, the defenses tied with (or equivalent to) the pick, and those excluded because
 their training diverged.
@@ -11,7 +11,8 @@ import math
 from collections.abc import Sequence
 
 from ..evaluation.verdicts.stats import MIN_N, Interval
-from ..evaluation.verdicts.strongest import PrivacyUtilityPoint, Verdict, finite, verdicts
+from ..evaluation.verdicts.rules import PrivacyUtilityPoint, Verdict, verdicts
+from ..evaluation.verdicts.rows import finite
 from .markup import MISSING, esc, hover, num, table
 
 #: the budget whose verdict the report's summary (and the terminal) quotes.

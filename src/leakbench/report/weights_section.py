@@ -19,8 +19,8 @@ from scipy.stats import fisher_exact
 
 from ..errors import ConfigError
 from ..evaluation.verdicts.stats import auc_interval, binomial, measurable_fpr
-from ..evaluation.verdicts.strongest import (SSIM_THRESHOLDS, MembershipScore, WeightsSummary, finite, npz_path,
-    roc_curve)
+from ..evaluation.verdicts.weights import SSIM_THRESHOLDS, MembershipScore, WeightsSummary, roc_curve
+from ..evaluation.verdicts.rows import finite, npz_path
 from .attack_section import Drawn
 from .grid import save_grid
 from .markup import MISSING, esc, figure, hover, num, pct, slug, table

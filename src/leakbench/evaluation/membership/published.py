@@ -32,12 +32,10 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
+from ..verdicts.weights import SSIM_THRESHOLDS
 
-__all__ = ["target_for", "nonmembers_for", "weights_scores", "weights_trial", "membership_trial",
-           "SSIM_THRESHOLDS", "EXPLODED"]
+__all__ = ["target_for", "nonmembers_for", "weights_scores", "weights_trial", "membership_trial", "EXPLODED"]
 
-#: thresholds of the SSIM counts (Haim et al. report SSIM ≥ 0.4 and 0.6).
-SSIM_THRESHOLDS = (0.4, 0.6)
 #: a candidate further than this many data boxes from the box has exploded.
 EXPLODED = 100.0
 
@@ -102,7 +100,7 @@ def target_for(spec, cache_dir: str | Path | None = None):
 
 def nonmembers_for(target, data, count: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``count`` samples of ``data`` (its kept classes) that are not training points of ``target``, seeded."""
-    from ..trials.trial import draw_excluding
+    from ..trials.controls import draw_excluding
 
     idx = draw_excluding(data.images, target.x, count, seed=int(seed) + 31337)
     return data.images[idx.to(data.images.device)], data.labels[idx.to(data.labels.device)]
@@ -150,7 +148,8 @@ def target_refusal(target) -> str | None:
 def weights_trial(spec, clock, cache_dir) -> Any:
     """Train (or load) the target, attack its weights, score the candidates with their control."""
     from ...threat import observe_weights
-    from ..trials.trial import TrialResult, run_attack
+    from ..trials.trial import TrialResult
+    from ..trials.attack import run_attack
 
     target, data = target_for(spec, cache_dir)
     clock.lap("target")

@@ -26,7 +26,8 @@ import torch
 
 from ...errors import ConfigError
 from ..verdicts.stats import auc_interval, measurable_fpr
-from ..trials.trial import TrialResult, TrialSpec, dataset_for
+from ..trials.trial import TrialResult, TrialSpec
+from ..trials.inputs import dataset_for
 
 __all__ = ["pool_for", "recipe_for", "reference_trial", "FPRS"]
 

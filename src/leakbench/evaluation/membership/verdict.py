@@ -35,7 +35,9 @@ import numpy as np
 
 from ..trials.plan import defense_family
 from ..verdicts.stats import CONFIDENCE, EMPTY, MIN_N, SEED, Interval, binomial, measurable_fpr, paired_t
-from ..verdicts.strongest import BUDGETS, UtilityLoss, finite
+from ..verdicts.rules import BUDGETS
+from ..verdicts.utility import UtilityLoss
+from ..verdicts.rows import finite
 
 __all__ = ["MembershipAttack", "MembershipDefense", "MembershipVerdict", "membership_rows", "membership_defenses",
            "membership_verdicts", "auc_bootstrap", "is_reference", "FPRS", "AUC_RESAMPLES"]

@@ -117,7 +117,7 @@ def cuda_stack(obs, device: torch.device) -> int:
 def observation_for(spec: TrialSpec, cache_dir) -> Any:
     """The observation attack trial ``spec`` attacks (as :func:`~.run.run_trial` computes it: same seeds)."""
     from ...threat import observe
-    from ..trials.trial import apply_server, batch_for, dataset_for, model_for, observed_defense
+    from ..trials.inputs import apply_server, batch_for, dataset_for, model_for, observed_defense
 
     device = torch.device(spec.device)
     data = dataset_for(spec)
@@ -199,7 +199,7 @@ def _attack_group(trials: list[TrialSpec], cache_dir) -> dict[str, Any]:
 
 
 def _utility_group(trials: list[TrialSpec], cache_dir) -> dict[str, Any]:
-    from ..trials.trial import utility_arguments
+    from ..trials.kinds import utility_arguments
     from ..training.utility import utility_seeds
 
     arguments = utility_arguments(trials[0], cache_dir)

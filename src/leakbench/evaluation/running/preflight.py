@@ -326,7 +326,8 @@ def _threat_variants(spec: SweepSpec) -> list[dict[str, Any]]:
 
 def _server_model(spec: SweepSpec, entry, j: int, model, data, where: str):
     """The model the server ships, built once (a bad option value or too little public data fails here)."""
-    from ..trials.trial import TrialSpec, apply_server
+    from ..trials.trial import TrialSpec
+    from ..trials.inputs import apply_server
 
     name, options = entry.server.move
     largest = max(spec.batch_sizes)

@@ -14,8 +14,9 @@ import torch
 from ... import plugins
 from ...errors import BudgetExceeded, LeakbenchError, UnsupportedThreatModel
 from ..membership import published, reference_trial
-from ..trials.trial import (KINDS, Clock, TrialResult, TrialSpec, attack_trial, bound_trial, non_finite,
-    trial_budget, utility_trial, worker_id)
+from ..trials.trial import KINDS, Clock, TrialResult, TrialSpec, non_finite, trial_budget, worker_id
+from ..trials.attack import attack_trial
+from ..trials.kinds import bound_trial, utility_trial
 
 def membership_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     """A membership trial: reference-model attacks on a trained target (:mod:`.reference_trial`) or the margin

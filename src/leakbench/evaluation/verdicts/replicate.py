@@ -18,7 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .stats import MIN_N, paired
-from .strongest import BUDGETS, PrivacyUtilityPoint, privacy_utility, strongest, utility_table, verdicts
+from .rules import BUDGETS, PrivacyUtilityPoint, privacy_utility, verdicts
+from .strongest import strongest
+from .utility import utility_table
 from ..trials.trial import TrialSpec
 
 Cell = tuple[str, str, str, int]  # (threat model, dataset label, model label, batch size)

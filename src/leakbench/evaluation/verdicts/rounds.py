@@ -22,7 +22,8 @@ from typing import Any
 
 from ..trials.plan import split_round
 from .stats import EMPTY, MIN_N, Interval, t_mean
-from .strongest import Strongest, finite, strongest
+from .strongest import Strongest, strongest
+from .rows import finite
 
 #: a row's status, in the order the report explains them
 ROUND_STATUSES = ("leaks", "holds", "undetermined", "open")

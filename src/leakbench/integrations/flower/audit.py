@@ -3,7 +3,7 @@
 One update θ_after − θ_before of a client that ran local SGD (:class:`~.keys.LocalTraining`) becomes
 an ``update`` observation through :meth:`leakbench.threat.Observation.from_update`; each attack named as in the
 CLI and sweep specs (registry name, ``preset``, ``options``, ``threat: {labels_known: true}``, ``label``)
-runs on it as :func:`leakbench.evaluation.trials.trial.run_attack` runs it in a sweep trial.  With the client's
+runs on it as :func:`leakbench.evaluation.trials.attack.run_attack` runs it in a sweep trial.  With the client's
 real batch (simulation, or the client auditing itself) the reconstruction is scored after Hungarian
 matching (:func:`leakbench.compare`, Liu et al. 2024 eq. (1)) beside the chance control of a trial: a
 flat image at the population's mean pixel.  Without it (deployment) it is kept unscored with the attack's
@@ -54,7 +54,7 @@ def attack_choices(attacks: str | Mapping | Iterable[str | Mapping]) -> list[Att
     from pydantic import ValidationError
 
     from ...attacks import create
-    from ...evaluation.spec.model import AttackEntry
+    from ...evaluation.spec.entries import AttackEntry
 
     items = [attacks] if isinstance(attacks, (str, Mapping)) else list(attacks or [])
     if not items:
