@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from leakbench.data import files, load
+from leakbench.data import cifar, idx, load
 from leakbench.errors import ConfigError, DataNotFound
 
 RNG = np.random.default_rng(0)
@@ -108,8 +108,8 @@ def cifar_archive(tmp_path: Path) -> bytes:
 
 def test_cifar_download_extracts_checked_archive(tmp_path, monkeypatch):
     blob = cifar_archive(tmp_path)
-    spec = dict(files._CIFAR["cifar10"], md5=hashlib.md5(blob).hexdigest())
-    monkeypatch.setitem(files._CIFAR, "cifar10", spec)
+    spec = dict(cifar._CIFAR["cifar10"], md5=hashlib.md5(blob).hexdigest())
+    monkeypatch.setitem(cifar._CIFAR, "cifar10", spec)
     urls = []
     monkeypatch.setattr(urllib.request, "urlopen", lambda req, timeout: urls.append(req.full_url) or io.BytesIO(blob))
     root = tmp_path / "root"
@@ -187,17 +187,17 @@ def test_fashion_mnist_in_torchvision_layout(tmp_path):
 def test_read_idx_types_and_corruption(tmp_path):
     floats = np.arange(6, dtype=">f4").reshape(2, 3)
     (tmp_path / "f").write_bytes(bytes([0, 0, 0x0D, 2]) + np.array([2, 3], ">u4").tobytes() + floats.tobytes())
-    out = files.read_idx(tmp_path / "f")
+    out = idx.read_idx(tmp_path / "f")
     assert out.shape == (2, 3) and out.dtype == np.float32 and out.tolist() == floats.tolist()
     (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04")
     with pytest.raises(ConfigError, match="magic"):
-        files.read_idx(tmp_path / "bad")
+        idx.read_idx(tmp_path / "bad")
     (tmp_path / "short").write_bytes(idx_bytes(np.zeros((2, 2, 2)))[:-1])
     with pytest.raises(ConfigError, match="expected 8"):
-        files.read_idx(tmp_path / "short")
+        idx.read_idx(tmp_path / "short")
     (tmp_path / "broken.gz").write_bytes(b"not gzip")
     with pytest.raises(ConfigError, match="cannot read"):
-        files.read_idx(tmp_path / "broken.gz")
+        idx.read_idx(tmp_path / "broken.gz")
 
 
 # ------------------------------------------------------------------ folder
@@ -298,7 +298,7 @@ def test_npz_errors(tmp_path):
 
 @pytest.mark.skipif(not BENCHMARK_NPZ.is_file(), reason="benchmark file absent (only on the project machine)")
 def test_benchmark_cifar10_npz():
-    data = load("npz", path=BENCHMARK_NPZ, classes=files.CIFAR10_CLASSES)
+    data = load("npz", path=BENCHMARK_NPZ, classes=cifar.CIFAR10_CLASSES)
     assert len(data) == 1000 and data.shape == (3, 32, 32) and data.classes[9] == "truck"
     assert data.class_counts().tolist() == [100] * 10
     assert 0.4 < float(data.images.mean()) < 0.6

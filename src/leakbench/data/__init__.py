@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..registry import Registry
-from . import files, offline, text as _text
+from . import cifar, files, folder, idx, offline, text as _text
 from .dataset import ImageDataset
 from .text import TextDataset
 
@@ -36,11 +36,11 @@ DATASETS.register("digits", offline.digits, info=DatasetInfo(offline=True))
 DATASETS.register("photos", offline.photos, info=DatasetInfo(offline=True))
 DATASETS.register("sphere", offline.sphere, info=DatasetInfo(offline=True))
 DATASETS.register("gaussian-mixture", offline.gaussian_mixture, info=DatasetInfo(offline=True))
-DATASETS.register("cifar10", files.cifar10, info=DatasetInfo(offline=False))
-DATASETS.register("cifar100", files.cifar100, info=DatasetInfo(offline=False))
-DATASETS.register("mnist", files.mnist, info=DatasetInfo(offline=False))
-DATASETS.register("fashion-mnist", files.fashion_mnist, info=DatasetInfo(offline=False))
-DATASETS.register("folder", files.folder, info=DatasetInfo(offline=False))
+DATASETS.register("cifar10", cifar.cifar10, info=DatasetInfo(offline=False))
+DATASETS.register("cifar100", cifar.cifar100, info=DatasetInfo(offline=False))
+DATASETS.register("mnist", idx.mnist, info=DatasetInfo(offline=False))
+DATASETS.register("fashion-mnist", idx.fashion_mnist, info=DatasetInfo(offline=False))
+DATASETS.register("folder", folder.folder, info=DatasetInfo(offline=False))
 DATASETS.register("npz", files.npz, info=DatasetInfo(offline=False))
 DATASETS.register("text", _text.text, info=DatasetInfo(offline=True, modality="text"))
 
