@@ -102,7 +102,7 @@ def cifar(quick: bool) -> None:
     if not CIFAR_NPZ.exists():
         table("CIFAR-10 as 3 072-vectors", ["skipped"], [(f"{CIFAR_NPZ} absent",)])
         return
-    from leakbench.data.files import CIFAR10_CLASSES
+    from leakbench.data.cifar import CIFAR10_CLASSES
 
     data = lb.load("npz", path=str(CIFAR_NPZ), classes=list(CIFAR10_CLASSES))
     model = lb.build("mlp:1000", input_shape=data.shape, classes=10, seed=0)

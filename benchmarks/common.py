@@ -30,7 +30,7 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]], 
 def benchmark_images(count: int, *, seed: int = 0) -> tuple[lb.ImageDataset, str]:
     """CIFAR-10 test images from ../shared/data when present, else bundled photo patches; says which."""
     if CIFAR_NPZ.exists():
-        from leakbench.data.files import CIFAR10_CLASSES
+        from leakbench.data.cifar import CIFAR10_CLASSES
 
         ds = lb.load("npz", path=str(CIFAR_NPZ), classes=list(CIFAR10_CLASSES))
         source = f"CIFAR-10 test images from {CIFAR_NPZ.relative_to(CIFAR_NPZ.parents[2])}"

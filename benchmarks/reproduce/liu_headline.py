@@ -41,7 +41,7 @@ NOISE = [0.001, 0.01, 0.05, 0.1]
 def spec(*, full: bool) -> dict:
     """The sweep: the demo's eavesdropper on the paper's prune and noise grids at B = 4."""
     from benchmarks.common import CIFAR_NPZ
-    from leakbench.data.files import CIFAR10_CLASSES
+    from leakbench.data.cifar import CIFAR10_CLASSES
 
     data = ({"name": "npz", "options": {"path": str(CIFAR_NPZ), "classes": list(CIFAR10_CLASSES)}}
             if full and CIFAR_NPZ.exists()

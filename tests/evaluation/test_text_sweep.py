@@ -8,7 +8,7 @@ import torch
 
 import leakbench as lb
 from leakbench.errors import ConfigError
-from leakbench.evaluation.spec.model.modality import is_mismatch, pair_refusal
+from leakbench.evaluation.spec.modality import is_mismatch, pair_refusal
 from leakbench.evaluation.trials.plan import plan
 from leakbench.evaluation.running.run import run_trial
 from leakbench.evaluation.spec.model import load_spec
