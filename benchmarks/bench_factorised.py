@@ -17,7 +17,8 @@ import time
 import torch
 
 import leakbench as lb
-from leakbench.attacks.solvers.gradient_matching import GradientMatcher, MatchingSettings
+from leakbench.attacks.solvers.gradient_matching import GradientMatcher
+from leakbench.attacks.solvers.matching_settings import MatchingSettings
 from leakbench.models.malicious import random_head
 
 from .common import benchmark_images, table

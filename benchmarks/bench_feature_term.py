@@ -32,7 +32,7 @@ import torch
 import leakbench as lb
 from leakbench.attacks.gradient.liu2024 import Liu2024Matcher
 from leakbench.attacks.gradient.tensor_features import block_input, find_block
-from leakbench.attacks.solvers.gradient_matching import MatchingSettings
+from leakbench.attacks.solvers.matching_settings import MatchingSettings
 from leakbench.models.malicious import random_head
 
 from .common import benchmark_images, public_images, table

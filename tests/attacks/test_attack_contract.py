@@ -10,7 +10,7 @@ import torch
 
 import leakbench as lb
 from leakbench.attacks import ATTACKS, create
-from leakbench.attacks.solvers.gradient_matching import MatchingSettings
+from leakbench.attacks.solvers.matching_settings import MatchingSettings
 from leakbench.attacks.solvers.objectives import GradientDistance
 from leakbench.errors import ConfigError, UnsupportedThreatModel
 from leakbench.losses import get_loss

@@ -84,7 +84,8 @@ def _head_observation(*, train: bool = False, width: int = 600, spec: str = "con
 
 
 def _match(obs, labels, **settings):
-    from leakbench.attacks.solvers.gradient_matching import GradientMatcher, MatchingSettings
+    from leakbench.attacks.solvers.gradient_matching import GradientMatcher
+    from leakbench.attacks.solvers.matching_settings import MatchingSettings
 
     matcher = GradientMatcher(obs, MatchingSettings(iterations=6, trace_every=1, **settings))
     return matcher, matcher.run(labels, seed=0)
@@ -117,7 +118,8 @@ def test_factorising_falls_back_to_dense_where_it_cannot_stand_for_the_gradient(
     """Several local steps, a weight also used outside its module's call, a tied weight: dense, same results."""
     from torch import nn
 
-    from leakbench.attacks.solvers.gradient_matching import GradientMatcher, MatchingSettings
+    from leakbench.attacks.solvers.gradient_matching import GradientMatcher
+    from leakbench.attacks.solvers.matching_settings import MatchingSettings
 
     obs, _ = _head_observation(local_steps=2, local_lr=0.1)
     assert GradientMatcher(obs, MatchingSettings(factorise="on")).factorised == []
@@ -148,7 +150,7 @@ def test_factorising_falls_back_to_dense_where_it_cannot_stand_for_the_gradient(
 
 
 def test_auto_factorises_only_wide_layers_and_batched_restarts_stay_dense():
-    from leakbench.attacks.solvers.gradient_matching import FACTORISE_MIN
+    from leakbench.attacks.solvers.matching_settings import FACTORISE_MIN
 
     obs, y = _head_observation(width=5000, spec="mlp:64")
     matcher, _ = _match(obs, y)  # factorise="auto"

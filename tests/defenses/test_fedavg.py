@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import leakbench as lb
-from leakbench.attacks.solvers.gradient_matching import GradientMatcher, MatchingSettings
+from leakbench.attacks.solvers.gradient_matching import GradientMatcher
+from leakbench.attacks.solvers.matching_settings import MatchingSettings
 from leakbench.defenses import parse
 from leakbench.defenses.pipeline import minibatches, share
 from leakbench.errors import ConfigError

@@ -7,7 +7,8 @@ from .text import dager, lamp, tag, text_imprint  # noqa: F401  (registration)
 from .batch import attack_batch
 from .base import THREAT_TAGS, ATTACKS, Attack, Reconstruction, attack, attack_tags, create, preset_revision, register
 from .labels import idlg, label_counts, recover_labels
-from .solvers.gradient_matching import GradientMatcher, MatchingSettings
+from .solvers.gradient_matching import GradientMatcher
+from .solvers.matching_settings import MatchingSettings
 
 
 def names() -> list[str]:

@@ -226,7 +226,7 @@ def _positive_two_layer(seed, defense=None):
 def test_feature_term_enters_the_objective_with_a_plus_sign():
     """total − match is +α_f·R_feature (eq. 4): positive away from the features, zero at them."""
     from leakbench.attacks.gradient.liu2024 import Liu2024Matcher
-    from leakbench.attacks.solvers.gradient_matching import MatchingSettings
+    from leakbench.attacks.solvers.matching_settings import MatchingSettings
 
     x, obs = _positive_two_layer(0)
     matcher = Liu2024Matcher(obs, MatchingSettings(iterations=1, distance="cosine"), features=x,

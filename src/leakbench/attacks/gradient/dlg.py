@@ -12,7 +12,8 @@ from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
 from ..solvers.batched_matching import solve_observations
-from ..solvers.gradient_matching import GradientMatcher, MatchingSettings
+from ..solvers.gradient_matching import GradientMatcher
+from ..solvers.matching_settings import MatchingSettings
 
 DLG_PAPER = dict(distance="l2", optimizer="lbfgs", lr=1.0, iterations=300, soft_labels=True, init="randn",
                  box=False, signed=False, schedule="none", tv=0.0, trace_every=10)

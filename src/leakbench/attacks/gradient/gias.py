@@ -42,7 +42,8 @@ from ...models.custom import is_class_spec
 from ...models.prior import PUBLIC, PriorConfig, learned_generator, user_generator
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
-from ..solvers.gradient_matching import SCHEDULES, GradientMatcher, MatchingSettings, step_schedule
+from ..solvers.matching_settings import SCHEDULES, MatchingSettings, step_schedule
+from ..solvers.gradient_matching import GradientMatcher
 from ..labels import recover_labels
 from ..solvers.objectives import DISTANCES
 

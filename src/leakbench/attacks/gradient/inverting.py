@@ -28,7 +28,8 @@ from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
 from ..solvers.batched_matching import solve_observations
-from ..solvers.gradient_matching import GradientMatcher, MatchingSettings
+from ..solvers.gradient_matching import GradientMatcher
+from ..solvers.matching_settings import MatchingSettings
 
 # α_TV: the authors' reference implementation (inversefed, ConvNet on CIFAR-10) weighs TV by 1e-4
 # on standardised images.  TV of standardised images is TV/σ, so on [0, 1] pixels (σ = 0.25, the

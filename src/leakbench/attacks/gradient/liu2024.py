@@ -61,7 +61,8 @@ from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
 from ..solvers.batched_matching import solve_observations
-from ..solvers.gradient_matching import SCHEDULES, STEP_UNITS, GradientMatcher, MatchingSettings, step_schedule
+from ..solvers.matching_settings import SCHEDULES, STEP_UNITS, MatchingSettings, step_schedule
+from ..solvers.gradient_matching import GradientMatcher
 from ..solvers.objectives import layer_weights
 from ..solvers.feature_blocks import block_requirements, find_block
 from ..observed import shared_gradient

@@ -38,7 +38,8 @@ import torch
 from torch.func import functional_call
 
 from ...errors import LeakbenchError
-from .gradient_matching import GradientMatcher, MatchResult, step_schedule
+from .gradient_matching import GradientMatcher
+from .matching_settings import MatchResult, step_schedule
 from .objectives import gradient_distance, total_variation
 
 #: how the stacked objective is computed (``benchmarks/bench_batched.py`` measures both; the faster is default)
