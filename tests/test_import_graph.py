@@ -1,4 +1,5 @@
-"""No circles in leakbench's imports (shared/DESIGN.md: no two files import each other, not even lazily).
+"""No circles in leakbench's imports (shared/DESIGN.md: no two files import each other, not even lazily), no
+import that runs back up the floors of docs/architecture.md, and no file above 600 lines.
 
 The graph has one node per module of src/leakbench and an edge for every import of another leakbench
 module found anywhere in the file's syntax tree: at module level, inside functions, under
@@ -114,3 +115,91 @@ def test_leakbench_imports_run_one_way():
     found = circles(graph)
     assert not found, "import circles (each module → the modules of its circle it imports):\n" + "\n".join(
         _describe(graph, c) for c in found)
+
+
+#: the floors of leakbench's top-level modules and packages, ground floor first (docs/architecture.md): a module
+#: imports its own floor or the floors below.  The root package ``leakbench`` (its face, ``__version__``) is no floor.
+FLOORS = [
+    {"errors"},
+    {"plugins", "coerce", "budget", "progress", "text_batch", "_startup"},
+    {"registry"},
+    {"losses", "data", "metrics"},
+    {"models"},
+    {"defenses", "captured"},
+    {"threat"},
+    {"analysis"},
+    {"attacks"},
+    {"evaluation"},
+    {"report", "integrations"},
+    {"cli"},
+]
+#: the rooms inside a package, ground first: a room imports its own room or the rooms below; the package's
+#: ``__init__`` (its face) stands above them all.
+ROOMS = {
+    "attacks": [{"base", "batch", "labels", "observed"}, {"solvers"}, {"gradient", "trained", "text", "membership"}],
+    "evaluation": [{"training"}, {"spec"}, {"trials"}, {"verdicts"}, {"membership"}, {"running"}, {"store"},
+                   {"sweep"}],
+}
+MAX_LINES = 600
+
+
+def _rank(module: str, floors=FLOORS, rooms=ROOMS) -> tuple[int, int]:
+    parts = module.split(".")[1:]
+    floor = next(i for i, names in enumerate(floors) if parts[0] in names)
+    inner = rooms.get(parts[0])
+    if inner is None:
+        return floor, 0
+    if len(parts) == 1:
+        return floor, len(inner)
+    return floor, next(i for i, names in enumerate(inner) if parts[1] in names)
+
+
+def upward(graph: dict[str, set[str]], floors=FLOORS, rooms=ROOMS) -> list[str]:
+    """Every import from a lower floor (or room) to a higher one, as 'a → b'."""
+    found = []
+    for a, targets in sorted(graph.items()):
+        for b in sorted(targets):
+            if "." not in a or "." not in b:
+                continue
+            if _rank(b, floors, rooms) > _rank(a, floors, rooms):
+                found.append(f"{a} → {b}")
+    return found
+
+
+def test_every_module_stands_on_a_floor_and_in_a_room():
+    """A new top-level module or room must be placed in FLOORS / ROOMS (and in docs/architecture.md)."""
+    unplaced = []
+    for module in import_graph():
+        if module == "leakbench":
+            continue
+        try:
+            _rank(module)
+        except StopIteration:
+            unplaced.append(module)
+    assert unplaced == [], f"place these in FLOORS / ROOMS of tests/test_import_graph.py: {unplaced}"
+
+
+def test_the_checker_finds_an_import_that_runs_back_up():
+    graph = {"leakbench.low.a": {"leakbench.high.b"}, "leakbench.high.b": {"leakbench.low.a"},
+             "leakbench.pkg.ground": {"leakbench.pkg.top.c"}, "leakbench.pkg.top.c": {"leakbench.pkg.ground"}}
+    floors = [{"low"}, {"high"}, {"pkg"}]
+    rooms = {"pkg": [{"ground"}, {"top"}]}
+    assert upward(graph, floors, rooms) == ["leakbench.low.a → leakbench.high.b",
+                                            "leakbench.pkg.ground → leakbench.pkg.top.c"]
+
+
+def test_no_import_runs_back_up():
+    found = upward(import_graph())
+    assert found == [], "imports from a lower floor or room to a higher one:\n  " + "\n  ".join(found)
+
+
+def test_no_file_above_600_lines():
+    """Source files are split by job before they grow past 600 lines (the package and its benchmarks)."""
+    repo = ROOT.parents[1]
+    long = []
+    for folder in ("src", "benchmarks"):
+        for path in sorted((repo / folder).rglob("*.py")):
+            lines = len(path.read_text(encoding="utf-8").splitlines())
+            if lines > MAX_LINES:
+                long.append(f"{path.relative_to(repo)}: {lines}")
+    assert long == [], f"files above {MAX_LINES} lines (split them by job):\n  " + "\n  ".join(long)

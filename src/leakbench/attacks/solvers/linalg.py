@@ -6,7 +6,7 @@ torch 2.13's MKL 2024.2, ``gelsy`` returned different solutions for the same inp
 tensor method's Jennrich candidates (:mod:`.tensor_moments`), ranked by their least-squares fit, changed
 from run to run and ``tensor-features`` / ``liu2024`` trials on the random head gave different scores for
 one spec.  ``gelsd`` (SVD, the minimum-norm solution, also for a rank-deficient matrix) gave the same bits
-in every process (``tests/evaluation/test_reruns.py``).  On CUDA torch offers ``gels`` only.
+in every process (``tests/evaluation/running/test_reruns.py``).  On CUDA torch offers ``gels`` only.
 """
 from __future__ import annotations
 

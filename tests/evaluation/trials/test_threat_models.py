@@ -160,7 +160,7 @@ def test_membership_attack_names_are_checked():
         load_spec(spec)
     with pytest.raises(ConfigError, match="settings among known, leaked, bounded"):
         load_spec({**SERVER, "membership": [{"target": TARGET, "settings": ["guessed"]}]})
-    # the reference-model attacks run in entries with model: and dataset: (tests/evaluation/test_reference_trial.py)
+    # the reference-model attacks run in entries with model: and dataset: (tests/evaluation/membership/test_reference_trial.py)
     with pytest.raises(ConfigError, match=r"membership\[0\]\.attacks\[0\]\.name.*needs reference models"):
         load_spec({**SERVER, "attacks": [], "membership": [{"target": TARGET, "attacks": ["membership-lira"]}]})
 

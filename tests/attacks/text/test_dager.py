@@ -160,7 +160,7 @@ def test_encoder_batch_of_one(data):
     x, y = cls.batch(1, seed=2)
     rec = lb.attack("dager", lb.observe(model, x, y))
     assert scores(rec, x, data)["exact"] == 1.0
-    x2, y2 = cls.batch(2, seed=2)  # B > 1: the encoder search (tests/attacks/test_dager_encoder.py)
+    x2, y2 = cls.batch(2, seed=2)  # B > 1: the encoder search (tests/attacks/text/test_dager_encoder.py)
     assert scores(lb.attack("dager", lb.observe(model, x2, y2)), x2, data)["exact"] == 1.0
 
 
