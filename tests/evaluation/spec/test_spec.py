@@ -107,6 +107,42 @@ def test_bad_spec_names_line_field_and_fix(tmp_path, old, new, line, fragments):
     assert "\n" not in message
 
 
+def test_every_problem_of_a_spec_is_reported_in_one_line(tmp_path):
+    """One pass: a misspelt dataset, attack, defense and rule key are all named, first problem first."""
+    text = (GOOD.replace("  - name: digits\n", "  - name: digitz\n").replace("  - dlg\n", "  - dgl\n")
+            .replace("{prnue", "{prune").replace("{prune: [0.5, 0.9]}", "{prnue: [0.5, 0.9]}")
+            .replace("{attack: dlg, batch_size: 2}", "{atack: dlg}"))
+    with pytest.raises(ConfigError) as info:
+        load_spec(write(tmp_path, text))
+    message = str(info.value)
+    assert message.startswith("spec.yaml line 3, field datasets[0].name: unknown dataset 'digitz'"), message
+    assert "(and 3 more: " in message and "\n" not in message
+    order = [message.index(f) for f in ("datasets[0].name", "attacks[0].name", "defenses[1]", "exclude[0].atack")]
+    assert order == sorted(order), message
+    # each problem alone gives the same line as its part of the whole
+    alone = GOOD.replace("  - dlg\n", "  - dgl\n")
+    with pytest.raises(ConfigError) as one:
+        load_spec(write(tmp_path, alone))
+    assert str(one.value).split(" (and ")[0] in message
+
+
+def test_pydantic_problems_are_all_listed_too(tmp_path):
+    text = GOOD.replace("images: 2", "images: 0").replace("batch_sizes: [1, 2]", "batch_sizes: [1, 0]")
+    with pytest.raises(ConfigError) as info:
+        load_spec(write(tmp_path, text))
+    message = str(info.value)
+    assert "(and 1 more: " in message and "field images" in message and "field batch_sizes" in message, message
+
+
+def test_a_long_list_of_problems_is_counted_past_the_listed_ones(tmp_path):
+    text = GOOD.replace("defenses:\n  - none\n", "defenses:\n" + "".join(f"  - bad{i}\n" for i in range(9)))
+    with pytest.raises(ConfigError) as info:
+        load_spec(write(tmp_path, text))
+    message = str(info.value)
+    assert message.count("unknown defense") == 6 and "(and 8 more: " in message
+    assert message.endswith("; 3 more not listed)"), message
+
+
 def test_missing_file_and_non_mapping(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
         load_spec(tmp_path / "absent.yaml")

@@ -38,7 +38,7 @@ from ...errors import ConfigError
 from ...plugins import load as load_plugins
 from .entries import (MAX_SEED, MAX_STACK, MAX_THREADS, AttackEntry, DatasetEntry, DefenseEntry, ModelEntry, UtilityEntry,
                       _Strict)
-from .names import check_names
+from .names import MAX_LISTED, check_names
 from .source import Source as _Source
 from .source import pydantic_message, read_spec
 from .weights import MembershipEntry, WeightsEntry
@@ -178,10 +178,12 @@ def load_spec(source: str | Path | Mapping | SweepSpec, *, check: bool = True) -
     except RecursionError:
         raise ConfigError(f"{where.name}: nested too deeply to validate (RecursionError); flatten it") from None
     except ValidationError as err:
-        problems = [pydantic_message(e, SweepSpec) for e in err.errors()]
-        path, msg = problems[0]
-        more = f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})" if len(problems) > 1 else ""
-        raise ConfigError(f"{where.where(path)}: {msg}{more}") from None
+        problems = [f"{where.where(path)}: {msg}" for path, msg in (pydantic_message(e, SweepSpec)
+                                                                     for e in err.errors())]
+        more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:MAX_LISTED + 1])}" if len(problems) > 1 else ""
+        if len(problems) > MAX_LISTED + 1:
+            more += f"; {len(problems) - MAX_LISTED - 1} more not listed"
+        raise ConfigError(problems[0] + (more + ")" if more else "")) from None
     for i, name in enumerate(spec.plugins):  # before any name is resolved
         try:
             load_plugins([name], source="spec")

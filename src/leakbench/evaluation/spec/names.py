@@ -7,6 +7,8 @@ problem is one :class:`~leakbench.errors.ConfigError` naming the spec line and f
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,14 +21,25 @@ __all__ = ["check_names", "server_options", "attack_culprit", "check_rule", "rul
 
 
 def check_names(spec, where: Source | None = None) -> None:
-    """Resolve every name of ``spec`` (a validated :class:`~.spec.SweepSpec`) through the registries; a
-    :class:`ConfigError` naming the line otherwise."""
+    """Resolve every name of ``spec`` (a validated :class:`~.model.SweepSpec`) through the registries, in one pass.
+
+    The spec is checked entry by entry (each dataset, model, target, attack, defense, rule...): an entry stops at
+    its first problem, the next entry is checked all the same, and every problem found is reported in the one
+    :class:`ConfigError` line, first problem first: ``"<first> (and 2 more: <second>; <third>)"``.  The checks
+    that read several entries together (duplicate labels, data/model pairing) run once the entries are sound.
+    """
     where = where or Source("spec", {})
-    from ...attacks import ATTACKS, create as create_attack
-    from ...data import DATASETS, options as data_options
-    from ...defenses import parse as parse_defense
-    from ...losses import LOSSES
-    from ...models import parse_spec
+    problems: list[str] = []
+
+    @contextlib.contextmanager
+    def entry():
+        try:
+            yield
+        except ConfigError as err:
+            problems.append(str(err))
+        except (LeakbenchError, ValueError, TypeError):
+            if not problems:  # not a consequence of a problem already found: as before, it surfaces
+                raise
 
     def guard(path: tuple, fn, *args, **kwargs):
         try:
@@ -34,14 +47,41 @@ def check_names(spec, where: Source | None = None) -> None:
         except (LeakbenchError, ValueError, TypeError) as err:
             raise ConfigError(f"{where.where(path)}: {err}") from None
 
-    for i, d in enumerate(spec.datasets):
+    for unit in _units(spec, where, guard):
+        with entry():
+            unit()
+    if not problems:
+        for unit in _together(spec, where):
+            with entry():
+                unit()
+    if problems:
+        more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:MAX_LISTED + 1])}" if len(problems) > 1 else ""
+        if len(problems) > MAX_LISTED + 1:
+            more += f"; {len(problems) - MAX_LISTED - 1} more not listed"
+        raise ConfigError(problems[0] + (more + ")" if more else ""))
+
+
+#: problems listed after the first in the one error line; the rest are counted.
+MAX_LISTED = 5
+
+
+def _units(spec, where: Source, guard):
+    """The checks of one entry each, in the order of the spec's sections."""
+    from ...attacks import ATTACKS, create as create_attack
+    from ...data import DATASETS, options as data_options
+    from ...defenses import parse as parse_defense
+    from ...losses import LOSSES
+    from ...models import parse_spec
+
+    def dataset(i, d):
         guard(("datasets", i, "name"), DATASETS.get, d.name)
         accepted = data_options(d.name)
         for key in d.options:
             if key not in accepted:
                 raise ConfigError(f"{where.where(('datasets', i, 'options', key))}: unknown option {key!r} for "
                                   f"dataset {d.name!r}; accepted options: {', '.join(accepted)}")
-    for i, m in enumerate(spec.models):
+
+    def model(i, m):
         guard(("models", i, "spec"), parse_spec, m.spec)
         if m.server is not None:
             name, options = m.server.move
@@ -50,67 +90,91 @@ def check_names(spec, where: Source | None = None) -> None:
                 if key not in accepted:
                     raise ConfigError(f"{where.where(('models', i, 'server', name, key))}: unknown option {key!r} "
                                       f"for the server move {name!r}; accepted options: {', '.join(accepted)}")
-    for section in ("weights", "membership"):
-        for i, entry in enumerate(getattr(spec, section)):
-            if section == "membership" and entry.reference:
-                _check_reference(spec, entry, ("membership", i), where, guard)
-                continue
-            _check_target(entry.target, (section, i, "target"), where, guard)
-            attacks = entry.attack_list if section == "membership" else entry.attacks
-            for j, a in enumerate(attacks):
-                path = (section, i, "attacks", j)
-                if section == "membership":
-                    from ...attacks.membership import MEMBERSHIP_ATTACKS
 
-                    guard(path + ("name",), MEMBERSHIP_ATTACKS.get, a.name)
-                    if a.name != "membership-margin":
-                        raise ConfigError(f"{where.where(path + ('name',))}: {a.name!r} needs reference models: "
-                                          "give the membership entry model: and dataset: (and reference_models:) "
-                                          "instead of target:, which runs the margin attack on a two-layer net "
-                                          "(docs/membership.md)")
-                    guard(path + ("options",), MEMBERSHIP_ATTACKS.create, a.name, **a.options)
-                else:
-                    guard(path + ("name",), ATTACKS.get, a.name)
-                    guard(path, create_attack, a.name, preset=a.preset, **a.options)
-    for i, a in enumerate(spec.attacks):
+    def published(section, i, entry):
+        if section == "membership" and entry.reference:
+            _check_reference(spec, entry, ("membership", i), where, guard)
+            return
+        _check_target(entry.target, (section, i, "target"), where, guard)
+        attacks = entry.attack_list if section == "membership" else entry.attacks
+        for j, a in enumerate(attacks):
+            path = (section, i, "attacks", j)
+            if section == "membership":
+                from ...attacks.membership import MEMBERSHIP_ATTACKS
+
+                guard(path + ("name",), MEMBERSHIP_ATTACKS.get, a.name)
+                if a.name != "membership-margin":
+                    raise ConfigError(f"{where.where(path + ('name',))}: {a.name!r} needs reference models: "
+                                      "give the membership entry model: and dataset: (and reference_models:) "
+                                      "instead of target:, which runs the margin attack on a two-layer net "
+                                      "(docs/membership.md)")
+                guard(path + ("options",), MEMBERSHIP_ATTACKS.create, a.name, **a.options)
+            else:
+                guard(path + ("name",), ATTACKS.get, a.name)
+                guard(path, create_attack, a.name, preset=a.preset, **a.options)
+
+    def attack(i, a):
         path = ("attacks", i)
         guard(path + ("name",), ATTACKS.get, a.name)
         try:
             create_attack(a.name, preset=a.preset, **a.options)
         except (LeakbenchError, ValueError, TypeError) as err:
             raise ConfigError(f"{where.where(path + attack_culprit(a))}: {err}") from None
-    from .modality import check_modalities
+        guard(path + ("threat",), lambda: type(spec.threat)(**{**spec.threat.model_dump(), **a.threat}))
 
-    check_modalities(spec, where)
-    labels = [a.key for a in spec.attacks]
-    dup = next((k for k in labels if labels.count(k) > 1), None)
-    if dup is not None:
-        i = len(labels) - 1 - labels[::-1].index(dup)
-        raise ConfigError(f"{where.where(('attacks', i))}: attack {dup!r} is listed twice; "
-                          "give one of them a distinct label (label: ...)")
-    for i, d in enumerate(spec.defenses):
+    def defense(i, d):
         specs = guard(("defenses", i), d.expand)
         if not specs:
             raise ConfigError(f"{where.where(('defenses', i))}: the grid {dict(d.grid)} gives no defense setting; "
                               "list at least one value or remove the entry")
         for text in specs:
             guard(("defenses", i), parse_defense, text)
-    guard(("threat", "loss"), LOSSES.get, spec.threat.loss)
-    for i, a in enumerate(spec.attacks):
-        guard(("attacks", i, "threat"), lambda a=a: type(spec.threat)(**{**spec.threat.model_dump(), **a.threat}))
-    guard(("device",), _check_device, spec.device)
-    for kind in ("include", "exclude"):
-        for i, rule in enumerate(getattr(spec, kind)):
-            for key in rule:
-                if key not in RULE_KEYS:
-                    raise ConfigError(f"{where.where((kind, i, key))}: unknown rule key {key!r}; "
-                                      f"a rule may name: {', '.join(RULE_KEYS)}")
-            check_rule(spec, rule, kind, i, where)
-    if spec.utility is not None or any(m.training.epochs for m in spec.models):
+
+    def rule(kind, i, r):
+        for key in r:
+            if key not in RULE_KEYS:
+                raise ConfigError(f"{where.where((kind, i, key))}: unknown rule key {key!r}; "
+                                  f"a rule may name: {', '.join(RULE_KEYS)}")
+        check_rule(spec, r, kind, i, where)
+
+    def training():
         path = ("utility",) if spec.utility is not None else ("models",)
         guard(path, _needs_utility)
+
+    yield from (functools.partial(dataset, i, d) for i, d in enumerate(spec.datasets))
+    yield from (functools.partial(model, i, m) for i, m in enumerate(spec.models))
+    for section in ("weights", "membership"):
+        yield from (functools.partial(published, section, i, e) for i, e in enumerate(getattr(spec, section)))
+    yield from (functools.partial(attack, i, a) for i, a in enumerate(spec.attacks))
+    yield from (functools.partial(defense, i, d) for i, d in enumerate(spec.defenses))
+    yield lambda: guard(("threat", "loss"), LOSSES.get, spec.threat.loss)
+    yield lambda: guard(("device",), _check_device, spec.device)
+    for kind in ("include", "exclude"):
+        yield from (functools.partial(rule, kind, i, r) for i, r in enumerate(getattr(spec, kind)))
+    if spec.utility is not None or any(m.training.epochs for m in spec.models):
+        yield training
     if spec.bounds is not None and spec.bounds.cramer_rao:
-        guard(("bounds", "cramer_rao"), _needs_bounds)
+        yield lambda: guard(("bounds", "cramer_rao"), _needs_bounds)
+
+
+def _together(spec, where: Source):
+    """The checks that read several entries at once: attack labels are distinct; every dataset pairs with every
+    model (images with image models, text with text models)."""
+    def labels():
+        keys = [a.key for a in spec.attacks]
+        dup = next((k for k in keys if keys.count(k) > 1), None)
+        if dup is not None:
+            i = len(keys) - 1 - keys[::-1].index(dup)
+            raise ConfigError(f"{where.where(('attacks', i))}: attack {dup!r} is listed twice; "
+                              "give one of them a distinct label (label: ...)")
+
+    def modalities():
+        from .modality import check_modalities
+
+        check_modalities(spec, where)
+
+    yield modalities
+    yield labels
 
 
 def _check_reference(spec, entry, path: tuple, where: Source, guard) -> None:
