@@ -1,6 +1,13 @@
 """The verdict rules: privacy against utility per defense (:class:`PrivacyUtilityPoint`), the Pareto front, and
 :func:`verdicts` — per utility budget u in :data:`BUDGETS`, the cheapest defense that stops every attack, else
-the one with the highest S_D, with the defenses tied with it."""
+the one with the highest S_D, with the defenses tied with it.
+
+:func:`verdicts` answers, per utility budget u in :data:`BUDGETS` (the upper end of the utility-loss interval
+≤ u, plus "any cost"), which defense to pick: the cheapest of those that stop every attack (the rest listed as
+equivalent), otherwise the one with the highest S_D with every defense not significantly below it listed as
+tied.  Everything here is a pure function of rows as returned by :meth:`~.store.Store.rows`; missing keys take
+their defaults.
+"""
 from __future__ import annotations
 
 import math

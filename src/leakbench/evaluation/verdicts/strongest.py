@@ -1,4 +1,4 @@
-"""The strongest attack S_D per threat model and defense setting, with its n and interval; utility; the verdict.
+"""The strongest attack S_D per threat model and defense setting, with its n and interval.
 
 Liu et al. (2024), eq. (3): S_D = max over attacks A of the reconstruction quality d(S, A(D(G))).  As in the
 paper's Table 4, for each setting — (threat model, dataset, model, defense, batch size) — the strongest attack
@@ -22,18 +22,8 @@ A trial is *usable* when its status is ``done`` and its RMSE is finite.  Trials 
 (``failed``, ``n/a``, ``timed out``, ...) or a non-finite value are counted beside the attack's score
 (``failed``, with the reasons) and never averaged in; an attack with no usable trial is never selected.
 
-**Utility** (Table 5) is joined to a setting on (dataset, model, defense, batch size), falling back to batch
-size 0.  Several training seeds per setting: the utility loss is the increase of the final training loss over
-the undefended run *of the same seed* (paired), with a Student-t interval over seeds.  A gain is reported as
-measured (an interval that overlaps zero), never clamped.  A run is **diverged** when its training loss is not
-finite or ends above the untrained model's: it gets no utility number, never competes within a budget and is
-never placed on the utility axis.
-
-:func:`verdicts` answers, per utility budget u in :data:`BUDGETS` (the upper end of the utility-loss interval
-≤ u, plus "any cost"), which defense to pick: the cheapest of those that stop every attack (the rest listed as
-equivalent), otherwise the one with the highest S_D with every defense not significantly below it listed as
-tied.  Everything here is a pure function of rows as returned by :meth:`~.store.Store.rows`; missing keys take
-their defaults.
+Utility and its loss are in :mod:`.utility`, the verdict rules in :mod:`.rules`, the tables of published weights
+in :mod:`.weights`; everything here is a pure function of rows as returned by :meth:`~..store.Store.rows`.
 """
 from __future__ import annotations
 

@@ -1,6 +1,14 @@
 """Utility joined to a setting: the utility table of a sweep's training runs (Liu et al. 2024, Table 5), which
 runs diverged, the bounds table, and the utility loss against the undefended run of the same seed (paired, a
-Student-t interval over seeds)."""
+Student-t interval over seeds).
+
+**Utility** (Table 5) is joined to a setting on (dataset, model, defense, batch size), falling back to batch
+size 0.  Several training seeds per setting: the utility loss is the increase of the final training loss over
+the undefended run *of the same seed* (paired), with a Student-t interval over seeds.  A gain is reported as
+measured (an interval that overlaps zero), never clamped.  A run is **diverged** when its training loss is not
+finite or ends above the untrained model's: it gets no utility number, never competes within a budget and is
+never placed on the utility axis.
+"""
 from __future__ import annotations
 
 import math
@@ -10,8 +18,6 @@ from typing import Any
 
 from .rows import _mean, batch_size, finite, threat_model
 from .stats import EMPTY, Interval, paired, paired_t, t_mean
-
-# ----------------------------------------------------------------------------- utility
 
 UTILITY_METRICS = ("train_loss", "train_accuracy", "test_accuracy", "epsilon", "samples_seen")
 

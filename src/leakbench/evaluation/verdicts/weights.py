@@ -15,8 +15,6 @@ from .rows import _mean, _reason, finite
 SSIM_THRESHOLDS = (0.4, 0.6)
 
 
-# ----------------------------------------------------------------------------- published weights, membership
-
 
 @dataclass
 class WeightsSummary:
