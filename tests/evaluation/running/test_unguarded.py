@@ -30,7 +30,7 @@ def _script(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
 def test_an_unguarded_script_is_refused_before_any_worker_starts(tmp_path):
     done = _script(tmp_path, f"""
         import leakbench as lb
-        from leakbench.evaluation.running.runners import unguarded_main_call
+        from leakbench.evaluation.running.guard import unguarded_main_call
 
         def where():
             return unguarded_main_call()
@@ -56,9 +56,9 @@ def test_a_worker_that_re_runs_an_unguarded_call_exits_and_the_sweep_is_refused(
     # the parent's check switched off: the spawned workers re-run the call, exit at once, and the pool says why
     done = _script(tmp_path, f"""
         import leakbench as lb
-        from leakbench.evaluation import runners
+        from leakbench.evaluation.running import guard
 
-        runners.unguarded_main_call = lambda: None
+        guard.unguarded_main_call = lambda: None
         lb.evaluate({SPEC}, "r.db", workers=2)
         """)
     assert done.returncode == 1, done.stderr[-2000:]
