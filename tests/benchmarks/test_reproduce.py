@@ -117,7 +117,7 @@ def test_liu_headline_compares_only_matched_utility_pairs():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation" / "verdicts"))
     from test_verdicts import attack_rows, noisy, utility_rows
 
     headline = module("liu-headline")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from leakbench.cli.evaluate import verdict_texts
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation" / "verdicts"))
 from test_verdicts import attack_rows, noisy, utility_rows  # noqa: E402
 
 
