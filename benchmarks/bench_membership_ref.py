@@ -39,7 +39,7 @@ import torch
 
 import leakbench as lb
 from leakbench.evaluation.membership.reference import (Recipe, membership_rows, run_membership_attacks,
-    target_on_half, train_reference_models)
+                                                       target_on_half, train_reference_models)
 
 from .common import table
 

@@ -10,11 +10,11 @@ from scipy import special, stats
 
 import leakbench as lb
 from leakbench.attacks.membership import (MEMBERSHIP_ATTACKS, ReferenceOutputs, lira_scores, logit_confidence,
-    rmia_scores)
+                                          rmia_scores)
 from leakbench.attacks.membership.reference import loss_scores, rmia_marginal
 from leakbench.errors import ConfigError
 from leakbench.evaluation.membership.reference import (Recipe, half_masks, membership_rows, run_membership_attacks,
-    target_on_half, train_reference_models)
+                                                       target_on_half, train_reference_models)
 from leakbench.threat import observe_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from leakbench.attacks.solvers.objectives import (DISTANCES, GradientDistance, bn_statistics, layer_weights,
-    total_variation)
+                                                  total_variation)
 from leakbench.errors import ConfigError
 
 

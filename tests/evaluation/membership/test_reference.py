@@ -9,7 +9,7 @@ from scipy.stats import binom, fisher_exact
 
 import leakbench as lb
 from leakbench.evaluation.membership.reference import (Recipe, run_membership_attacks, target_on_half,
-    train_reference_models)
+                                                       train_reference_models)
 from leakbench.evaluation.verdicts.stats import auc_interval
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,7 +8,7 @@ import numpy as np
 from sklearn.metrics import roc_auc_score
 
 from leakbench.evaluation.membership.verdict import (auc_bootstrap, membership_defenses, membership_rows,
-    membership_verdicts)
+                                                     membership_verdicts)
 
 N = 1200  # 600 members, 600 non-members
 

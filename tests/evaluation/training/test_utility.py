@@ -13,7 +13,7 @@ import leakbench as lb
 from leakbench.defenses import DEFENSES, Defense, epsilon
 from leakbench.errors import ConfigError
 from leakbench.evaluation.training.utility import (TrainResult, UtilityResult, loss_and_accuracy, split, train_model,
-    utility)
+                                                   utility)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

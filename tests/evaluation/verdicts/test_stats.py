@@ -9,7 +9,7 @@ from scipy import stats as sp
 from sklearn.metrics import roc_auc_score
 
 from leakbench.evaluation.verdicts.stats import (MIN_N, auc_interval, binomial, bootstrap_mean, measurable_fpr,
-    paired, paired_bootstrap, paired_t, t_mean)
+                                                 paired, paired_bootstrap, paired_t, t_mean)
 
 
 def test_bootstrap_mean_covers_the_mean_and_narrows_with_n():

@@ -33,7 +33,7 @@ from ...errors import ConfigError
 from ...models.matrices import Chain, layer_chain
 from ...threat import Observation
 from ..solvers.analytic import (act_derivative, act_inverse, analytic_reasons, chain_or_reason, linear_input,
-    observed_output_layer, output_layer)
+                                observed_output_layer, output_layer)
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
 from ..observed import layer_gradients, param_index

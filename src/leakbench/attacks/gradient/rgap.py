@@ -15,7 +15,7 @@ from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
 from ..solvers.rgap_solver import (INVERTIBLE, SOLVERS, LayerSystem, LeastSquares, RGAPOptions, least_squares,
-    rgap_reasons, solve)
+                                   rgap_reasons, solve)
 
 __all__ = ["RGAP", "RGAPOptions", "LayerSystem", "LeastSquares", "solve", "least_squares", "INVERTIBLE", "SOLVERS"]
 

@@ -88,7 +88,7 @@ from ..base import Attack, Reconstruction, register
 from ..observed import attacker_model, layer_gradients, param_index
 from ..solvers.peeling import Residual, SampleGradients, candidate_scale, peel_pass
 from ..solvers.sparse_span import (certify, decompose, directions_from_inputs, exact_zeros, refine, scales, strays,
-    unique_columns)
+                                   unique_columns)
 
 __all__ = ["Spear", "SpearOptions"]
 

@@ -57,7 +57,7 @@ from ...errors import ConfigError
 from ...models.matrices import Chain, ChainBlock, bias_vector, conv_system, layer_chain
 from ...threat import Observation
 from .analytic import (act_derivative, act_inverse, analytic_reasons, chain_or_reason, linear_input,
-    observed_output_layer)
+                       observed_output_layer)
 from ..observed import layer_gradients, param_index
 
 __all__ = ["RGAPOptions", "LayerSystem", "LeastSquares", "solve", "least_squares", "INVERTIBLE", "SOLVERS"]
