@@ -66,7 +66,7 @@ def per_iteration(quick: bool) -> None:
     for batch in (1, 4):
         x, y, model, obs = _setup(ds, batch, 32)
         params = [p.requires_grad_(True) for p in model.parameters()]
-        x0 = lb.attacks.gradient_matching.initial_images(x.shape, "gaussian", (0, 1), generator=torch.Generator().manual_seed(0),
+        x0 = lb.attacks.solvers.matching_settings.initial_images(x.shape, "gaussian", (0, 1), generator=torch.Generator().manual_seed(0),
                                                 device="cpu", dtype=torch.float32)
         run_engine = lambda obs=obs: lb.attack("inverting-gradients", obs, iterations=iters,  # noqa: E731
                                                trace_every=iters)

@@ -305,7 +305,7 @@ def test_a_yaml_sweep_with_a_plugin_runs_in_two_workers_into_the_report(plugin, 
                                                            for d in ("none", f"flip-{tag}:2")}
     assert all(r["status"] in ("done", "n/a") for r in rows), [r["error"] for r in rows]
     assert all(r["spec"]["plugins"] == {name: plugins.digest(name)} for r in rows)
-    assert {r["worker"] for r in rows} != {lb.evaluation.trial.worker_id()}  # run in the workers
+    assert {r["worker"] for r in rows} != {lb.evaluation.trials.trial.worker_id()}  # run in the workers
     assert any(r["metrics"].get(f"l1-{tag}") is not None for r in rows if r["status"] == "done")
     page = (out / "index.html").read_text()
     assert f"flip-{tag}" in page and f"guess-{tag}" in page
@@ -333,4 +333,4 @@ def test_a_plugin_named_by_path_runs_on_ray_actors(plugin, tmp_path):
     with Store(tmp_path / "ray.db") as store:
         rows = store.rows()
     assert all(r["metrics"][f"l1-{tag}"] > 0 for r in rows)
-    assert {r["worker"] for r in rows} != {lb.evaluation.trial.worker_id()}  # run by the actors
+    assert {r["worker"] for r in rows} != {lb.evaluation.trials.trial.worker_id()}  # run by the actors

@@ -10,7 +10,7 @@ import torch
 
 import leakbench as lb
 from leakbench.attacks import ATTACKS, create
-from leakbench.attacks.solvers.matching_settings import MatchingSettings
+from leakbench.attacks.solvers.matching_settings import MatchingSettings, initial_images
 from leakbench.attacks.solvers.objectives import GradientDistance
 from leakbench.errors import ConfigError, UnsupportedThreatModel
 from leakbench.losses import get_loss
@@ -250,9 +250,8 @@ def test_step_unit_scales_the_first_signed_step(obs, unit, expected):
     seen = []
     lb.attack(IG, obs, iterations=1, tv=0.0, box=False, lr=0.1, step_unit=unit, schedule="none",
               callback=lambda step, images: seen.append(images.clone()))
-    start = lb.attacks.gradient_matching.initial_images(seen[0].shape, "gaussian", obs.data_range,
-                                               generator=torch.Generator().manual_seed(0), device="cpu",
-                                               dtype=seen[0].dtype)
+    start = initial_images(seen[0].shape, "gaussian", obs.data_range, generator=torch.Generator().manual_seed(0),
+                           device="cpu", dtype=seen[0].dtype)
     moved = (seen[0] - start).abs()
     assert torch.allclose(moved[moved > 0], torch.full_like(moved[moved > 0], expected), rtol=1e-4)
     assert float((moved > 0).float().mean()) > 0.5
@@ -260,6 +259,5 @@ def test_step_unit_scales_the_first_signed_step(obs, unit, expected):
 
 def test_init_std_is_in_normalised_units():
     gen = torch.Generator().manual_seed(0)
-    x = lb.attacks.gradient_matching.initial_images((4000,), "gaussian", (0.0, 8.0), generator=gen, device="cpu",
-                                           dtype=torch.float64, std=0.5)
+    x = initial_images((4000,), "gaussian", (0.0, 8.0), generator=gen, device="cpu", dtype=torch.float64, std=0.5)
     assert abs(float(x.mean()) - 4.0) < 0.05 and abs(float(x.std()) - 0.5 * 8.0 / 4) < 0.05
