@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from leakbench.evaluation import Sweep
-from leakbench.evaluation.spec.bundled import preset_path
+from leakbench.evaluation.sweep_spec.bundled import preset_path
 from leakbench.evaluation.verdicts.rules import BUDGETS, privacy_utility, verdicts
 from leakbench.evaluation.verdicts.strongest import strongest
 from leakbench.evaluation.verdicts.utility import utility_table

@@ -97,7 +97,7 @@ def test_block_runs(block: Block, tmp_path: Path) -> None:
     if block.lang == "yaml":
         doc = yaml.safe_load(block.code)
         if isinstance(doc, dict) and {"datasets", "models"} <= set(doc):
-            from leakbench.evaluation.spec.model import load_spec
+            from leakbench.evaluation.sweep_spec.model import load_spec
 
             load_spec(doc)
         return

@@ -137,7 +137,7 @@ FLOORS = [
 #: ``__init__`` (its face) stands above them all.
 ROOMS = {
     "attacks": [{"base", "batch", "labels", "observed"}, {"solvers"}, {"gradient", "trained", "text", "membership"}],
-    "evaluation": [{"training"}, {"spec"}, {"trials"}, {"verdicts"}, {"membership"}, {"running"}, {"store"},
+    "evaluation": [{"training"}, {"sweep_spec"}, {"trials"}, {"verdicts"}, {"membership"}, {"running"}, {"store"},
                    {"sweep"}],
 }
 MAX_LINES = 600

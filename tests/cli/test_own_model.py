@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from leakbench.cli import app
-from leakbench.evaluation.spec.model import load_spec
+from leakbench.evaluation.sweep_spec.model import load_spec
 from leakbench.models.custom import class_digest
 
 runner = CliRunner()

@@ -8,10 +8,10 @@ import torch
 
 import leakbench as lb
 from leakbench.errors import ConfigError
-from leakbench.evaluation.spec.modality import is_mismatch, pair_refusal
+from leakbench.evaluation.sweep_spec.modality import is_mismatch, pair_refusal
 from leakbench.evaluation.trials.plan import plan
 from leakbench.evaluation.running.run import run_trial
-from leakbench.evaluation.spec.model import load_spec
+from leakbench.evaluation.sweep_spec.model import load_spec
 from leakbench.evaluation.verdicts.stats import bootstrap_mean
 from leakbench.evaluation.store import Store
 from leakbench.evaluation.verdicts.rules import privacy_utility, verdicts

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from leakbench.evaluation import Sweep, load_spec
-from leakbench.evaluation.spec.bundled import preset_path
+from leakbench.evaluation.sweep_spec.bundled import preset_path
 from leakbench.evaluation.trials.trial import THREAT_MODELS
 from leakbench.report import write_report
 

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from ..errors import ConfigError
 from ..evaluation import Sweep, load_spec, strongest
-from ..evaluation.spec.bundled import preset_path
+from ..evaluation.sweep_spec.bundled import preset_path
 from ..report import write_report
 from .common import app, check_out_dir, clean, console, err_console, reports_errors
 from .evaluate import print_failures, print_summary, print_verdicts, strongest_tables

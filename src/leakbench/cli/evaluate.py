@@ -28,8 +28,8 @@ from ..errors import ConfigError
 from ..models.custom import add_code_paths, deferred_imports
 from ..evaluation import Store, Sweep, SweepSummary, load_spec, strongest
 from ..evaluation.running.preflight import check_size, preflight
-from ..evaluation.spec.entries import MAX_STACK
-from ..evaluation.spec.check import MAX_TRIALS
+from ..evaluation.sweep_spec.entries import MAX_STACK
+from ..evaluation.sweep_spec.check import MAX_TRIALS
 from ..evaluation.verdicts.strongest import Strongest
 from ..plugins import loaded
 from ..report import write_report
@@ -44,7 +44,7 @@ def strongest_tables(best: Sequence[Strongest]) -> list[Table]:
         return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
     tables: dict[tuple, Table] = {}
-    from ..evaluation.spec.modality import is_mismatch
+    from ..evaluation.sweep_spec.modality import is_mismatch
 
     for s in best:
         if s.scores and all(a.not_applicable and is_mismatch(a.not_applicable) for a in s.scores):
@@ -156,7 +156,7 @@ def _checked(spec: Path, *, stack: int | None, yes: bool, defenses: Sequence[str
     """The spec read, with --defense, --stack and --yes applied, and its preflight."""
     sweep_spec = load_spec(spec)
     if defenses:
-        from ..evaluation.spec.entries import DefenseEntry
+        from ..evaluation.sweep_spec.entries import DefenseEntry
 
         sweep_spec = load_spec(sweep_spec.model_copy(update={
             "defenses": [*sweep_spec.defenses, *(DefenseEntry(spec=d) for d in defenses)]}))
@@ -214,7 +214,7 @@ def evaluate_command(
         raise ConfigError("expected a sweep spec file or --preset NAME (one of them), e.g. "
                           "`leakbench evaluate examples/sweep-tiny.yaml` or `leakbench evaluate --preset demo`")
     if preset is not None:
-        from ..evaluation.spec.bundled import preset_path
+        from ..evaluation.sweep_spec.bundled import preset_path
 
         spec = preset_path(preset)
     add_code_paths(code_path or [])

@@ -1,6 +1,6 @@
 """``leakbench membership``: audit a training recipe (your model file included) for membership leakage.
 
-One reference-model ``membership`` entry (:class:`~leakbench.evaluation.spec.weights.MembershipEntry`) built from the
+One reference-model ``membership`` entry (:class:`~leakbench.evaluation.sweep_spec.weights.MembershipEntry`) built from the
 options and run as a sweep into ``--out``: ``results.db`` (resumable: re-running trains nothing again) and
 ``report/index.html`` with the verdict, the table, the log–log ROC and, for DP-SGD, the audit::
 

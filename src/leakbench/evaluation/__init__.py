@@ -2,7 +2,7 @@
 
 from .trials.plan import defense_family, plan
 from .running.run import run_trial
-from .spec.model import SweepSpec, load_spec
+from .sweep_spec.model import SweepSpec, load_spec
 from .store import Store
 from .verdicts.strongest import AttackScore, Strongest, strongest
 from .verdicts.rules import PrivacyUtilityPoint, privacy_utility

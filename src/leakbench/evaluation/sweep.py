@@ -33,7 +33,7 @@ from .running.preflight import check_size, preflight
 from .running.runner import Runner
 from .running.runners import capped_workers, make_runner
 from .running.guard import in_spawned_main, refuse_unguarded_main
-from .spec.model import SweepSpec, dump_spec, load_spec
+from .sweep_spec.model import SweepSpec, dump_spec, load_spec
 from .store import RETRYABLE, Store
 from .trials.trial import SWEEP_BUDGET, TrialResult, TrialSpec, worker_id
 

@@ -28,7 +28,7 @@ from .score_table import defense_header, metric_means, metric_table, ordered_def
 from .plots import CRAMER_RAO, pareto_plot, sd_heatmap
 from .text_section import is_text_setting, text_block
 from .verdict_text import SUMMARY_BUDGET, ci, ci_n, summary_sentence, verdict_table
-from ..evaluation.spec.modality import is_mismatch
+from ..evaluation.sweep_spec.modality import is_mismatch
 
 GAIN_NOTE = ("a negative utility loss: the defended run ended with a lower training loss than the undefended run of "
              "the same seed; where its interval spans 0 the difference is within run-to-run noise")

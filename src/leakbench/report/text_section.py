@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..evaluation.spec.modality import is_mismatch
+from ..evaluation.sweep_spec.modality import is_mismatch
 from ..evaluation.verdicts.stats import Interval
 from ..evaluation.verdicts.strongest import AttackScore, Strongest
 from ..evaluation.verdicts.rows import batch_size, finite, npz_path, threat_model

@@ -6,7 +6,7 @@ import pytest
 from leakbench.errors import ConfigError
 from leakbench.evaluation import load_spec, plan
 from leakbench.evaluation.running.preflight import check_size, count_trials, preflight
-from leakbench.evaluation.spec.check import MAX_TRIALS
+from leakbench.evaluation.sweep_spec.check import MAX_TRIALS
 
 BASE = {"datasets": ["digits", {"name": "digits", "options": {"size": 16}}], "models": ["mlp:8", "cnn:3-4-2-1"],
         "batch_sizes": [1, 2, 4], "images": 5, "attacks": ["dlg", {"name": "fc-inversion", "preset": "quick"}],

@@ -15,7 +15,7 @@ from leakbench.evaluation.training import federated
 from leakbench.evaluation.training.federated import Run, checkpoint, client_batch, diverged, layout, run_key
 from leakbench.evaluation.trials.plan import plan, split_round
 from leakbench.evaluation.verdicts.rounds import round_table, sentence
-from leakbench.evaluation.spec.model import load_spec
+from leakbench.evaluation.sweep_spec.model import load_spec
 from leakbench.evaluation.verdicts.rules import privacy_utility, verdicts
 from leakbench.evaluation.verdicts.strongest import strongest
 from leakbench.evaluation.verdicts.utility import utility_table

@@ -37,9 +37,9 @@ import torch
 
 from ...errors import ConfigError, LeakbenchError
 from ...models.files import load_weights
-from ..spec.modality import pair_refusal
-from ..spec.model import SweepSpec
-from ..spec.check import MAX_TRIALS
+from ..sweep_spec.modality import pair_refusal
+from ..sweep_spec.model import SweepSpec
+from ..sweep_spec.check import MAX_TRIALS
 
 
 @dataclass

@@ -38,7 +38,7 @@ def run_attack(spec: TrialSpec, obs, clock: Clock) -> Any:
 
 def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     from ...threat import observe
-    from ..spec.modality import pair_refusal
+    from ..sweep_spec.modality import pair_refusal
 
     reason = pair_refusal(spec.dataset, spec.model, spec.attack)
     if reason is not None:  # an image attack on text (or back): skipped with the reason, nothing loaded

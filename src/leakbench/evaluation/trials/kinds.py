@@ -31,7 +31,7 @@ def utility_arguments(spec: TrialSpec, cache_dir) -> dict[str, Any]:
 
 
 def utility_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
-    from ..spec.modality import pair_refusal
+    from ..sweep_spec.modality import pair_refusal
     from ..training.utility import utility
 
     reason = pair_refusal(spec.dataset, spec.model)
@@ -81,7 +81,7 @@ def bound_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     """Cramér–Rao bound on the RMSE of unbiased estimators for the trial's batch (Liu et al. 2024, Sec. 3)."""
     from ...analysis.bounds import cramer_rao
     from ...defenses import parse, parts_of
-    from ..spec.modality import dataset_modality
+    from ..sweep_spec.modality import dataset_modality
 
     if dataset_modality(spec.dataset) == "text":
         raise UnsupportedThreatModel("the Cramér–Rao bound is on the RMSE of continuous inputs; token ids are "

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from ...attacks import preset_revision
 from ...defenses import family_of
 from .origins import stamp
-from ..spec.model import SweepSpec
+from ..sweep_spec.model import SweepSpec
 from .trial import TrialSpec
 
 

@@ -54,7 +54,7 @@ def attack_choices(attacks: str | Mapping | Iterable[str | Mapping]) -> list[Att
     from pydantic import ValidationError
 
     from ...attacks import create
-    from ...evaluation.spec.entries import AttackEntry
+    from ...evaluation.sweep_spec.entries import AttackEntry
 
     items = [attacks] if isinstance(attacks, (str, Mapping)) else list(attacks or [])
     if not items:

@@ -37,7 +37,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from ...errors import ConfigError
 from ...plugins import load as load_plugins
 from .entries import (MAX_SEED, MAX_STACK, MAX_THREADS, AttackEntry, DatasetEntry, DefenseEntry, ModelEntry,
-                      UtilityEntry, _Strict)
+    UtilityEntry, _Strict)
 from .names import MAX_LISTED, check_names
 from .source import Source as _Source
 from .source import pydantic_message, read_spec

@@ -7,7 +7,7 @@ import pytest
 from leakbench.data import load
 from leakbench.errors import ConfigError
 from leakbench.evaluation import load_spec, plan, run_trial
-from leakbench.evaluation.spec.bundled import preset_names, preset_path
+from leakbench.evaluation.sweep_spec.bundled import preset_names, preset_path
 from leakbench.evaluation.trials.trial import THREAT_MODELS
 
 pytestmark = pytest.mark.usefixtures("one_thread")

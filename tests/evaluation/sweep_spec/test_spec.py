@@ -8,7 +8,7 @@ import pytest
 from leakbench.attacks import ATTACKS
 from leakbench.errors import ConfigError
 from leakbench.evaluation import load_spec, plan
-from leakbench.evaluation.spec.entries import DefenseEntry
+from leakbench.evaluation.sweep_spec.entries import DefenseEntry
 
 GOOD = """\
 name: t
