@@ -181,3 +181,13 @@ def test_observe_records_the_defense_for_the_adaptive_attacks():
     assert obs.defense == "topk:0.1" and obs.extras["defense"]["topk"]["error_feedback"] is True
     nonzero = sum(int((t != 0).sum()) for t in obs.shared)
     assert nonzero == topk_count(0.1, sum(t.numel() for t in obs.shared))
+
+
+def test_topk_pickles_without_its_memory():
+    import pickle
+
+    defense = parse("topk:0.2")
+    gen = _gen()
+    defense([torch.randn(10, generator=gen)], generator=gen)
+    copy = pickle.loads(pickle.dumps(defense))
+    assert copy.spec == "topk:0.2" and copy.residual(gen) is None and defense.residual(gen) is not None

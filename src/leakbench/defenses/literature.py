@@ -176,6 +176,14 @@ class TopK(Defense):
         self.ef = bool(ef)
         self._memory: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy sent to another process starts without memory (a run's residual stays with its stream)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_memory"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._memory = weakref.WeakKeyDictionary()
+
     def residual(self, generator: torch.Generator) -> list[torch.Tensor] | None:
         """e_t of the client run drawing from ``generator`` (None before its first round)."""
         return self._memory.get(generator)
