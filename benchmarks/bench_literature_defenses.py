@@ -119,7 +119,11 @@ def _run(name: str, quick: bool) -> None:
     grey = prior = float(ds.images[tuning].mean())
     model = lb.build(model_spec, input_shape=ds.shape, classes=ds.num_classes, act=act, seed=0)
     start = time.perf_counter()
-    cells = {spec: attack_cell(ds, model, pool, spec, batch, draws, iterations, grey, prior) for spec in specs}
+    cells = {}
+    for spec in specs:
+        cells[spec] = attack_cell(ds, model, pool, spec, batch, draws, iterations, grey, prior)
+        console.print(f"[dim]{name} {spec}: " + ", ".join(f"{a} {fmt(v['psnr'])} dB" for a, v in cells[spec].items())
+                      + f" (grey {fmt(next(iter(cells[spec].values()))['chance'])} dB)[/dim]")
     t_attack = time.perf_counter() - start
     start = time.perf_counter()
     train = ds.subset(train_idx)

@@ -54,8 +54,8 @@ def test_the_truth_minimises_the_adaptive_objective_only(digits, spec, cls):
     masked = MaskedMatcher(obs, attack.options, attack.masks(obs))
     plain = GradientMatcher(obs, attack.options)
     with torch.enable_grad():
-        adaptive_value = float(masked.objective(x, y)[1])
-        plain_value = float(plain.objective(x, y)[1])
+        adaptive_value = float(masked.objective(x, y)[1].detach())
+        plain_value = float(plain.objective(x, y)[1].detach())
     assert adaptive_value < 1e-6 < 1e-3 < plain_value
 
 
