@@ -13,6 +13,18 @@ from leakbench.attacks import ATTACKS, create, preset_revision
 #: values changed, bump that attack's ``preset_revisions[preset]`` and record the new revision and digest
 #: here: sweep stores key trials by (preset, revision), so old results are not resumed as new ones.
 RECORDED = {
+    ("instahide-carlini", "default"): (0, "8206e88ae602"),
+    ("instahide-carlini", "fast"): (0, "d8d689438c56"),
+    ("instahide-carlini", "quick"): (0, "706a2bb27694"),
+    ("mixup-adaptive", "default"): (0, "9ceaf4ed5136"),
+    ("mixup-adaptive", "fast"): (0, "b358251ac7d2"),
+    ("mixup-adaptive", "quick"): (0, "c3f2f4006067"),
+    ("soteria-adaptive", "default"): (0, "c6f23ff2a2a2"),
+    ("soteria-adaptive", "fast"): (0, "ae03367bda31"),
+    ("soteria-adaptive", "quick"): (0, "056edad7c3f7"),
+    ("topk-adaptive", "default"): (0, "c6f23ff2a2a2"),
+    ("topk-adaptive", "fast"): (0, "ae03367bda31"),
+    ("topk-adaptive", "quick"): (0, "056edad7c3f7"),
     ("cocktail-party", "default"): (0, "167663713e97"),
     ("cocktail-party", "paper"): (0, "4204d74d1064"),
     ("cocktail-party", "quick"): (0, "8d9f6063e2f5"),

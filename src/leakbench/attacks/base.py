@@ -58,6 +58,8 @@ THREAT_TAGS: dict[str, str] = {
     "bn-stats": "the batch-norm statistics of the client's batch",
     "modified-model": "a malicious server's modified model (an imprint or random-feature block)",
     "rounds": "observations over several rounds",
+    "adaptive": "knows the defense named in the observation and attacks around it (an adaptive attack: S_D against "
+                "it is the defense's measure, Carletti et al. 2025)",
 }
 
 

@@ -7,6 +7,8 @@ the CLI and sweep specs share; :func:`parse` turns it into a :class:`Defense`.
   ``noise:σ``, ``graddrop:p``, ``quantize:bits[,stochastic]``;
 - in the client's computation (:mod:`.client`): ``dpsgd:C,σ[,q,steps,δ,accountant]``,
   ``local:k,lr``, ``secagg:L[,mean|sum]`` (needs ``population=``), ``dropout:p``;
+- from the literature (:mod:`.literature`): ``soteria:p``, ``topk:k[,ef]``, ``mixup:α``,
+  ``instahide:k[,c]`` — each with its adaptive attack in :mod:`leakbench.attacks.gradient.adaptive`;
 - :func:`share` (:mod:`.pipeline`) runs a client round with a defense — what
   :func:`leakbench.observe` and the utility training both call;
 - :func:`epsilon` (:mod:`.accounting`): DP-SGD's ε from Opacus's accountant.
@@ -15,6 +17,7 @@ from .accounting import ACCOUNTANTS, epsilon
 from .base import DEFENSES, STAGES, ClientPlan, Composition, Defense, Identity, family_of, parse, parts_of, register
 from .client import DPSGD, Dropout, LocalSteps, SecureAggregation
 from .gradient import Clip, GradDrop, Noise, Prune, Quantize
+from .literature import InstaHide, MixUp, Soteria, TopK
 from .pipeline import Shared, share
 
 __all__ = [
@@ -22,4 +25,5 @@ __all__ = [
     "DEFENSES", "STAGES", "ACCOUNTANTS", "ClientPlan", "Composition", "Defense", "Identity", "Shared",
     "parse", "parts_of", "register", "share", "epsilon",
     "Prune", "Clip", "Noise", "GradDrop", "Quantize", "DPSGD", "LocalSteps", "SecureAggregation", "Dropout",
+    "Soteria", "TopK", "MixUp", "InstaHide",
 ]

@@ -2,3 +2,4 @@
 from . import dlg, inverting  # noqa: F401  (registration)
 from . import cocktail_party, gias, liu2024, robbing_the_fed, tensor_features  # noqa: F401,E402  (registration: feature-level, generative)
 from . import exan_inversion, fc_inversion, hybrid, rgap, spear  # noqa: F401,E402  (registration: analytic attacks)
+from . import adaptive  # noqa: F401,E402  (registration: the attacks that know a defense)

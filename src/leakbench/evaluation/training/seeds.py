@@ -45,6 +45,8 @@ def seeds_refusal(defense: Defense, model: nn.Module) -> str | None:
         return "secure aggregation draws the other clients' batches: seeds train one after the other"
     if plan.after:
         return "defenses after an aggregation: seeds train one after the other"
+    if plan.gradient is not None and not any(isinstance(p, DPSGD) for p in parts_of(defense)):
+        return f"{plan.gradient_owner} computes the step's gradient its own way: seeds train one after the other"
     return None
 
 
