@@ -28,7 +28,7 @@ import time
 import torch
 
 import leakbench as lb
-from leakbench.evaluation.utility import utility_seeds
+from leakbench.evaluation.training.utility import utility_seeds
 
 from .common import benchmark_images, console, table
 

@@ -14,7 +14,7 @@ from leakbench.attacks.gradient.adaptive import (
     mixup_structure,
     unmix,
 )
-from leakbench.attacks.gradient_matching import GradientMatcher
+from leakbench.attacks.solvers.gradient_matching import GradientMatcher
 from leakbench.errors import UnsupportedThreatModel
 
 ADAPTIVE = {"soteria-adaptive": "soteria", "topk-adaptive": "topk", "mixup-adaptive": "mixup",

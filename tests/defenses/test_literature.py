@@ -22,7 +22,7 @@ from leakbench.defenses.literature import (
 )
 from leakbench.defenses.pipeline import mean_gradient
 from leakbench.errors import ConfigError
-from leakbench.evaluation.seeds import seeds_refusal
+from leakbench.evaluation.training.seeds import seeds_refusal
 from leakbench.losses import get_loss
 
 

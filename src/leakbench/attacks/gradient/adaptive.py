@@ -3,7 +3,7 @@
 Each carries the threat tag ``adaptive`` and names the defense families it adapts to (``adapts_to``);
 it refuses an observation made under another defense (the spec in ``Observation.defense`` is what the
 server knows).  All run Inverting Gradients' objective (Geiping et al. 2020, eq. 4) through
-:class:`~leakbench.attacks.gradient_matching.GradientMatcher`; the output-layer feature term is off
+:class:`~leakbench.attacks.solvers.gradient_matching.GradientMatcher`; the output-layer feature term is off
 (``features=0``), because soteria, topk and the mixing defenses all change the output layer's gradient
 it would be read from.
 
@@ -51,9 +51,10 @@ from ...defenses.literature import representation_layer
 from ...errors import expect
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
-from ..gradient_matching import GradientMatcher, MatchingSettings
+from ..solvers.gradient_matching import GradientMatcher
+from ..solvers.matching_settings import MatchingSettings
 from ..labels import recover_labels
-from ..objectives import total_variation
+from ..solvers.objectives import total_variation
 from .inverting import InvertingGradients
 
 #: Inverting Gradients' presets without the output-layer feature term (the defenses change that layer's gradient)
