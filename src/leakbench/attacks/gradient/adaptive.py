@@ -52,14 +52,13 @@ from ...errors import expect
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..solvers.gradient_matching import GradientMatcher
-from ..solvers.matching_settings import MatchingSettings
+from ..solvers.matching_settings import INVERTING_PRESETS, MatchingSettings
 from ..labels import recover_labels
 from ..solvers.objectives import total_variation
-from .inverting import InvertingGradients
 
 #: Inverting Gradients' presets without the output-layer feature term (the defenses change that layer's gradient)
 MATCH_PRESETS = {name: {**values, "features": 0.0, "factorise": "off"}
-                 for name, values in InvertingGradients.presets.items() if name in ("default", "fast", "quick")}
+                 for name, values in INVERTING_PRESETS.items() if name in ("default", "fast", "quick")}
 
 
 def defense_families(obs: Observation) -> list[str]:
