@@ -1,6 +1,6 @@
 """What a gradient-matching attack is told and what it returns: :class:`MatchingSettings` (the optimiser,
-step, schedule, initialisation, regularisers; checked in one place), :class:`MatchResult`, the initial images,
-and the step schedules, and Inverting Gradients' presets (:data:`INVERTING_PRESETS`), which the attacks built on it
+step, schedule, initialisation, regularisers; checked in one place), :class:`MatchResult`, the initial images
+and step schedules, and Inverting Gradients' presets (:data:`INVERTING_PRESETS`), which the attacks built on it
 share."""
 from __future__ import annotations
 
