@@ -47,8 +47,10 @@ MARGIN = 100.0
 #: every subtraction and ran 10⁴× above the true error late in a B = 128 peel (0.13 for a row 1e-5 off), so
 #: the span test, not this bound, decides there.
 LOOSE_GATE = float("inf")
-#: candidates closer than this (relative) are one sample (two samples of a batch differ by O(1)).
-DISTINCT = 1e-3
+#: with the span test, candidates this close (relative) are one sample: a second, less precise row of a sample
+#: in the same pass, or the leftover of one already peeled (its subtraction is exact only to its precision) —
+#: measured 6e-3 off on digits at B = 128; two samples of a batch differ by O(0.1–1).
+NEAR = 2e-2
 #: a candidate's own gradient δ(x̂, y) must lie in the residual's column span to this relative distance (a true
 #: sample's does, to its precision; a mixture's is O(1) away: m − r equations, not one).
 SPAN_TOL = 1e-3
@@ -229,7 +231,7 @@ def peel_pass(res: Residual, grads: SampleGradients, scale: float, data_range: t
     ok = (best <= tol) & unique
     if res.count:   # a sample already peeled cannot come back (its row would be round-off): skip look-alikes
         taken = torch.stack(res.inputs)
-        near = torch.cdist(cand, taken).min(1).values <= 1e-3 * cand.norm(dim=1)
+        near = torch.cdist(cand, taken).min(1).values <= (1e-3 if span is None else NEAR) * cand.norm(dim=1)
         ok &= ~near
     idx = ok.nonzero().flatten()
     if idx.numel() == 0:
@@ -241,7 +243,7 @@ def peel_pass(res: Residual, grads: SampleGradients, scale: float, data_range: t
             torch.finfo(deltas.dtype).tiny)
         idx = idx[off <= SPAN_TOL]
     # distinct samples: a loose row's candidate is within its own error of a precise one's
-    idx = _distinct(cand, idx, 1e-4 if span is None else DISTINCT)[:budget]
+    idx = _distinct(cand, idx, 1e-4 if span is None else NEAR)[:budget]
     labels = label[idx]
     deltas = scale * grads(cand[idx], labels)
     for k in range(idx.numel()):                                          # ≤ budget samples

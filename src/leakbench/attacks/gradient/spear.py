@@ -84,6 +84,7 @@ from ...errors import expect
 from ...models.matrices import layer_chain
 from ...threat import Observation
 from ..analytic import analytic_reasons, chain_or_reason
+from ..linalg import lstsq
 from ..base import Attack, Reconstruction, register
 from ..observed import attacker_model, layer_gradients, param_index
 from ..peeling import Residual, SampleGradients, candidate_scale, peel_pass, residual_span
@@ -212,13 +213,18 @@ class Spear(Attack):
         # a full-rank gradient: every remaining sample's δ lies in the residual's column span, a test of m − r
         # equations that lets peeling use rows too imprecise to certify on their own (see peel_pass)
         left = torch.linalg.svd(grad_w, full_matrices=False)[0][:, :batch] if rank >= batch and noise == 0 else None
+        refined_at = 0         # how many samples were found when their inputs were last re-solved jointly
         for _ in range(batch + 1):  # each round certifies at least one sample, or stops
             before = res.count
             if scale is not None:
-                while res.count < batch and peel_pass(
-                        res, grads, scale, obs.data_range, batch - res.count, certified=not tainted,
-                        span=None if left is None else residual_span(res, left, batch - res.count)):
-                    pass
+                self._peel(res, grads, scale, obs.data_range, batch, left, certified=not tainted)
+                if left is not None and res.count < batch and res.count > refined_at:
+                    # peeling stalled: re-solve the samples found so far to round-off (their provisional errors
+                    # would hide the residual's exact zeros and exclusive rows), then peel again
+                    refined_at = res.count
+                    trace.setdefault("refined", []).append(self._refine_found(res, grads, scale, left, batch,
+                                                                              grad_w, grad_b))
+                    self._peel(res, grads, scale, obs.data_range, batch, left, certified=not tainted)
             peeled = res.count - before
             remaining = batch - res.count
             trace["passes"].append({"peeled": peeled})
@@ -247,6 +253,59 @@ class Spear(Attack):
                 trace["scale"] = scale
             estimates = None
         return self._assemble(obs, chain, res, estimates, grads, trace)
+
+    @staticmethod
+    def _peel(res: Residual, grads: SampleGradients, scale: float, data_range: tuple[float, float], batch: int,
+              left: torch.Tensor | None, *, certified: bool) -> None:
+        """Peeling passes until one finds nothing (with the residual's span as the test when ``left`` is given)."""
+        while res.count < batch and peel_pass(
+                res, grads, scale, data_range, batch - res.count, certified=certified,
+                span=None if left is None else residual_span(res, left, batch - res.count)):
+            pass
+
+    @staticmethod
+    def _refine_found(res: Residual, grads: SampleGradients, scale: float, left: torch.Tensor, batch: int,
+                      grad_w: torch.Tensor, grad_b: torch.Tensor, steps: int = 4) -> float:
+        """Re-solve the k samples found so far by least squares, with the r = B − k left unknown.
+
+        ∂L/∂W = Δ_Fᵀ X_F + Δ_Rᵀ X_R, and the columns of Δ_Rᵀ span the residual's column space S (m×r, inside
+        the original one): with Δ_F fixed, [Δ_Fᵀ S] (m×(k+r), full column rank) times [X_F; Y] = ∂L/∂W is linear
+        and its least-squares solution gives X_F exactly once Δ_F and S are exact; Δ_F is recomputed from X_F
+        and the labels and S from the new residual, a few times.  Kept only when the fit reproduces ∂L/∂W better
+        than before; the residual's bounds are then those of round-off.  Returns the relative misfit."""
+        x = torch.stack(res.inputs)
+        labels = torch.tensor(res.labels, dtype=torch.long, device=x.device)
+        deltas = torch.stack(res.deltas)
+        r = batch - x.shape[0]
+        norm = float(grad_w.norm().clamp_min(torch.finfo(grad_w.dtype).tiny))
+        best = float((grad_w - deltas.T @ x).norm())
+        best_r = best
+        kept = None
+        for _ in range(steps):
+            resid = grad_w - deltas.T @ x
+            span = left @ torch.linalg.svd(left.T @ resid, full_matrices=False)[0][:, :r]
+            system = torch.cat([deltas.T, span], 1)
+            try:
+                solved = lstsq(system, grad_w)
+            except (RuntimeError, torch.linalg.LinAlgError):
+                break
+            trial = solved[:x.shape[0]]
+            if not bool(torch.isfinite(trial).all()):
+                break
+            trial_deltas = scale * grads(trial, labels)
+            fit = float((grad_w - torch.cat([trial_deltas.T, span], 1) @ torch.cat([trial, solved[x.shape[0]:]])).norm())
+            if not fit < best:
+                break
+            best, x, deltas = fit, trial, trial_deltas
+            kept = float((grad_w - deltas.T @ x).norm())
+        if kept is None:
+            return best_r / norm
+        res.inputs, res.deltas = list(x), list(deltas)
+        res.grad_w, res.grad_b = grad_w - deltas.T @ x, grad_b - deltas.sum(0)
+        # every found sample is now exact to the gradient's round-off: the bounds of a subtraction at that precision
+        res.err_w = res.eps * (grad_w.norm(dim=1) + deltas.abs().T @ x.norm(dim=1))
+        res.err_b = res.eps * (grad_b.abs() + deltas.abs().sum(0))
+        return best / norm
 
     @staticmethod
     def _sample_gradients(obs: Observation, chain) -> SampleGradients | None:
