@@ -249,5 +249,5 @@ def peel_pass(res: Residual, grads: SampleGradients, scale: float, data_range: t
     for k in range(idx.numel()):                                          # ≤ budget samples
         r = float(rel[rows[idx[k]]])
         res.subtract(cand[idx[k]], int(labels[k]), deltas[k], f"row {int(rows[idx[k]])}",
-                     certified=certified and r <= GATE, error=r)
+                     certified=certified and r <= GATE, error=r if span is not None else 0.0)
     return int(idx.numel())

@@ -193,14 +193,19 @@ class Spear(Attack):
         trace: dict = {"spectrum": spectrum[: batch + 1].tolist(), "rounds": 0, "passes": []}
         noise = 0.0
         if spectrum.numel() > batch and float(spectrum[0]) > 0:
-            # singular values past B are noise (or round-off): σ_{B+1} ≈ s(√m + √n) for entries of std s.  Below
-            # rcond·σ_1 they are the float round-off of the product Δᵀ X, which is relative to each row (each row's
-            # own bound, eps·‖row‖, carries it); spreading it evenly would bury the rows of small samples (at
-            # B = 128 on CIFAR-10 every exclusive row sat at 2–5e-5, above the gate, true error 1e-6)
+            # singular values past B are noise (or round-off): σ_{B+1} ≈ s(√m + √n) for entries of std s
             trace["noise_level"] = float(spectrum[batch] / spectrum[0])
-            if float(spectrum[batch]) > rcond * float(spectrum[0]):
-                noise = float(spectrum[batch]) / (grad_w.shape[0] ** 0.5 + grad_w.shape[1] ** 0.5)
+            noise = float(spectrum[batch]) / (grad_w.shape[0] ** 0.5 + grad_w.shape[1] ** 0.5)
         rank = int((spectrum > rcond * spectrum[0]).sum()) if float(spectrum[0]) > 0 else 0
+        # a full-rank gradient whose σ_{B+1} is round-off (below rcond·σ_1): every remaining sample's δ lies in the
+        # residual's column span, a test of m − r equations that lets peeling use rows too imprecise to certify on
+        # their own (see peel_pass); the round-off is then relative to each row (its own bound, eps·‖row‖) — the
+        # even floor σ_{B+1}/(√m + √n) buried the rows of small samples (at B = 128 on CIFAR-10 every exclusive row
+        # sat at 2–5e-5, above the gate, with a true error of 1e-6)
+        spanned = rank >= batch and spectrum.numel() > batch and float(spectrum[batch]) <= rcond * float(spectrum[0])
+        left = torch.linalg.svd(grad_w, full_matrices=False)[0][:, :batch] if spanned else None
+        if spanned:
+            noise = 0.0
         trace.update({"rank": min(rank, batch), "gradient_norm": float(grad_w.norm())})
         if rank < batch:
             trace["rank_deficient"] = (f"∂L/∂W has rank {rank} < batch {batch}: the inputs are linearly dependent; "
@@ -212,9 +217,6 @@ class Spear(Attack):
         trace["scale"] = scale
         estimates = None       # SPEAR's last (uncertified) estimates of the samples it could not certify
         tainted = False        # a provisional (imprecise) sample was subtracted: later finds are not certified alone
-        # a full-rank gradient: every remaining sample's δ lies in the residual's column span, a test of m − r
-        # equations that lets peeling use rows too imprecise to certify on their own (see peel_pass)
-        left = torch.linalg.svd(grad_w, full_matrices=False)[0][:, :batch] if rank >= batch and noise == 0 else None
         for _ in range(batch + 1):  # each round certifies at least one sample, or stops
             before = res.count
             if scale is not None:
@@ -284,7 +286,6 @@ class Spear(Attack):
         r = batch - x.shape[0]
         norm = float(grad_w.norm().clamp_min(torch.finfo(grad_w.dtype).tiny))
         best = float((grad_w - deltas.T @ x).norm())
-        best_r = best
         kept = None
         for _ in range(steps):
             resid = grad_w - deltas.T @ x
