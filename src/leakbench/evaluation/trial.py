@@ -469,10 +469,22 @@ def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Modu
 
     name, options = spec.server["move"], dict(spec.server.get("options") or {})
     options.setdefault("seed", spec.seed)
-    if name == "imprint" or options.get("center") == "calibration":
+    if name == "trap_weights" and "rate" not in options and "scale" not in options:
+        # the server sets the batch size (and knows the clients it aggregates): each row fires for 1/(B·L)
+        options["rate"] = 1.0 / (spec.batch_size * aggregated_clients(spec.defense))
+    calibrated = name in ("imprint", "fishing") or (name == "trap_weights" and "scale" not in options) \
+        or options.get("center") == "calibration"
+    if calibrated:
         pool, _ = data.batch(max(spec.images, spec.batch_size * (spec.batch + 1)), seed=spec.seed)
         options["calibration"] = public_sample(data, pool, int(spec.server.get("public", 256)), seed=spec.seed)
     return getattr(malicious, name)(model, input_shape=data.shape, **options)
+
+
+def aggregated_clients(defense: str) -> int:
+    """L of a ``secagg:L`` part of the defense spec (1 without secure aggregation)."""
+    from ..defenses import SecureAggregation, parse, parts_of
+
+    return next((p.L for p in parts_of(parse(defense)) if isinstance(p, SecureAggregation)), 1)
 
 
 def observed_defense(spec: TrialSpec) -> str:
@@ -510,7 +522,7 @@ def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     device = torch.device(spec.device)
     data = dataset_for(spec)
     clock.lap("load")
-    model = model_for(spec, data, device, cache_dir)
+    model = honest = model_for(spec, data, device, cache_dir)
     if spec.server:
         model = apply_server(spec, model, data)
     clock.lap("model")
@@ -522,7 +534,20 @@ def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     result = _attacked(spec, obs, x, y, data, clock)
     if result.status == "done":  # an update too small to carry anything is said to be that (:mod:`.strongest`)
         result.metrics["update_norm"] = float(torch.sqrt(sum((s.double() ** 2).sum() for s in obs.shared)))
+        if spec.server:
+            result.metrics["client_check"] = client_check(honest, model, x, y, spec.threat.get("loss", "ce"))
     return result
+
+
+def client_check(honest: torch.nn.Module, shipped: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 loss: str) -> float:
+    """1.0 when the client's check (:func:`leakbench.analysis.inspect`: the shipped model against the honest one
+    it replaces, with the attacked batch) would have refused the model before training, else 0.0."""
+    from ..analysis import inspect
+
+    if not x.is_floating_point():  # token ids: the data check runs on images only
+        return float(inspect(honest, shipped).suspicious)
+    return float(inspect(honest, shipped, x=x, y=y, loss=loss).suspicious)
 
 
 def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, clock: Clock) -> TrialResult:
@@ -754,7 +779,7 @@ def _number(value: Any) -> float | None:
 
 
 __all__ = ["TrialSpec", "TrialResult", "TrialTimeout", "batch_for", "model_for", "dataset_for",
-           "worker_id", "apply_server", "public_sample", "draw_excluding", "chance_scores", "chance_per_sample",
+           "worker_id", "apply_server", "client_check", "public_sample", "draw_excluding", "chance_scores", "chance_per_sample",
            "constant_output", "non_finite", "threat_model", "KINDS", "STATUSES", "is_text", "text_result",
            "TEXT_METRICS",
            "THREAT_MODELS"]
