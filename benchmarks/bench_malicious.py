@@ -36,7 +36,8 @@ from leakbench.analysis.inspection import inspect
 from leakbench.evaluation.federated import Run
 from leakbench.evaluation.specfederated import FederatedEntry
 from leakbench.metrics import match
-from leakbench.models.malicious import fishing, imprint, random_head, trap_rows, trap_scales, trap_weights
+from leakbench.models.active import fishing, trap_rows, trap_scales, trap_weights
+from leakbench.models.malicious import imprint, random_head
 
 from .common import CIFAR_NPZ, table
 

@@ -5,7 +5,7 @@
 
 Three clients hold scikit-learn's 8×8 digits (bundled) and train a ReLU MLP (``mlp:64``) by FedAvg.  The server
 is honest in round 1; from round 2 (``--attack-round``) it ships the global model with Boenisch et al.'s trap
-weights in the first layer (:func:`leakbench.models.malicious.trap_weights`, calibrated on 256 digits it holds),
+weights in the first layer (:func:`leakbench.models.active.trap_weights`, calibrated on 256 digits it holds),
 so that the gradients would give away most of each client's batch exactly (``trap-weights``).  Every client runs
 ``inspect_mod`` first in its mods: before training it compares the received model with the one it received the
 round before and runs it on its own batch (:func:`leakbench.inspect`).  The honest round trains; the trap rounds
@@ -52,7 +52,7 @@ def apps(*, clients: int, batch: int, rounds: int, attack_round: int, check: boo
     from flwr.serverapp.strategy import FedAvg
 
     from leakbench.integrations.flower import inspect_mod
-    from leakbench.models.malicious import trap_weights
+    from leakbench.models.active import trap_weights
 
     model_fn, client_batch, public = setup(clients, batch)
 

@@ -9,7 +9,8 @@ import torch
 import leakbench as lb
 from leakbench.analysis.inspection import CHECKS, honest_draw, inspect
 from leakbench.errors import ConfigError
-from leakbench.models.malicious import fishing, imprint, random_head, trap_weights
+from leakbench.models.active import fishing, trap_weights
+from leakbench.models.malicious import imprint, random_head
 
 
 @pytest.fixture(scope="module")

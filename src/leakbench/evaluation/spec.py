@@ -90,8 +90,8 @@ class TrainingEntry(_Strict):
 #: what a malicious server can ship in place of the model, and the function that builds it.
 SERVER_MOVES = {"imprint": "leakbench.models.malicious.imprint",
                 "random_head": "leakbench.models.malicious.random_head",
-                "trap_weights": "leakbench.models.malicious.trap_weights",
-                "fishing": "leakbench.models.malicious.fishing"}
+                "trap_weights": "leakbench.models.active.trap_weights",
+                "fishing": "leakbench.models.active.fishing"}
 #: arguments of those functions the trial sets itself (the model, its shape, the public sample).
 
 
@@ -103,9 +103,9 @@ class ServerEntry(_Strict):
     swaps the last linear layer for Liu et al.'s partly random head (App. F; options of
     :func:`~leakbench.models.malicious.random_head`); ``trap_weights: {...}`` gives the first FC layer
     Boenisch et al.'s trap rows (``neurons: K``: a trap block in front of any model; options of
-    :func:`~leakbench.models.malicious.trap_weights`; without ``rate`` or ``scale`` each row fires for
+    :func:`~leakbench.models.active.trap_weights`; without ``rate`` or ``scale`` each row fires for
     1/(B·L) of the public images, B the batch and L the clients of ``secagg:L``); ``fishing: {target: c}``
-    is Wen et al.'s class fishing (:func:`~leakbench.models.malicious.fishing`).  ``public``: images the
+    is Wen et al.'s class fishing (:func:`~leakbench.models.active.fishing`).  ``public``: images the
     server holds (drawn from the dataset, never one of the attacked images) to place the imprint bins at
     equal-mass quantiles, calibrate the trap rows or centre the random head (``center: calibration``).
     """

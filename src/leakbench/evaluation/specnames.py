@@ -153,9 +153,9 @@ def server_options(name: str) -> list[str]:
     """The options a server move accepts (its function's keyword arguments less those the trial sets)."""
     import inspect
 
-    from ..models import malicious
+    from ..models import active, malicious
 
-    fn = getattr(malicious, name)
+    fn = getattr(malicious, name, None) or getattr(active, name)
     return [p for p in inspect.signature(fn).parameters if p not in SERVER_SET_BY_TRIAL]
 
 

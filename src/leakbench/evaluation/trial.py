@@ -465,7 +465,9 @@ def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Modu
     The server's random draws take the trial seed; the public sample it calibrates with holds
     none of the images attacked with that seed.
     """
-    from ..models import malicious
+    import importlib
+
+    from .spec import SERVER_MOVES
 
     name, options = spec.server["move"], dict(spec.server.get("options") or {})
     options.setdefault("seed", spec.seed)
@@ -477,7 +479,8 @@ def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Modu
     if calibrated:
         pool, _ = data.batch(max(spec.images, spec.batch_size * (spec.batch + 1)), seed=spec.seed)
         options["calibration"] = public_sample(data, pool, int(spec.server.get("public", 256)), seed=spec.seed)
-    return getattr(malicious, name)(model, input_shape=data.shape, **options)
+    module, _, function = SERVER_MOVES[name].rpartition(".")
+    return getattr(importlib.import_module(module), function)(model, input_shape=data.shape, **options)
 
 
 def aggregated_clients(defense: str) -> int:

@@ -15,7 +15,8 @@ from __future__ import annotations
 from .init import INITS, SMALL_INIT_STD, initialize, weighted_layers
 from .generator import UNetGenerator
 from .layers import ACTIVATIONS, DEFAULT_NEGATIVE_SLOPE, activation, activation_name
-from .malicious import ImprintBlock, RandomFeatureHead, TrapBlock, imprint, random_head, trap_weights
+from .active import TrapBlock, fishing, trap_weights
+from .malicious import ImprintBlock, RandomFeatureHead, imprint, random_head
 from .targets import TargetConfig, TrainedTarget, train_target
 from .spec import MODELS, Family, LayerInfo, build, canonical_spec, count_parameters, describe, parse_spec
 from .transformers import TextTransformer
@@ -55,5 +56,6 @@ __all__ = [
     "imprint",
     "random_head",
     "trap_weights",
+    "fishing",
     "TargetConfig", "TrainedTarget", "train_target",
 ]

@@ -6,7 +6,7 @@ import torch
 
 import leakbench as lb
 from leakbench.errors import ConfigError, UnsupportedThreatModel
-from leakbench.models.malicious import fishing
+from leakbench.models.active import fishing
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ import torch
 
 import leakbench as lb
 from leakbench.errors import ConfigError, UnsupportedThreatModel
-from leakbench.models.malicious import TrapBlock, find_module, first_linear, trap_weights
+from leakbench.models.active import TrapBlock, first_linear, trap_weights
+from leakbench.models.malicious import find_module
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 import leakbench as lb  # noqa: E402
 from leakbench.integrations.flower import inspect_mod  # noqa: E402
 from leakbench.integrations.flower.check import BEFORE_KEY  # noqa: E402
-from leakbench.models.malicious import imprint, trap_weights  # noqa: E402
+from leakbench.models.active import trap_weights  # noqa: E402
+from leakbench.models.malicious import imprint  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("task_identity")  # conftest.py
 

@@ -1,6 +1,6 @@
 """Fishing for user data (Wen, Geiping, Fowl, Goldblum & Goldstein, ICML 2022): class fishing, read exactly.
 
-The server ships :func:`leakbench.models.malicious.fishing`: the final layer keeps the target class's row and
+The server ships :func:`leakbench.models.active.fishing`: the final layer keeps the target class's row and
 gives every other class a zero row and one large bias, so the gradient that reaches the body of the network is
 that of the batch's target-class samples alone (Sec. 3, "gradient magnification": every other sample's share is
 scaled by p_target ≤ e^(−margin)).  Wen et al. then invert that gradient by gradient matching; on a model whose
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ...models.malicious import first_linear
+from ...models.active import first_linear
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..observed import shared_gradient
@@ -39,7 +39,7 @@ class Fishing(Attack):
         if obs.kind == "weights":
             return ["fishing needs a shared gradient or update, not trained weights"]
         if getattr(obs.model, "fishing_target", None) is None:
-            return ["fishing needs the server's class-fishing head: ship leakbench.models.malicious.fishing(model, "
+            return ["fishing needs the server's class-fishing head: ship leakbench.models.active.fishing(model, "
                     "target=c) and observe that model"]
         found = first_linear(obs.model, obs.input_shape)
         if isinstance(found, str):

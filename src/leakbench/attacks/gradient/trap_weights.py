@@ -17,7 +17,7 @@ and a sample that is the only one of the batch to activate neuron k (the ReLU ze
 A neuron activated by several samples gives their ∂ℓ/∂b-weighted mixture instead.  (The equations are the
 paper's Sec. 4.1 argument; the numbering here is ours — the paper's text is not in ``papers/``.)
 
-**The server's move (Sec. 4.2, :func:`leakbench.models.malicious.trap_weights`).**  An honest layer's rows fire
+**The server's move (Sec. 4.2, :func:`leakbench.models.active.trap_weights`).**  An honest layer's rows fire
 for about half the inputs, so (3) almost never applies at B > 1.  The trap rows have a random negative half and a
 positive half scaled by s, so that on non-negative data each neuron fires for few inputs and many samples are
 alone on at least one neuron.
@@ -43,7 +43,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...models.malicious import TrapBlock, find_module, first_linear
+from ...models.active import TrapBlock, first_linear
+from ...models.malicious import find_module
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..observed import shared_gradient
@@ -77,7 +78,7 @@ class TrapWeights(Attack):
         layer = trap_layer(obs.model, obs.input_shape)
         if isinstance(layer, str):
             return [f"trap-weights reads a first fully connected layer with bias followed by a ReLU, or a trap "
-                    f"block: {layer}; ship leakbench.models.malicious.trap_weights(model, ...) (neurons=K for any "
+                    f"block: {layer}; ship leakbench.models.active.trap_weights(model, ...) (neurons=K for any "
                     "model) and observe that model"]
         if shared_gradient(obs, layer.weight) is None or shared_gradient(obs, layer.bias) is None:
             return ["the trap layer's weight and bias are not among the shared parameters"]
