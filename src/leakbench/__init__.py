@@ -7,6 +7,7 @@
     obs   = lb.observe(model, x, y)
     rec   = lb.attack("inverting-gradients", obs, preset="quick")
     lb.compare(rec, x, y)   # {"mse": …, "psnr": …, "ssim": …, "label_acc": …}
+    lb.inspect(model, received, x=x, y=y)   # the client's check: is the model it was sent malicious?
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ._startup import install as _install_startup_hook
 _install_startup_hook()  # Ctrl-C while the CLI imports torch: one line, exit 130 (the command line only)
 
 from . import analysis  # noqa: E402
+from .analysis import inspect  # noqa: E402
 from .attacks import ATTACKS, Reconstruction, attack  # noqa: E402
 from .data import DATASETS, ImageDataset, load  # noqa: E402
 from .defenses import DEFENSES  # noqa: E402
@@ -30,6 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "load", "build", "observe", "observe_weights", "attack", "compare", "evaluate", "utility", "train_target",
+    "inspect",
     "analysis",
     "ImageDataset", "Observation", "Reconstruction",
     "DATASETS", "MODELS", "ATTACKS", "DEFENSES",

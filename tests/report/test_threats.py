@@ -292,3 +292,13 @@ def test_verdict_sentence_states_decision_margin_and_n():
     assert "too few to decide" in summary_sentence([v(1, "undecided", "prune:0.9", n=1)])
     html = verdict_table([v(1, "stops", "noise:0.1")])
     assert "0.300 ± 0.010 (n = 12)" in html
+
+
+def test_the_summary_says_per_attack_whether_the_client_would_have_refused_the_model():
+    from leakbench.report.html import _summary
+
+    rows = [{"kind": "attack", "threat_model": "malicious-server", "attack": a, "metrics": {"client_check": c},
+             "spec": {"server": {"move": "trap_weights", "options": {}}}}
+            for a, c in (("trap-weights", 1.0), ("trap-weights", 1.0), ("fishing", 0.0))]
+    text = _summary(["malicious-server"], rows, [], [], [], False)
+    assert "fishing: refused in 0 of 1; trap-weights: refused in 2 of 2" in text

@@ -56,7 +56,7 @@ THREAT_TAGS: dict[str, str] = {
     "queries": "query access to the trained model's outputs",
     "labels": "the batch's labels: used when the threat model grants them, otherwise recovered from what is shared",
     "bn-stats": "the batch-norm statistics of the client's batch",
-    "modified-model": "a malicious server's modified model (an imprint or random-feature block)",
+    "modified-model": "a malicious server's modified model (an imprint block, trap weights, a fishing or random-feature head)",
     "rounds": "observations over several rounds",
     "adaptive": "knows the defense named in the observation and attacks around it (an adaptive attack: S_D against "
                 "it is the defense's measure, Carletti et al. 2025)",

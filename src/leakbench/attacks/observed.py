@@ -8,7 +8,9 @@ back into the average gradient ÷ −lr·k).  Every attack reads it through the 
 * :func:`shared_gradient` — the gradient of one parameter (None when it is not shared);
 * :func:`layer_gradients` — the weight and bias gradients of one layer;
 * :func:`attacker_model`, :func:`block_input` — a frozen copy of the model in the client's mode and
-  the (differentiable) input of one of its modules.
+  the (differentiable) input of one of its modules;
+* :func:`output_gradients` — what one layer's output gradient would be for each of some inputs alone, under
+  each candidate label (the per-sample prediction the malicious-server attacks check their slots against).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from ..errors import UnsupportedThreatModel
 from ..threat import Observation
 
 __all__ = ["param_index", "shared_gradient", "layer_gradients", "attacker_model", "block_input",
-           "bin_differences"]
+           "bin_differences", "output_gradients"]
 
 
 def param_index(obs: Observation) -> dict[int, int]:
@@ -101,3 +103,36 @@ def bin_differences(grad_w: torch.Tensor, grad_b: torch.Tensor) -> tuple[torch.T
     zero_w = torch.zeros_like(grad_w[:1])
     zero_b = torch.zeros_like(grad_b[:1])
     return grad_w - torch.cat([grad_w[1:], zero_w]), grad_b - torch.cat([grad_b[1:], zero_b])
+
+
+def output_gradients(obs: Observation, layer: nn.Module, images: torch.Tensor, labels: torch.Tensor, *,
+                     chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """((n, L, K) ∂ℓ(x_j, y_l)/∂z, (n, K) z > 0): the gradient of one sample's loss with respect to the output z
+    of ``layer`` (K outputs) when ``obs.model`` runs on ``images[j]`` (n × d, flattened) alone with label
+    ``labels[l]``, and which outputs are positive.  One forward pass per image, one backward pass per label
+    through the part of the model after ``layer``; nothing of ``obs.model`` changes (no gradient is accumulated).
+    """
+    from ..losses import get_loss
+
+    loss_fn = get_loss(obs.loss)
+    seen: list[torch.Tensor] = []
+    handle = layer.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    grads, fired = [], []
+    try:
+        with torch.enable_grad():
+            for s in range(0, images.shape[0], chunk):
+                seen.clear()
+                part = images[s:s + chunk].reshape(-1, *obs.input_shape)
+                logits = obs.model(part)
+                z = seen[0]
+                per_label = []
+                for i, y in enumerate(labels):
+                    target = torch.full((part.shape[0],), int(y), dtype=torch.long, device=part.device)
+                    loss = loss_fn(logits, target) * part.shape[0]  # the sum of per-sample losses
+                    (g,) = torch.autograd.grad(loss, z, retain_graph=i + 1 < len(labels))
+                    per_label.append(g.detach())
+                grads.append(torch.stack(per_label, 1))
+                fired.append(z.detach() > 0)
+    finally:
+        handle.remove()
+    return torch.cat(grads), torch.cat(fired)

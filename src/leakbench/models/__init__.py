@@ -15,6 +15,7 @@ from __future__ import annotations
 from .init import INITS, SMALL_INIT_STD, initialize, weighted_layers
 from .generator import UNetGenerator
 from .layers import ACTIVATIONS, DEFAULT_NEGATIVE_SLOPE, activation, activation_name
+from .active import TrapBlock, fishing, trap_weights
 from .malicious import ImprintBlock, RandomFeatureHead, imprint, random_head
 from .targets import TargetConfig, TrainedTarget, train_target
 from .spec import MODELS, Family, LayerInfo, build, canonical_spec, count_parameters, describe, parse_spec
@@ -50,8 +51,11 @@ __all__ = [
     "weighted_layers",
     "ImprintBlock",
     "RandomFeatureHead",
+    "TrapBlock",
     "UNetGenerator",
     "imprint",
     "random_head",
+    "trap_weights",
+    "fishing",
     "TargetConfig", "TrainedTarget", "train_target",
 ]

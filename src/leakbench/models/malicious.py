@@ -33,6 +33,9 @@ Each function takes a model and returns the modified copy the server sends
   Gaussian W₂ whose output rows are constants, A₂[i, :] = i / v, as the tensor method
   of Wang et al. (2023) requires.  The features z are the head's input; ``center=`` (a
   documented departure, off by default) feeds the random neurons z − μ for a fixed μ.
+
+Trap weights (Boenisch et al. 2023) and class fishing (Wen et al. 2022), which change the weights of the
+model itself rather than add a block, are in :mod:`leakbench.models.active`.
 """
 from __future__ import annotations
 
@@ -49,8 +52,8 @@ from torch import nn
 from ..errors import ConfigError
 from .layers import activation
 
-__all__ = ["ImprintBlock", "RandomFeatureHead", "imprint", "imprint_text", "random_head", "QUERIES", "CENTERS", "find_module",
-           "UncalibratedImprintWarning"]
+__all__ = ["ImprintBlock", "RandomFeatureHead", "imprint", "imprint_text", "random_head", "QUERIES", "CENTERS",
+           "find_module", "UncalibratedImprintWarning"]
 
 #: Query directions of the imprint block: a seeded Gaussian direction, or the mean brightness.
 QUERIES = ("randn", "mean")

@@ -56,7 +56,8 @@ THREATS = {
     "informed-eavesdropper": ("Informed eavesdropper", "sees the update and also knows the batch's labels and "
                               "the batch-norm statistics."),
     "malicious-server": ("Malicious server", "controls the model it ships: it may put an imprint block in front "
-                         "of it or a random head on it, and then reads the client's update."),
+                         "of it, give its first layer trap weights or put a random head on it, and then reads the "
+                         "client's update."),
     "published-weights": ("Published weights", "has only the trained model's weights and tries to reconstruct "
                           "its training points."),
     "membership": ("Membership", "has the trained model and a candidate point and asks whether it was in the "
@@ -237,6 +238,17 @@ def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, 
         parts.append(f"<p>{len(server)} trial(s) assume a <b>malicious server</b> (attacks: {esc(attacks)})"
                      + (f"; the server ships: {esc('; '.join(moves))}" if moves else "")
                      + ". Every other row assumes an honest server.</p>")
+        checked = [r for r in server if isinstance((r.get("metrics") or {}).get("client_check"), (int, float))]
+        if checked:
+            per: dict[str, list[int]] = {}
+            for r in checked:
+                tally = per.setdefault(str(r.get("attack") or r.get("kind")), [0, 0])
+                tally[0] += bool(r["metrics"]["client_check"])
+                tally[1] += 1
+            said = "; ".join(f"{esc(a)}: refused in {k} of {n}" for a, (k, n) in sorted(per.items()))
+            parts.append("<p>Would the client have noticed? Its check (<code>leakbench.inspect</code>: the shipped "
+                         f"model against the honest one, with the client's batch) before training — {said} "
+                         "trial(s).</p>")
     else:
         parts.append("<p>No row assumes a malicious server: every attack here reads what an honest server "
                      "would send and receive.</p>")

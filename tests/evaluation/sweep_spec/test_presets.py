@@ -136,3 +136,12 @@ def test_the_sweep_text_preset_runs_as_documented(tmp_path):
         assert s.attack == "dager" and s.sd.mean == 0.0 and s.chance_rmse > 0.9
     # DP-SGD (C = 1, σ = 0.5) stops both attacks at B = 1: nothing significantly above chance on n = 8 batches
     assert best[("dpsgd:1,0.5", 1)].stops
+
+
+def test_the_malicious_preset_plans_every_server_move_under_each_defense():
+    spec = load_spec(preset_path("malicious"))
+    assert {m.server.move[0] for m in spec.models} == {"trap_weights", "fishing", "imprint"}
+    trials = [t for t in plan(spec) if t.kind == "attack"]
+    # 4 (model, attack) pairs × 3 defenses × 3 batches of 64
+    assert len(trials) == 4 * 3 * 3 and {t.threat_model for t in trials} == {"malicious-server"}
+    assert {t.defense for t in trials} == {"none", "secagg:4", "local:1,0.05,16"}

@@ -236,3 +236,28 @@ def test_preflight_ships_the_server_model_and_checks_published_data():
         preflight(load_spec(no_nonmembers))
     checked = preflight(load_spec({**SERVER, "weights": [{"target": TARGET, "attacks": ["kkt"]}]}))
     assert checked.kinds["weights"] == 1 and checked.kinds["attack"] == 2 * 3 * 2  # 2 attacks, 3 models, 2 seeds
+
+
+def test_trap_weights_and_fishing_in_a_sweep_with_the_client_check(tmp_path):
+    """The moves ship through the sweep (rate 1/(B·L) by default), the attacks read them, and every trial says
+    whether the client's check would have refused the shipped model."""
+    spec = {"datasets": [DIGITS],
+            "models": [{"spec": "mlp:200", "act": "relu", "label": "trap", "server": {"trap_weights": {}}},
+                       {"spec": "mlp:200", "act": "relu", "label": "fish", "server": {"fishing": {"target": 1}}}],
+            "batch_sizes": [8], "images": 8, "seeds": [0], "attacks": ["trap-weights", "fishing"],
+            "defenses": ["none", "secagg:2"],
+            "include": [{"model": "trap", "attack": "trap-weights"}, {"model": "fish", "attack": "fishing",
+                                                                     "defense": "none"}]}
+    trials = plan(load_spec(spec))
+    secagg = next(t for t in trials if t.defense == "secagg:2")
+    data = dataset_for(secagg)
+    shipped = apply_server(secagg, model_for(secagg, data, torch.device("cpu")), data)
+    assert shipped.trap_rate == pytest.approx(1 / 16)
+    sweep = Sweep(load_spec(spec), tmp_path / "r.db", workers=1)
+    sweep.run(progress=False)
+    rows = sweep.store.rows(kind="attack")
+    assert len(rows) == 3 and all(r["status"] == "done" and r["threat_model"] == "malicious-server" for r in rows)
+    assert all(r["metrics"]["client_check"] == 1.0 for r in rows)
+    plain = next(r for r in rows if r["attack"] == "trap-weights" and r["defense"] == "none")
+    assert min(plain["per_sample"]["mse"]) < 1e-10  # some digit read exactly
+    sweep.store.close()

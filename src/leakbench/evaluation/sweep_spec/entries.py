@@ -59,7 +59,9 @@ class TrainingEntry(_Strict):
 
 #: what a malicious server can ship in place of the model, and the function that builds it.
 SERVER_MOVES = {"imprint": "leakbench.models.malicious.imprint",
-                "random_head": "leakbench.models.malicious.random_head"}
+                "random_head": "leakbench.models.malicious.random_head",
+                "trap_weights": "leakbench.models.active.trap_weights",
+                "fishing": "leakbench.models.active.fishing"}
 #: arguments of those functions the trial sets itself (the model, its shape, the public sample).
 
 
@@ -69,13 +71,19 @@ class ServerEntry(_Strict):
     ``imprint: {bins: K, ...}`` puts Robbing the Fed's imprint block in front of the model
     (options of :func:`leakbench.models.malicious.imprint`); ``random_head: {width: W, ...}``
     swaps the last linear layer for Liu et al.'s partly random head (App. F; options of
-    :func:`~leakbench.models.malicious.random_head`).  ``public``: images the server holds
-    (drawn from the dataset, never one of the attacked images) to place the imprint bins at
-    equal-mass quantiles or centre the random head (``center: calibration``).
+    :func:`~leakbench.models.malicious.random_head`); ``trap_weights: {...}`` gives the first FC layer
+    Boenisch et al.'s trap rows (``neurons: K``: a trap block in front of any model; options of
+    :func:`~leakbench.models.active.trap_weights`; without ``rate`` or ``scale`` each row fires for
+    1/(B·L) of the public images, B the batch and L the clients of ``secagg:L``); ``fishing: {target: c}``
+    is Wen et al.'s class fishing (:func:`~leakbench.models.active.fishing`).  ``public``: images the
+    server holds (drawn from the dataset, never one of the attacked images) to place the imprint bins at
+    equal-mass quantiles, calibrate the trap rows or centre the random head (``center: calibration``).
     """
 
     imprint: dict[str, Any] | None = None
     random_head: dict[str, Any] | None = None
+    trap_weights: dict[str, Any] | None = None
+    fishing: dict[str, Any] | None = None
     public: int = Field(256, ge=2)
 
     @model_validator(mode="after")

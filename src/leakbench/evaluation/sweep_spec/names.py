@@ -217,9 +217,12 @@ def server_options(name: str) -> list[str]:
     """The options a server move accepts (its function's keyword arguments less those the trial sets)."""
     import inspect
 
-    from ...models import malicious
+    import importlib
 
-    fn = getattr(malicious, name)
+    from .entries import SERVER_MOVES
+
+    module, _, function = SERVER_MOVES[name].rpartition(".")
+    fn = getattr(importlib.import_module(module), function)
     return [p for p in inspect.signature(fn).parameters if p not in SERVER_SET_BY_TRIAL]
 
 

@@ -46,7 +46,7 @@ def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     device = torch.device(spec.device)
     data = dataset_for(spec)
     clock.lap("load")
-    model = model_for(spec, data, device, cache_dir)
+    model = honest = model_for(spec, data, device, cache_dir)
     if spec.server:
         model = apply_server(spec, model, data)
     clock.lap("model")
@@ -58,7 +58,20 @@ def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     result = _attacked(spec, obs, x, y, data, clock)
     if result.status == "done":  # an update too small to carry anything is said to be that (:mod:`.strongest`)
         result.metrics["update_norm"] = float(torch.sqrt(sum((s.double() ** 2).sum() for s in obs.shared)))
+        if spec.server:
+            result.metrics["client_check"] = client_check(honest, model, x, y, spec.threat.get("loss", "ce"))
     return result
+
+
+def client_check(honest: torch.nn.Module, shipped: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 loss: str) -> float:
+    """1.0 when the client's check (:func:`leakbench.analysis.inspect`: the shipped model against the honest one
+    it replaces, with the attacked batch) would have refused the model before training, else 0.0."""
+    from ...analysis import inspect
+
+    if not x.is_floating_point():  # token ids: the data check runs on images only
+        return float(inspect(honest, shipped).suspicious)
+    return float(inspect(honest, shipped, x=x, y=y, loss=loss).suspicious)
 
 
 def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, clock: Clock) -> TrialResult:
@@ -184,4 +197,4 @@ def _unigram(spec: TrialSpec, data) -> torch.Tensor:
     return _unigram_of(spec.dataset, json.dumps(spec.data_options, sort_keys=True))
 
 
-__all__ = ["is_text", "text_result", "TEXT_METRICS"]
+__all__ = ["attack_trial", "client_check", "is_text", "text_result", "TEXT_METRICS"]

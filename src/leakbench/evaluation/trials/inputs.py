@@ -138,14 +138,29 @@ def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Modu
     The server's random draws take the trial seed; the public sample it calibrates with holds
     none of the images attacked with that seed.
     """
-    from ...models import malicious
+    import importlib
+
+    from ..sweep_spec.entries import SERVER_MOVES
 
     name, options = spec.server["move"], dict(spec.server.get("options") or {})
     options.setdefault("seed", spec.seed)
-    if name == "imprint" or options.get("center") == "calibration":
+    if name == "trap_weights" and "rate" not in options and "scale" not in options:
+        # the server sets the batch size (and knows the clients it aggregates): each row fires for 1/(B·L)
+        options["rate"] = 1.0 / (spec.batch_size * aggregated_clients(spec.defense))
+    calibrated = name in ("imprint", "fishing") or (name == "trap_weights" and "scale" not in options) \
+        or options.get("center") == "calibration"
+    if calibrated:
         pool, _ = data.batch(max(spec.images, spec.batch_size * (spec.batch + 1)), seed=spec.seed)
         options["calibration"] = public_sample(data, pool, int(spec.server.get("public", 256)), seed=spec.seed)
-    return getattr(malicious, name)(model, input_shape=data.shape, **options)
+    module, _, function = SERVER_MOVES[name].rpartition(".")
+    return getattr(importlib.import_module(module), function)(model, input_shape=data.shape, **options)
+
+
+def aggregated_clients(defense: str) -> int:
+    """L of a ``secagg:L`` part of the defense spec (1 without secure aggregation)."""
+    from ...defenses import SecureAggregation, parse, parts_of
+
+    return next((p.L for p in parts_of(parse(defense)) if isinstance(p, SecureAggregation)), 1)
 
 
 def observed_defense(spec: TrialSpec) -> str:
@@ -154,4 +169,4 @@ def observed_defense(spec: TrialSpec) -> str:
     return "none" if spec.client == "public" else spec.defense
 
 
-__all__ = ["batch_for", "model_for", "dataset_for", "apply_server"]
+__all__ = ["batch_for", "model_for", "dataset_for", "apply_server", "aggregated_clients"]

@@ -13,6 +13,8 @@ and client mods), current since Flower 1.21; tested with Flower 1.41 and 1.42.
 - :func:`defense_mod` (client): leakbench defense specs (``prune:0.9``, ``clip:1+noise:0.01``,
   ``dpsgd:1,0.5`` with Opacus accounting) on what the client sends; :func:`local_train` is the local
   SGD loop that runs the in-step ones (DP-SGD, dropout).
+- :func:`inspect_mod` (client): before training, checks the received model for the footprints of known
+  malicious-server modifications (:func:`leakbench.analysis.inspect`) and refuses a suspicious one with the evidence.
 - :class:`Auditor` and :class:`AuditLog`: the audit core and the store writer, usable without Flower's
   runtime (e.g. on updates saved from another framework).
 
@@ -29,10 +31,11 @@ from .audit import AttackChoice, Audited, Auditor, attack_choices, best, chance
 from .keys import FitKeys, LocalTraining, local_training
 from .mods import AUDIT_KEYS, AUDIT_NOTE_KEY, EPSILON_KEY, UNDECIDED, VERDICT_KEY, audit_mod, defense_mod
 from .storage import AuditLog, FederatedSpec, load_update
+from .check import inspect_mod
 from .strategy import AuditStrategy
 from .train import LocalResult, in_step_defense, local_train
 
-__all__ = ["AuditStrategy", "audit_mod", "defense_mod", "local_train", "in_step_defense", "LocalResult",
+__all__ = ["AuditStrategy", "audit_mod", "defense_mod", "inspect_mod", "local_train", "in_step_defense", "LocalResult",
            "Auditor", "Audited", "AttackChoice", "attack_choices", "best", "chance", "AuditLog", "FederatedSpec",
            "load_update", "FitKeys", "LocalTraining", "local_training", "AUDIT_KEYS", "AUDIT_NOTE_KEY", "EPSILON_KEY",
            "VERDICT_KEY", "UNDECIDED"]
