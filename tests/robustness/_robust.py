@@ -175,10 +175,16 @@ def _long_spec(tmp_path: Path) -> Path:
                                     "attacks": [{"name": "dlg", "options": {"iterations": 200}}]})
 
 
+def default_sigint() -> None:
+    """In the child before exec: Ctrl-C as a user's terminal delivers it.  A test run started as a background job
+    (``pytest ... &``) ignores SIGINT, and an ignored signal stays ignored across exec."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_after_two_trials(args: list[str], db: Path, cwd: Path) -> str:
     """Run ``leakbench ARGS``, send SIGINT once two trials are done; its "interrupted: …" line (exit 130 asserted)."""
     proc = subprocess.Popen([sys.executable, "-m", "leakbench.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd)
+                            stderr=subprocess.PIPE, text=True, env=ENV, cwd=cwd, preexec_fn=default_sigint)
     deadline = time.time() + 120
     while time.time() < deadline:
         time.sleep(0.2)

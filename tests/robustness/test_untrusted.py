@@ -20,6 +20,7 @@ import leakbench as lb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _robust import (  # noqa: E402
+    default_sigint,
     CASE_SECONDS,
     ENV,
     FORK_DRIVER,
@@ -288,7 +289,7 @@ def test_untrusted_traceback_ctrl_c_during_start_up_exits_130(w, entry):
         pytest.skip("no leakbench console script beside this Python")
     argv = [sys.executable, "-m", "leakbench.cli"] if entry == "module" else [str(script)]
     proc = subprocess.Popen([*argv, "evaluate", str(w / "good.yaml"), "--dry-run"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV, cwd=w)
+                            stderr=subprocess.PIPE, text=True, env=ENV, cwd=w, preexec_fn=default_sigint)
     time.sleep(0.3)  # still importing torch (seconds): the signal lands before any command runs
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
