@@ -38,6 +38,8 @@ one such defense per spec); topk acts on the shared tensors.
 """
 from __future__ import annotations
 
+import abc
+
 import math
 import weakref
 from typing import Any
@@ -114,13 +116,14 @@ def soteria_gradient(model, params, x, y, loss_fn, generator, *, p: float) -> li
     return grads
 
 
-class _StepDefense(Defense):
+class _StepDefense(Defense, abc.ABC):
     """A defense that replaces one step's gradient (stage ``step``: one such defense per spec)."""
 
     stage = "step"
 
-    def gradient(self, model, params, x, y, loss_fn, generator) -> list[torch.Tensor]:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def gradient(self, model, params, x, y, loss_fn, generator) -> list[torch.Tensor]:
+        """The client's step gradient under this defense, one tensor per parameter."""
 
     def configure(self, plan: ClientPlan) -> None:
         if plan.gradient is not None:

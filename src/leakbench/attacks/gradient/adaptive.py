@@ -41,6 +41,8 @@ it would be read from.
 """
 from __future__ import annotations
 
+import abc
+
 import dataclasses
 from dataclasses import dataclass
 
@@ -103,8 +105,9 @@ class _Masked(_Adaptive):
     Options = MatchingSettings
     presets = MATCH_PRESETS
 
-    def masks(self, obs: Observation) -> list[torch.Tensor]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def masks(self, obs: Observation) -> list[torch.Tensor]:
+        """Per shared tensor, 1 where the defense sent the entry and 0 where it did not."""
 
     def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
         labels = recover_labels(obs, seed=seed)
