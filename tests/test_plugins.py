@@ -2,6 +2,7 @@
 and the spec's plugins:, --plugin and entry points bring it into sweeps, workers and the CLI."""
 from __future__ import annotations
 
+import csv
 import importlib.metadata
 import itertools
 import json
@@ -23,6 +24,7 @@ from leakbench.evaluation.trials.plan import plan
 from leakbench.evaluation.running.run import run_trial
 from leakbench.metrics import METRICS, SCORES
 from leakbench.models import MODELS
+from leakbench.report import write_report
 
 _COUNT = itertools.count()
 
@@ -272,6 +274,20 @@ def test_registered_metrics_are_computed_by_compare_and_stored_by_sweeps(plugin,
     scores = lb.compare(0.5 * x, x)
     assert scores[f"l1-{tag}"] == pytest.approx(float((0.5 * x).abs().mean()))
     assert SCORES[f"l1-{tag}"].label == f"L1 {tag}" and not SCORES[f"l1-{tag}"].column
+    # its chance level: the same metric on the flat image at the chance level
+    assert scores[f"chance_l1-{tag}"] == pytest.approx(float((x.mean() - x).abs().mean()))
+    # the trial says how to show it, so the report and the CSV carry it without importing the plug-in
+    assert row["metrics"]["metric_info"] == {f"l1-{tag}": {"label": f"L1 {tag}", "higher_is_better": False,
+                                                            "fmt": ".4g", "origin": name}}
+    files = write_report(tmp_path / "r.db", tmp_path / "report")
+    page = files.index.read_text()
+    assert f"L1 {tag} ↓ (plug-in {name})" in page and "Identifiability and plug-in metrics" in page
+    value = format(row["metrics"][f"l1-{tag}"], ".4g")
+    assert f"{value} <small>(chance {format(row['metrics'][f'chance_l1-{tag}'], '.4g')})</small>" in page
+    with files.csv.open() as f:
+        record = next(r for r in csv.DictReader(f) if r["kind"] == "attack")
+    assert float(record[f"plugin:l1-{tag}"]) == pytest.approx(row["metrics"][f"l1-{tag}"])
+    assert float(record[f"plugin:chance_l1-{tag}"]) == pytest.approx(row["metrics"][f"chance_l1-{tag}"])
 
 
 def test_a_score_without_a_function_and_a_failing_metric_are_refused(plugin, monkeypatch):

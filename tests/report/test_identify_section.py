@@ -26,3 +26,17 @@ def test_identify_table_shows_scores_with_chance_grouped_by_tags():
     assert "bn-stats" not in identify_table(labelled, "eavesdropper", "digits", "mlp:20").split("<p")[0]
     assert "labels" in identify_table(labelled, "eavesdropper", "digits", "mlp:20")
     assert 'title="needs: gradient, update, labels"' in attack_cell("ig", "inverting-gradients")
+
+
+def test_plugin_metrics_stored_with_trials_become_columns_and_a_stored_format_cannot_size_the_page():
+    info = {"max-err": {"label": "max error", "higher_is_better": False, "fmt": ".2f", "origin": "mine"},
+            "wide": {"label": "wide", "higher_is_better": True, "fmt": "999999999f", "origin": "mine"}}
+    rows = [_row("kkt", "none", 0.5, **{"max-err": 0.25, "chance_max-err": 0.75, "wide": 2.0, "chance_wide": 1.0,
+                                        "metric_info": info})]
+    html = identify_table(rows, "eavesdropper", "digits", "mlp:20")
+    assert "Identifiability and plug-in metrics" in html and "max error ↓ (plug-in mine)" in html
+    assert "0.25 <small>(chance 0.75)</small>" in html  # the plug-in's own format
+    assert "wide ↑ (plug-in mine)" in html and "2 <small>(chance 1)</small>" in html  # refused format: .4g
+    assert len(html) < 20_000
+    plain = identify_table([_row("kkt", "none", 0.5)], "eavesdropper", "digits", "mlp:20")
+    assert "plug-in" not in plain and "<h4>Identifiability by threat needs" in plain

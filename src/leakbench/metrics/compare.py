@@ -95,9 +95,31 @@ def _mean(values: torch.Tensor) -> float:
 OWN = ("mse", "rmse", "psnr", "ssim", "label_acc", "label_count_acc", "lpips", "psnr_registered")
 
 
-def registered(matched: torch.Tensor, x: torch.Tensor, result: dict[str, Any], per_sample: dict[str, list]) -> None:
+def _metric_values(name: str, reconstruction: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The B values of the registered metric ``name``; a failing metric, a wrong count or a NaN is one line."""
+    try:
+        values = METRICS.get(name)(reconstruction, x)
+        values = torch.as_tensor(values).detach().to("cpu", torch.float64).reshape(-1)
+    except Exception as err:  # noqa: BLE001 - a plug-in's metric: one line naming it
+        first = " ".join(str(err).split())[:160]
+        raise ConfigError(f"metric {name!r} (from {METRICS.origin(name)}) failed: {type(err).__name__}: {first}; "
+                          "a metric takes (reconstruction, original), both B×C×H×W, and returns B values") from None
+    if values.numel() != x.shape[0]:
+        raise ConfigError(f"metric {name!r} (from {METRICS.origin(name)}) returned {values.numel()} value(s) for a "
+                          f"batch of {x.shape[0]}; a metric returns one value per sample (shape (B,))")
+    if torch.isnan(values).any():  # NaN is a failure, not a score (±inf is a limit, e.g. PSNR of an exact copy)
+        i = int(torch.isnan(values).nonzero()[0])
+        raise ConfigError(f"metric {name!r} (from {METRICS.origin(name)}) returned NaN for sample {i}; a metric "
+                          "returns a number for every pair (guard its divisions)")
+    return values
+
+
+def registered(matched: torch.Tensor, x: torch.Tensor, result: dict[str, Any], per_sample: dict[str, list], *,
+               flat: torch.Tensor | None = None) -> None:
     """Every other metric of ``METRICS`` (a plug-in's too) on the matched pairs: its mean into ``result``, its
-    per-sample values into ``per_sample``.  A score listed in ``SCORES`` with no function is refused."""
+    per-sample values into ``per_sample``; with ``flat`` (a flat image at the chance level), its chance level
+    ``result["chance_<name>"]`` (the same metric on that image).  A score listed in ``SCORES`` with no function
+    is refused."""
     orphans = [n for n in SCORES if n not in BUILTIN_SCORES and n not in METRICS]
     if orphans:
         raise ConfigError(f"score {orphans[0]!r} is listed in SCORES but has no function in METRICS, so nothing can "
@@ -106,18 +128,11 @@ def registered(matched: torch.Tensor, x: torch.Tensor, result: dict[str, Any], p
     for name in METRICS.names():
         if name in OWN:
             continue
-        try:
-            values = METRICS.get(name)(matched, x)
-            values = torch.as_tensor(values).detach().to("cpu", torch.float64).reshape(-1)
-        except Exception as err:  # noqa: BLE001 - a plug-in's metric: one line naming it
-            first = " ".join(str(err).split())[:160]
-            raise ConfigError(f"metric {name!r} (from {METRICS.origin(name)}) failed: {type(err).__name__}: {first}; "
-                              "a metric takes (reconstruction, original), both B×C×H×W, and returns B values") from None
-        if values.numel() != x.shape[0]:
-            raise ConfigError(f"metric {name!r} (from {METRICS.origin(name)}) returned {values.numel()} value(s) for a "
-                              f"batch of {x.shape[0]}; a metric returns one value per sample (shape (B,))")
+        values = _metric_values(name, matched, x)
         per_sample[name] = values.tolist()
         result[name] = _mean(values)
+        if flat is not None:
+            result[f"chance_{name}"] = _mean(_metric_values(name, flat, x))
 
 
 def flat_chance(x: torch.Tensor, level: float, *, data_range: float = 1.0) -> dict[str, Any]:
@@ -194,7 +209,9 @@ def compare(
       of y| / B — batch-level label recovery, independent of the pairing when
       there are as many reconstructions as originals; None like label_acc.
     - every other metric of ``leakbench.metrics.METRICS`` (``"cosine"``, a plug-in's registered with
-      :func:`leakbench.metrics.register`): the mean of its per-sample values on the matched pairs.
+      :func:`leakbench.metrics.register`): the mean of its per-sample values on the matched pairs, and for
+      floating-point data ``"chance_<name>"``, the same metric on the flat image at ``chance_level``.  A metric
+      that returns NaN is refused (one line naming it).
     - ``"lpips"``: mean LPIPS distance when ``lpips=True`` and LPIPS can run
       offline, else None; when it was asked for but cannot run,
       ``"lpips_missing"`` holds the reason.  ``lpips_weights``: a directory of user-supplied weights in the
@@ -283,10 +300,11 @@ def compare(
     else:
         result["ssim"] = result["psnr_registered"] = None
 
-    registered(matched, x, result, per_sample)
-
     if x.is_floating_point():
         level = float(x.double().mean()) if chance_level is None else float(chance_level)
+    registered(matched, x, result, per_sample, flat=torch.full_like(x, level) if x.is_floating_point() else None)
+
+    if x.is_floating_point():
         chance = flat_chance(x, level, data_range=data_range)
         per_sample["chance_rmse"] = chance.pop("per_sample")
         result.update(chance)

@@ -16,7 +16,7 @@ from .identify import psnr_registered
 from .image import cosine, mse, psnr, rmse, ssim
 from .scores import SCORES, MetricInfo
 
-__all__ = ["METRICS", "register", "Metric"]
+__all__ = ["METRICS", "register", "Metric", "plugin_info"]
 
 #: ``metric(reconstruction, original) -> Tensor`` of shape (B,)
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -46,3 +46,17 @@ def register(name: str, *, higher_is_better: bool, label: str | None = None, fmt
         return fn
 
     return deco
+
+
+def plugin_info() -> dict[str, dict[str, object]]:
+    """name → ``{label, higher_is_better, fmt, origin}`` of every registered metric that is not leakbench's own (a
+    plug-in's): a sweep stores it with each trial, so the report can show the metric without importing the plug-in."""
+    out: dict[str, dict[str, object]] = {}
+    for name in METRICS.names():
+        origin = METRICS.origin(name)
+        if origin == "leakbench" or origin.startswith("leakbench."):
+            continue
+        info = METRICS.info(name) or MetricInfo(name, higher_is_better=False)
+        out[name] = {"label": info.label, "higher_is_better": bool(info.higher_is_better), "fmt": info.fmt,
+                     "origin": origin}
+    return out

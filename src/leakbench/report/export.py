@@ -36,8 +36,27 @@ RESULT_COLUMNS = ("key", "kind", "dataset", "model", "attack", "defense", "defen
                   *TEXT_COLUMNS, "seconds", "attempts", "worker", "error", "npz", "png")
 
 
+#: at most this many plug-in metrics become columns (names from a stored file never size the table unbounded)
+MAX_PLUGIN_COLUMNS = 32
+
+
+def plugin_metric_names(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The plug-in metrics the trials stored (their ``metric_info``), first seen first, at most
+    :data:`MAX_PLUGIN_COLUMNS` of names up to 60 characters."""
+    names: dict[str, None] = {}
+    for r in rows:
+        info = (r.get("metrics") or {}).get("metric_info")
+        for name in info if isinstance(info, Mapping) else ():
+            if isinstance(name, str) and 0 < len(name) <= 60 and len(names) < MAX_PLUGIN_COLUMNS:
+                names.setdefault(name)
+    return list(names)
+
+
 def result_records(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One flat dict per trial (columns :data:`RESULT_COLUMNS`) from :meth:`Store.rows` output."""
+    """One flat dict per trial (columns :data:`RESULT_COLUMNS`, then ``plugin:<name>`` and ``plugin:chance_<name>``
+    of each plug-in metric the trials stored) from :meth:`Store.rows` output."""
+    rows = list(rows)
+    plugins = plugin_metric_names(rows)
     out = []
     for r in rows:
         family, parameter = defense_family(r.get("defense") or "none")
@@ -51,6 +70,10 @@ def result_records(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         text = r.get("kind") == "attack" and metrics.get("modality") == "text"
         for name in TEXT_COLUMNS:
             record[name] = metrics.get(name) if text else None
+        for name in plugins:  # a plug-in's column name starts with "plugin:", never a formula in a spreadsheet
+            for key in (name, f"chance_{name}"):
+                value = metrics.get(key) if r.get("kind") == "attack" else None
+                record[f"plugin:{key}"] = value if isinstance(value, (int, float)) else None
         out.append(record)
     return out
 
@@ -107,5 +130,5 @@ def write_parquet(records: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
     return path
 
 
-__all__ = ["RESULT_COLUMNS", "FORMULA_PREFIXES", "safe_cell", "result_records", "strongest_records", "write_csv", "write_parquet",
+__all__ = ["RESULT_COLUMNS", "plugin_metric_names", "FORMULA_PREFIXES", "safe_cell", "result_records", "strongest_records", "write_csv", "write_parquet",
            "parquet_available"]

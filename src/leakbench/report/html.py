@@ -310,7 +310,8 @@ def _write(store: Store, out: Path) -> ReportFiles:
     references = membership_defenses(rows)
 
     records = [{"threat_model": threat_model(r), **rec} for r, rec in zip(rows, result_records(rows))]
-    columns = ["key", "kind", "threat_model", *(c for c in RESULT_COLUMNS if c not in ("key", "kind", "threat_model"))]
+    columns = ["key", "kind", "threat_model", *(c for c in RESULT_COLUMNS if c not in ("key", "kind", "threat_model")),
+               *(c for c in (records[0] if records else {}) if c.startswith("plugin:"))]
     best_records = [{"threat_model": s.threat_model, **rec} for s, rec in zip(best, strongest_records(best))]
     files = ReportFiles(index=out / "index.html", csv=write_csv(records, out / "results.csv", columns),
                         strongest_csv=write_csv(best_records, out / "strongest.csv"))

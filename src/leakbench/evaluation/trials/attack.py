@@ -78,6 +78,7 @@ def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, cloc
     """Run the spec's attack on ``obs`` and score it against the batch ``(x, y)``."""
     from ...metrics import compare
     from ...metrics.perceptual import user_weights
+    from ...metrics.registered import plugin_info
 
     try:
         rec = run_attack(spec, obs, clock)
@@ -117,6 +118,9 @@ def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, cloc
     order = scores.pop("order")
     metrics = {k: v for k, v in scores.items() if v is None or isinstance(v, (int, float))}
     metrics["matching"] = str(scores.get("matching", "total-mse"))  # which pairing of Liu et al. eq. 1 scored it
+    shown = {name: info for name, info in plugin_info().items() if name in metrics}
+    if shown:  # how the report labels a plug-in's metric, without importing the plug-in
+        metrics["metric_info"] = shown
     arrays = {}
     if spec.save_images:
         arrays = {"x": x.numpy(), "y": y.numpy(), "reconstruction": images.numpy(),
