@@ -21,15 +21,16 @@ import numpy as np
 
 from ..evaluation.membership.audit import epsilon_lower_bound
 from ..evaluation.membership.verdict import MembershipDefense, MembershipVerdict, membership_verdicts
+from ..evaluation.trials.plan import split_round
 from ..evaluation.verdicts.stats import CONFIDENCE, MIN_N, Interval
 from ..evaluation.verdicts.rows import finite
 from ..evaluation.verdicts.weights import roc_curve
 from .attack_section import Drawn
-from .markup import MISSING, esc, figure, hover, num, slug, table
+from .markup import MISSING, esc, figure, hover, muted, num, slug, table
 from .plots import roc_plot
 from .verdict_text import SUMMARY_BUDGET, budget_text, ci, ci_n
 
-__all__ = ["reference_section", "reference_summary", "membership_decision", "audit_rows", "BROKEN"]
+__all__ = ["reference_section", "rounds_table", "reference_summary", "membership_decision", "audit_rows", "BROKEN"]
 
 #: the words of the red flag.
 BROKEN = "this DP-SGD implementation is broken"
@@ -222,9 +223,47 @@ def _verdict_table(found: Sequence[MembershipVerdict]) -> str:
                   "utility loss ± 95 % CI", "strongest AUC without a defense"], rows, css="verdicts")
 
 
+def rounds_table(defenses: Sequence[MembershipDefense]) -> str:
+    """Membership along training: per federated run (a model named "… · round t"), a table defense × round of the
+    strongest attack's AUC with its interval, beside the run's test accuracy; "" when no run was attacked."""
+    runs: dict[tuple[str, str], dict[tuple[str, int], MembershipDefense]] = {}
+    for d in defenses:
+        base, round_ = split_round(d.model)
+        if round_ is not None:
+            runs.setdefault((d.dataset, base), {})[(d.defense, round_)] = d
+    if not runs:
+        return ""
+    parts = ["<h4>Membership along training</h4>",
+             muted("A model named “… · round t” is the global model of a federated run at round t: the checkpoint "
+                   "the reconstruction attacks of that round see. Members are the clients' samples, non-members as "
+                   "many of the run's test split, attacked without reference models (a run has none); round 0 is "
+                   "the untrained model, which no sample has touched: its AUC is the run's own chance control. "
+                   "Each cell: the strongest attack's AUC with its 95 % interval (n = points) and the run's test "
+                   "accuracy at that round; bold where the AUC lies significantly above 0.5.")]
+    for (dataset, base), cells in runs.items():
+        rounds = sorted({r for _, r in cells})
+        rows = []
+        for defense in dict.fromkeys(d for d, _ in cells):
+            row: list[Any] = [esc(defense)]
+            for r in rounds:
+                d = cells.get((defense, r))
+                if d is None or d.strongest is None or not d.strongest.trials:
+                    row.append((MISSING, "na"))
+                    continue
+                auc = d.strongest.auc
+                text = (f"{ci_n(auc, 3)}<br><small>accuracy {num(d.test_accuracy, 2)}</small>")
+                row.append((text, "best" if d.strongest.beats_chance else ""))
+            rows.append(row)
+        parts.append(f"<p><b>{esc(dataset)} · {esc(base)}</b></p>"
+                     + table(["defense", *(f"round {r}" for r in rounds)], rows))
+    return "".join(parts)
+
+
 def reference_section(defenses: Sequence[MembershipDefense], out: Path, drawn: Drawn) -> str:
     """The section's HTML (module docstring)."""
-    parts = ["<h3>Reference-model attacks (loss, LiRA, RMIA)</h3>",
+    trained = any(split_round(d.model)[1] is None for d in defenses)  # a reference-model entry's targets
+    parts = ["<h3>Reference-model attacks (loss, LiRA, RMIA)</h3>" if trained else
+             "<h3>Membership attacks on a federated run's rounds</h3>",
              "<p>Each target is trained with the recipe and the defense on a seeded half of a pool of points (its "
              "members; the other half are its non-members); reference models are trained the same way on "
              "complementary halves. Chance is AUC 0.5 and TPR = FPR. AUC with a 95 % stratified bootstrap interval "
@@ -233,8 +272,9 @@ def reference_section(defenses: Sequence[MembershipDefense], out: Path, drawn: D
              "attack per defense has the highest AUC; a defense <i>stops</i> the attacks when none has AUC "
              "significantly above 0.5 (nor TPR at 1 % FPR above 1 %). The utility loss is the increase of the final "
              "training loss over the undefended run, paired over the target and its reference models (each trains "
-             "with the defense).</p>"]
+             "with the defense).</p>" if trained else ""]
     found = membership_verdicts(defenses)
+    parts.append(rounds_table(defenses))
     for dataset, model in dict.fromkeys((d.dataset, d.model) for d in defenses):
         mine = [d for d in defenses if (d.dataset, d.model) == (dataset, model)]
         here = [v for v in found if (v.dataset, v.model) == (dataset, model)]

@@ -24,10 +24,10 @@ def _spec(**entry) -> dict:
 
 
 def test_an_entry_is_either_a_margin_target_or_a_model_with_reference_models():
-    with pytest.raises(ConfigError, match=r"membership\[0\].*expected target: .* or both model: and dataset:"):
+    with pytest.raises(ConfigError, match=r"membership\[0\].*expected target: .*both model: and dataset: .*or run:"):
         load_spec({**SPEC, "membership": [{"model": "mlp:8"}]})
     target = {"dataset": {"name": "sphere", "options": {"n": 40, "d": 20}}, "per_class": 5}
-    with pytest.raises(ConfigError, match="got both"):
+    with pytest.raises(ConfigError, match="got target: and model:/dataset:"):
         load_spec({**SPEC, "membership": [{**ENTRY, "target": target}]})
     with pytest.raises(ConfigError, match=r"membership\[0\]\.attacks\[0\]\.name.*membership-lira"):
         load_spec(_spec(attacks=["membership-lirra"]))

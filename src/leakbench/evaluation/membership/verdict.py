@@ -51,7 +51,7 @@ AUC_RESAMPLES = 1000
 def is_reference(row: Mapping[str, Any]) -> bool:
     """A reference-model membership row (not the margin attack on a two-layer target)."""
     spec = row.get("spec") or {}
-    return row.get("kind") == "membership" and (spec.get("membership") or {}).get("form") == "reference"
+    return row.get("kind") == "membership" and (spec.get("membership") or {}).get("form") in ("reference", "run")
 
 
 def _points(row: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:

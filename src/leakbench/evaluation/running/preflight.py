@@ -67,7 +67,12 @@ def _upper_bound(spec: SweepSpec) -> int:
     per_batch = len(spec.attacks) + (1 if spec.bounds is not None and spec.bounds.cramer_rao else 0)
     published = sum(len(e.attacks) * len(e.seeds) for e in spec.weights)
     published += sum(len(e.attack_list) * len(e.seeds) * (len(e.defense_specs(spec.defense_specs())) if e.reference
-                                                           else len(e.settings)) for e in spec.membership)
+                                                           else len(e.settings))
+                     for e in spec.membership if e.run is None)
+    # a run's rounds: every dataset, round, defense and seed of the sweep (rounds at most 1000, bounded by the spec)
+    published += sum(len(e.attack_list) * len(spec.seeds) * len(spec.defense_specs()) * len(spec.datasets)
+                     * len(e.rounds or getattr(getattr(spec.run_model(e.run), "federated", None), "rounds", [0]))
+                     for e in spec.membership if e.run is not None)
     return settings * (batches * per_batch + (len(spec.batch_sizes) if spec.utility is not None else 0)) + published
 
 
@@ -243,7 +248,7 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
         for i, entry in enumerate(getattr(spec, section)):
             if entry.target is not None:
                 _check_target_data(entry.target, f"{section}[{i}].target")
-            else:
+            elif getattr(entry, "run", None) is None:  # a run's rounds: its datasets and run are checked above
                 _check_pool(entry, f"membership[{i}]")
                 _check_recipe(spec, entry, i)
     report.seconds = time.perf_counter() - start

@@ -13,17 +13,21 @@ import torch
 
 from ... import plugins
 from ...errors import BudgetExceeded, LeakbenchError, UnsupportedThreatModel
-from ..membership import published, reference_trial
+from ..membership import published, reference_trial, round_trial
 from ..trials.trial import KINDS, Clock, TrialResult, TrialSpec, non_finite, trial_budget, worker_id
 from ..trials.attack import attack_trial
 from ..trials.kinds import bound_trial, utility_trial
 
+#: the membership trial of each form of entry (the margin form, with no ``form``, is the published target's)
+MEMBERSHIP_FORMS = {"reference": reference_trial.reference_trial, "run": round_trial.round_membership_trial}
+
+
 def membership_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
-    """A membership trial: reference-model attacks on a trained target (:mod:`.reference_trial`) or the margin
-    attack on a two-layer net (:func:`.published.membership_trial`)."""
-    if spec.membership.get("form") == "reference":
-        return reference_trial.reference_trial(spec, clock, cache_dir)
-    return published.membership_trial(spec, clock, cache_dir)
+    """A membership trial: reference-model attacks on a trained target (:mod:`.reference_trial`), a reference-free
+    attack on a federated run's round (:mod:`.round_trial`), or the margin attack on a two-layer net
+    (:func:`.published.membership_trial`)."""
+    run = MEMBERSHIP_FORMS.get(spec.membership.get("form"), published.membership_trial)
+    return run(spec, clock, cache_dir)
 
 
 #: the function running trials of each kind of :data:`~.trial.KINDS`

@@ -152,6 +152,11 @@ class SweepSpec(_Strict):
                 seen.setdefault(spec, None)
         return list(seen)
 
+    def run_model(self, name: str) -> ModelEntry | None:
+        """The ``models:`` entry with a ``federated:`` section that ``name`` names (its label, key or spec; a
+        membership entry's ``run``), or None."""
+        return next((m for m in self.models if m.federated is not None and name in (m.key, m.label, m.spec)), None)
+
 
 def load_spec(source: str | Path | Mapping | SweepSpec, *, check: bool = True) -> SweepSpec:
     """Read and validate a sweep spec (a path, YAML text or a mapping).

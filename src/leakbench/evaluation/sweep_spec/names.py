@@ -95,6 +95,9 @@ def _units(spec, where: Source, guard):
         if section == "membership" and entry.reference:
             _check_reference(spec, entry, ("membership", i), where, guard)
             return
+        if section == "membership" and entry.run is not None:
+            _check_run(spec, entry, ("membership", i), where, guard)
+            return
         _check_target(entry.target, (section, i, "target"), where, guard)
         attacks = entry.attack_list if section == "membership" else entry.attacks
         for j, a in enumerate(attacks):
@@ -175,6 +178,42 @@ def _together(spec, where: Source):
 
     yield modalities
     yield labels
+
+
+def _check_run(spec, entry, path: tuple, where: Source, guard) -> None:
+    """A membership entry on a federated run's rounds: the run it names, its rounds and client, and attacks that
+    need no reference models."""
+    from ...attacks.membership import MEMBERSHIP_ATTACKS
+    from .weights import RUN_ATTACKS
+
+    model = spec.run_model(entry.run)
+    if model is None:
+        runs = [m.key for m in spec.models if m.federated is not None]
+        raise ConfigError(f"{where.where(path + ('run',))}: {entry.run!r} names no model entry with a federated: "
+                          f"section; " + (f"federated models: {', '.join(map(repr, runs))}" if runs else
+                                          "add federated: to a models: entry (docs/evaluation.md)"))
+    fed = model.federated
+    missing = [r for r in entry.rounds or () if r not in fed.rounds]
+    if missing:
+        raise ConfigError(f"{where.where(path + ('rounds',))}: round {missing[0]} is not attacked in run "
+                          f"{entry.run!r}; its rounds: {', '.join(map(str, fed.rounds))} (add it to its "
+                          "federated.rounds, so both attacks see the same checkpoints)")
+    if entry.client is not None and entry.client >= fed.clients:
+        raise ConfigError(f"{where.where(path + ('client',))}: run {entry.run!r} has {fed.clients} clients "
+                          f"(0..{fed.clients - 1}), got client {entry.client}")
+    free = {a["name"] for a in RUN_ATTACKS}
+    labels = []
+    for j, a in enumerate(entry.attack_list):
+        guard(path + ("attacks", j, "name"), MEMBERSHIP_ATTACKS.get, a.name)
+        if a.name not in free:
+            raise ConfigError(f"{where.where(path + ('attacks', j, 'name'))}: {a.name!r} needs reference models, "
+                              f"which a run's rounds do not have; use {', '.join(sorted(free))} here, or the "
+                              "model:/dataset: form for LiRA and RMIA (docs/membership.md)")
+        guard(path + ("attacks", j, "options"), MEMBERSHIP_ATTACKS.create, a.name, **a.options)
+        if a.key in labels:
+            raise ConfigError(f"{where.where(path + ('attacks', j))}: attack {a.key!r} is listed twice; give one "
+                              "of them a distinct label (label: ...)")
+        labels.append(a.key)
 
 
 def _check_reference(spec, entry, path: tuple, where: Source, guard) -> None:
@@ -311,7 +350,8 @@ def rule_values(spec) -> dict[str, set[str]]:
     families = {family_of(d)[0] for d in defenses}
     return {"dataset": {v for d in [*spec.datasets, *(e.dataset for e in refs)] for v in (d.name, d.key)},
             "model": {v for m in [*spec.models, *(e.model for e in refs)] for v in (m.spec, m.key)},
-            "attack": {v for a in [*spec.attacks, *(a for e in refs for a in e.attack_list)] for v in (a.name, a.key)},
+            "attack": {v for a in [*spec.attacks, *(a for e in spec.membership if e.target is None
+                                                    for a in e.attack_list)] for v in (a.name, a.key)},
             "defense": set(defenses) | families,
             "batch_size": {str(b) for b in spec.batch_sizes},
             "seed": {str(s) for s in [*spec.seeds, *(s for e in refs for s in e.seeds)]},

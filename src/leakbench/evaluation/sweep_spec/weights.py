@@ -51,6 +51,8 @@ REFERENCE_ATTACKS = ({"name": "membership-loss", "label": "loss"},
                      {"name": "membership-lira", "options": {"online": True}, "label": "lira-online"},
                      {"name": "membership-lira", "options": {"online": False}, "label": "lira-offline"},
                      {"name": "membership-rmia", "label": "rmia"})
+#: the attacks a ``membership`` entry with a ``run`` runs when it names none: those that need no reference models
+RUN_ATTACKS = ({"name": "membership-loss", "label": "loss"},)
 #: the largest population pool and reference-model count an entry may ask for (each model trains on half the pool).
 MAX_POOL = 100_000
 MAX_REFERENCE_MODELS = 256
@@ -81,6 +83,13 @@ class MembershipEntry(_Strict):
     loss, LiRA online and offline, RMIA) are the membership attacks; ``membership-margin`` applies to
     one-output binary models only (``n/a`` otherwise).  ``canaries``: for DP-SGD settings, the one-run audit
     (:func:`~leakbench.evaluation.membership.audit.one_run_audit`) on one more training run holding that many canaries.
+
+    **The rounds of a federated run** (``run``): the label of a ``models:`` entry with a ``federated:`` section;
+    its global model at each of ``rounds`` (default: that entry's rounds) is attacked — the same checkpoints the
+    reconstruction attacks of those rounds see, under each of the sweep's defenses and seeds.  Members: at most
+    ``pool``/2 of the clients' samples (every client's, or client ``client``'s); non-members: as many of the
+    run's test split (:mod:`leakbench.evaluation.membership.round_trial`).  ``attacks`` default to
+    :data:`RUN_ATTACKS`, the ones that need no reference models.
     """
 
     target: TargetEntry | None = None
@@ -98,6 +107,9 @@ class MembershipEntry(_Strict):
     leaked_size: int = Field(10, ge=1)
     bound_width: float = Field(0.2, ge=0, lt=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    run: str | None = Field(None, min_length=1, max_length=200)
+    rounds: list[int] | None = Field(None, min_length=1, max_length=1000)
+    client: int | None = Field(None, ge=0, le=10_000)
 
     @field_validator("settings")
     @classmethod
@@ -117,25 +129,44 @@ class MembershipEntry(_Strict):
 
     @model_validator(mode="after")
     def _one_form(self) -> MembershipEntry:
-        if self.target is not None and (self.model is not None or self.dataset is not None):
-            raise ValueError("expected either target: (the margin attack on a trained two-layer net) or model: and "
-                             "dataset: (reference-model attacks), got both")
-        if self.target is None and (self.model is None or self.dataset is None):
-            raise ValueError("expected target: (the margin attack on a trained two-layer net) or both model: and "
+        forms = [name for name, given in (("target:", self.target is not None),
+                                          ("model:/dataset:", self.model is not None or self.dataset is not None),
+                                          ("run:", self.run is not None)) if given]
+        if len(forms) > 1:
+            raise ValueError(f"expected one form of membership entry — target: (the margin attack on a trained "
+                             f"two-layer net), model: and dataset: (reference-model attacks) or run: (the rounds of "
+                             f"a federated run) — got {' and '.join(forms)}")
+        if not forms or (self.run is None and self.target is None and (self.model is None or self.dataset is None)):
+            raise ValueError("expected target: (the margin attack on a trained two-layer net), both model: and "
                              "dataset: (reference-model attacks: loss, LiRA, RMIA), e.g. "
-                             "{dataset: digits, model: 'mlp:64', reference_models: 4}")
+                             "{dataset: digits, model: 'mlp:64', reference_models: 4}, or run: (the label of a "
+                             "federated model entry, its rounds attacked)")
+        if self.run is None and (self.rounds is not None or self.client is not None):
+            raise ValueError("rounds: and client: belong to the run: form (membership on a federated run's rounds); "
+                             "remove them or name the run")
+        if self.run is not None:
+            extra = sorted(set(self.model_fields_set) & {"seeds", "defenses", "reference_models", "training",
+                                                         "canaries"})
+            if extra:
+                raise ValueError(f"the run: form attacks the sweep's own runs (one per seed and defense of the sweep, "
+                                 f"trained by its federated: section), so {', '.join(extra)} do(es) not apply; "
+                                 "remove it")
+            if self.rounds is not None and any(r < 0 for r in self.rounds):
+                raise ValueError(f"expected rounds ≥ 0 (0 = the start), got {min(self.rounds)}")
         return self
 
     @property
     def reference(self) -> bool:
-        """The reference-model form (``model`` and ``dataset``), not the margin form (``target``)."""
-        return self.target is None
+        """The reference-model form (``model`` and ``dataset``), not the margin form (``target``) nor a run's."""
+        return self.target is None and self.run is None
 
     @property
     def attack_list(self) -> list[AttackEntry]:
         """``attacks``, or the form's default: the margin attack, or :data:`REFERENCE_ATTACKS`."""
         if self.attacks is not None:
             return list(self.attacks)
+        if self.run is not None:
+            return [AttackEntry.model_validate(a) for a in RUN_ATTACKS]
         if self.reference:
             return [AttackEntry.model_validate(a) for a in REFERENCE_ATTACKS]
         return [AttackEntry(name="membership-margin")]
@@ -159,4 +190,4 @@ class MembershipEntry(_Strict):
         return list(seen)
 
 
-__all__ = ["RecipeEntry", "REFERENCE_ATTACKS", "MAX_POOL", "MAX_REFERENCE_MODELS", "TargetEntry", "WeightsEntry", "MembershipEntry", "MEMBERSHIP_SETTINGS"]
+__all__ = ["RecipeEntry", "REFERENCE_ATTACKS", "RUN_ATTACKS", "MAX_POOL", "MAX_REFERENCE_MODELS", "TargetEntry", "WeightsEntry", "MembershipEntry", "MEMBERSHIP_SETTINGS"]

@@ -35,7 +35,7 @@ def _absent_keys(trial: TrialSpec) -> tuple[str, ...]:
         return ("attack", "batch_size")
     if trial.kind == "utility":
         return ("attack", "seed") if trial.batch_size else ("attack", "batch_size", "seed")
-    if trial.kind == "membership" and trial.membership.get("form") == "reference":
+    if trial.kind == "membership" and trial.membership.get("form") in ("reference", "run"):
         return ("batch_size",)  # trained with each defense: rules on defenses apply
     return {"bound": ("attack",), "weights": ("batch_size", "defense"),
             "membership": ("batch_size", "defense")}.get(trial.kind, ())
@@ -126,8 +126,12 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
                                     trials.setdefault(t.key, t)
     for section, kind in (("weights", "weights"), ("membership", "membership")):
         for entry in getattr(spec, section):
-            made = (_reference(entry, spec, common) if kind == "membership" and entry.reference
-                    else _published(entry, kind, common))
+            if kind == "membership" and entry.reference:
+                made = _reference(entry, spec, common)
+            elif kind == "membership" and entry.run is not None:
+                made = _run_membership(entry, spec, common)
+            else:
+                made = _published(entry, kind, common)
             for t in made:
                 if keep(t, spec.include, spec.exclude):
                     trials.setdefault(t.key, t)
@@ -229,6 +233,27 @@ def _reference(entry, spec: SweepSpec, common: dict) -> list[TrialSpec]:
             for defense in entry.defense_specs(spec.defense_specs()):
                 out.append(TrialSpec(seed=seed, defense=defense, attack=a.name, attack_key=a.key,
                                      options=dict(a.options), **base))
+    return out
+
+
+def _run_membership(entry, spec: SweepSpec, common: dict) -> list[TrialSpec]:
+    """The trials of a ``membership`` entry on a federated run (``run``): dataset × round × defense × seed × attack,
+    each on the checkpoint the reconstruction trials of that round attack (the same run: same key, same cache)."""
+    m = spec.run_model(entry.run)
+    fed = m.federated
+    setup = {"form": "run", "pool": entry.pool, "client": entry.client}
+    out = []
+    for d in spec.datasets:
+        for r in entry.rounds or fed.rounds:
+            base = dict(kind="membership", dataset=d.name, data_options=dict(d.options), dataset_key=d.key,
+                        model=m.spec, model_key=round_key(m.key, r), model_options=m.build_options(),
+                        membership=setup, threat={"loss": spec.threat.loss}, **common)
+            for a in entry.attack_list:
+                for defense in spec.defense_specs():
+                    for seed in spec.seeds:
+                        training = {"federated": fed.run_options(), "round": r, "seed": seed}
+                        out.append(TrialSpec(seed=seed, defense=defense, attack=a.name, attack_key=a.key,
+                                             options=dict(a.options), training=training, **base))
     return out
 
 

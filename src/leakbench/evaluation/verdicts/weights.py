@@ -114,7 +114,8 @@ def membership_table(rows: Iterable[Mapping[str, Any]]) -> list[MembershipScore]
     out: dict[tuple, MembershipScore] = {}
     values: dict[tuple, dict[str, list]] = {}
     for r in rows:
-        if r.get("kind") != "membership" or ((r.get("spec") or {}).get("membership") or {}).get("form") == "reference":
+        if r.get("kind") != "membership" or ((r.get("spec") or {}).get("membership") or {}).get("form") in (
+                "reference", "run"):
             continue  # reference-model rows: :mod:`.membership_verdict`
         key = (r.get("dataset") or "", r.get("model") or "", r.get("defense") or "none", membership_setting(r))
         s = out.setdefault(key, MembershipScore(*key))
