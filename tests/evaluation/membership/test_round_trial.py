@@ -94,3 +94,28 @@ def test_a_sweep_scores_membership_per_round_with_round_zero_at_chance_and_resum
     along = html[html.index("Membership along training"):]
     assert "round 0" in along and "round 3" in along and re.search(r"accuracy 0\.\d\d", along)
     assert "Membership attacks on a federated run's rounds" in html  # no reference-model entry in this sweep
+
+
+def test_weights_attacks_run_on_the_rounds_of_a_run_with_their_nonmember_control(tmp_path):
+    spec = {**SPEC, "attacks": [], "membership": [],
+            "weights": [{"run": "fl", "rounds": [3], "members": 40,
+                         "attacks": [{"name": "model-inversion", "options": {"iterations": 20, "candidates": 8}}]}]}
+    trials = [t for t in plan(load_spec(spec)) if t.kind == "weights"]
+    assert {(t.training["round"], t.defense) for t in trials} == {(3, "none"), (3, "noise:0.5")}
+    db = tmp_path / "w.db"
+    assert lb.evaluate(spec, db).complete
+    with Store(db) as store:
+        rows = store.rows(kind="weights")
+    for r in rows:
+        m = r["metrics"]
+        assert r["status"] == "done" and m["n_train"] == m["n_nonmembers"] == 40 and m["round"] == 3
+        # the nearest-neighbour chance: candidates pick members and non-members of the same pool
+        assert 0 <= m["members_nn"] <= 40 and 0 <= m["nonmembers_nn"] <= 40 and m["candidates"] > 0
+    from leakbench.report.html import write_report
+
+    assert "fl · round 3" in write_report(db, tmp_path / "report").index.read_text()
+    with pytest.raises(ConfigError, match=r"weights\[0\]: expected either target: .* got both"):
+        load_spec({**spec, "weights": [{"run": "fl", "attacks": ["kkt"], "target": {
+            "dataset": {"name": "digits"}, "per_class": 2}}]})
+    with pytest.raises(ConfigError, match=r"weights\[0\]\.run: 'cnn' names no model entry"):
+        load_spec({**spec, "weights": [{"run": "cnn", "attacks": ["kkt"]}]})

@@ -1,4 +1,5 @@
-"""Membership inference on the checkpoints of a federated run: does round t's global model tell who trained it?
+"""Membership inference and published-weights attacks on the checkpoints of a federated run: does round t's
+global model tell who trained it, or give their samples back?
 
 A sweep's ``membership`` entry with ``run: <model label>`` (:class:`~..sweep_spec.weights.MembershipEntry`) plans
 one trial per dataset × round × defense × seed × attack.  A trial loads the run's global model θ_t — the
@@ -15,6 +16,11 @@ AUC with its stratified bootstrap interval, TPR at 1 % and 0.1 % FPR where the n
 false positive, the per-point scores (so the membership verdict pairs defenses point by point), and the run's
 utility at the round (training loss, test accuracy).  Round 0 is the untrained model, which no sample has
 touched: its AUC is the run's own chance control (members and non-members are exchangeable there).
+
+A ``weights`` entry with ``run:`` runs its attacks (kkt, model-inversion, univariate) on the same checkpoints and
+scores the candidates as a published target's (:mod:`.published`): members recovered as nearest neighbours beside
+the non-members picked the same way (the chance level), and SSIM-voted members beside test images standing in
+for the candidates.
 """
 from __future__ import annotations
 
@@ -28,23 +34,40 @@ from ..trials.trial import TrialResult, TrialSpec
 from ..verdicts.stats import auc_interval, measurable_fpr
 from .reference_trial import FPRS
 
-__all__ = ["run_points", "round_membership_trial"]
+__all__ = ["run_points", "round_membership_trial", "round_weights_trial"]
 
 
-def run_points(data, spec: TrialSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(indices, is-member flags) of a trial's points: members from the clients' samples, as many non-members
-    from the test split, drawn with the trial's seed only (the same points at every round and defense)."""
+def _draw(data, spec: TrialSpec, client: int | None, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(members, the seeded order of the test split): at most ``count`` of the clients' samples (or client
+    ``client``'s), drawn with the trial's seed only (the same points at every round and defense)."""
     from ..training.federated import layout
 
     seed = int(spec.training["seed"])
     lay = layout(data, spec.training["federated"], seed)
-    client = spec.membership.get("client")
     owners = lay.clients[int(client)] if client is not None else np.concatenate(lay.clients)
-    n = min(int(spec.membership["pool"]) // 2, len(owners), len(lay.test))
     rng = np.random.default_rng([seed % 2**63, 7, 0 if client is None else int(client) + 1])
-    members = rng.choice(owners, size=n, replace=False)
-    outside = rng.choice(lay.test, size=n, replace=False)
-    return np.concatenate([members, outside]), np.repeat([True, False], n)
+    members = rng.choice(owners, size=min(count, len(owners)), replace=False)
+    return members, rng.permutation(lay.test)
+
+
+def run_points(data, spec: TrialSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, is-member flags) of a membership trial's points: at most ``pool``/2 members from the clients'
+    samples and as many non-members from the test split."""
+    members, outside = _draw(data, spec, spec.membership.get("client"), int(spec.membership["pool"]) // 2)
+    n = min(len(members), len(outside))
+    return np.concatenate([members[:n], outside[:n]]), np.repeat([True, False], n)
+
+
+def _checkpoint(spec: TrialSpec, cache_dir) -> tuple[Any, torch.nn.Module, dict, str | None]:
+    """(data, the run's global model at the trial's round in eval mode, its round metrics, why it diverged)."""
+    from ..training.federated import diverged
+
+    data = dataset_for(spec)
+    model = built(spec, data, torch.device(spec.device))
+    state, info = federated_checkpoint(spec, data, model, cache_dir)
+    model.load_state_dict(state)
+    model.eval()
+    return data, model, info, diverged(info)
 
 
 def round_membership_trial(spec: TrialSpec, clock, cache_dir) -> TrialResult:
@@ -53,16 +76,10 @@ def round_membership_trial(spec: TrialSpec, clock, cache_dir) -> TrialResult:
     from ...errors import LeakbenchError
     from ...metrics.membership import tpr_at_fpr
     from ...threat import observe_weights
-    from ..training.federated import diverged
 
     device = torch.device(spec.device)
-    data = dataset_for(spec)
-    model = built(spec, data, device)
-    state, info = federated_checkpoint(spec, data, model, cache_dir)
-    model.load_state_dict(state)
-    model.eval()
+    data, model, info, why = _checkpoint(spec, cache_dir)
     clock.lap("train")
-    why = diverged(info)
     if why is not None and why.startswith("non-finite"):  # a diverged model is no target: never "no leakage"
         return TrialResult(key=spec.key, status="failed", error=f"the run diverged by round "
                                                                  f"{spec.training['round']}: {why}")
@@ -104,3 +121,35 @@ def round_membership_trial(spec: TrialSpec, clock, cache_dir) -> TrialResult:
     per_sample = {"score": [float(v) for v in ranked], "member": [int(v) for v in member]}
     arrays = {"scores": ranked, "is_member": member.astype(np.int64)} if spec.save_images else {}
     return TrialResult(key=spec.key, status="done", metrics=metrics, per_sample=per_sample, arrays=arrays)
+
+
+def round_weights_trial(spec: TrialSpec, clock, cache_dir) -> TrialResult:
+    """A ``weights`` attack (kkt, model-inversion, univariate) on a run's global model at the trial's round, its
+    candidates scored as a published target's (:func:`~.published.weights_scores`): against at most ``members`` of
+    the clients' samples, beside as many of the test split (the nearest-neighbour chance) and as many further
+    test images standing in for the candidates (the SSIM control)."""
+    from ...threat import observe_weights
+    from ..trials.attack import run_attack
+    from .published import _finite_candidates, weights_scores
+
+    data, model, info, why = _checkpoint(spec, cache_dir)
+    clock.lap("train")
+    if why is not None and why.startswith("non-finite"):
+        return TrialResult(key=spec.key, status="failed", error=f"the run diverged by round "
+                                                                 f"{spec.training['round']}: {why}")
+    rec = run_attack(spec, observe_weights(model, input_shape=tuple(data.shape), num_classes=data.num_classes),
+                     clock)
+    if isinstance(rec, TrialResult):
+        return rec
+    candidates, dropped = _finite_candidates(rec.images.detach().to("cpu", torch.float64))
+    members, outside = _draw(data, spec, spec.target.get("client"), int(spec.target["members"]))
+    n = min(len(members), len(outside))
+    control = outside[n:n + int(candidates.shape[0])]
+    images = data.images.detach().cpu().double()
+    metrics: dict[str, Any] = weights_scores(candidates, images[torch.as_tensor(members)],
+                                             images[torch.as_tensor(outside[:n])], images[torch.as_tensor(control)])
+    metrics.update(diverged=dropped + int((rec.trace or {}).get("diverged", 0)), round=int(spec.training["round"]),
+                   train_loss=info.get("train_loss"), test_accuracy=info.get("test_accuracy"))
+    clock.lap("score")
+    return TrialResult(key=spec.key, status="done", metrics=metrics,
+                       timings={"attack_reported": float((rec.trace or {}).get("seconds", 0.0))})

@@ -30,9 +30,16 @@ def membership_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     return run(spec, clock, cache_dir)
 
 
+def weights_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
+    """A published-weights trial: on a target the library trains (:func:`.published.weights_trial`) or on a
+    federated run's round (:func:`.round_trial.round_weights_trial`)."""
+    run = round_trial.round_weights_trial if spec.target.get("run") else published.weights_trial
+    return run(spec, clock, cache_dir)
+
+
 #: the function running trials of each kind of :data:`~.trial.KINDS`
 RUNNERS = {"attack": attack_trial, "utility": utility_trial, "bound": bound_trial,
-           "weights": published.weights_trial, "membership": membership_trial}
+           "weights": weights_trial, "membership": membership_trial}
 
 
 def run_trial(spec: TrialSpec, *, cache_dir: str | Path | None = None, progress=None,

@@ -98,7 +98,10 @@ def _units(spec, where: Source, guard):
         if section == "membership" and entry.run is not None:
             _check_run(spec, entry, ("membership", i), where, guard)
             return
-        _check_target(entry.target, (section, i, "target"), where, guard)
+        if entry.run is not None:  # published weights: a run's rounds instead of a target the library trains
+            _check_run_source(spec, entry, (section, i), where)
+        else:
+            _check_target(entry.target, (section, i, "target"), where, guard)
         attacks = entry.attack_list if section == "membership" else entry.attacks
         for j, a in enumerate(attacks):
             path = (section, i, "attacks", j)
@@ -186,6 +189,24 @@ def _check_run(spec, entry, path: tuple, where: Source, guard) -> None:
     from ...attacks.membership import MEMBERSHIP_ATTACKS
     from .weights import RUN_ATTACKS
 
+    _check_run_source(spec, entry, path, where)
+    free = {a["name"] for a in RUN_ATTACKS}
+    labels = []
+    for j, a in enumerate(entry.attack_list):
+        guard(path + ("attacks", j, "name"), MEMBERSHIP_ATTACKS.get, a.name)
+        if a.name not in free:
+            raise ConfigError(f"{where.where(path + ('attacks', j, 'name'))}: {a.name!r} needs reference models, "
+                              f"which a run's rounds do not have; use {', '.join(sorted(free))} here, or the "
+                              "model:/dataset: form for LiRA and RMIA (docs/membership.md)")
+        guard(path + ("attacks", j, "options"), MEMBERSHIP_ATTACKS.create, a.name, **a.options)
+        if a.key in labels:
+            raise ConfigError(f"{where.where(path + ('attacks', j))}: attack {a.key!r} is listed twice; give one "
+                              "of them a distinct label (label: ...)")
+        labels.append(a.key)
+
+
+def _check_run_source(spec, entry, path: tuple, where: Source) -> None:
+    """The run a ``weights`` or ``membership`` entry names (a federated model entry), its rounds and its client."""
     model = spec.run_model(entry.run)
     if model is None:
         runs = [m.key for m in spec.models if m.federated is not None]
@@ -201,19 +222,6 @@ def _check_run(spec, entry, path: tuple, where: Source, guard) -> None:
     if entry.client is not None and entry.client >= fed.clients:
         raise ConfigError(f"{where.where(path + ('client',))}: run {entry.run!r} has {fed.clients} clients "
                           f"(0..{fed.clients - 1}), got client {entry.client}")
-    free = {a["name"] for a in RUN_ATTACKS}
-    labels = []
-    for j, a in enumerate(entry.attack_list):
-        guard(path + ("attacks", j, "name"), MEMBERSHIP_ATTACKS.get, a.name)
-        if a.name not in free:
-            raise ConfigError(f"{where.where(path + ('attacks', j, 'name'))}: {a.name!r} needs reference models, "
-                              f"which a run's rounds do not have; use {', '.join(sorted(free))} here, or the "
-                              "model:/dataset: form for LiRA and RMIA (docs/membership.md)")
-        guard(path + ("attacks", j, "options"), MEMBERSHIP_ATTACKS.create, a.name, **a.options)
-        if a.key in labels:
-            raise ConfigError(f"{where.where(path + ('attacks', j))}: attack {a.key!r} is listed twice; give one "
-                              "of them a distinct label (label: ...)")
-        labels.append(a.key)
 
 
 def _check_reference(spec, entry, path: tuple, where: Source, guard) -> None:

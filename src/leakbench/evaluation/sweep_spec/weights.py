@@ -35,11 +35,34 @@ class TargetEntry(_Strict):
 
 
 class WeightsEntry(_Strict):
-    """Published weights: train ``target`` once, run each attack on its weights (kkt, model-inversion, univariate)."""
+    """Published weights: train ``target`` once, run each attack on its weights (kkt, model-inversion, univariate).
 
-    target: TargetEntry
+    Or the rounds of a federated run (``run``: the label of a ``models:`` entry with a ``federated:`` section):
+    each attack runs on the run's global model at each of ``rounds`` (default: that entry's rounds) under each of
+    the sweep's defenses and seeds, its candidates scored against at most ``members`` of the clients' samples
+    (every client's, or client ``client``'s) beside as many of the run's test split (the control).
+    """
+
+    target: TargetEntry | None = None
     attacks: list[AttackEntry] = Field(min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    run: str | None = Field(None, min_length=1, max_length=200)
+    rounds: list[int] | None = Field(None, min_length=1, max_length=1000)
+    client: int | None = Field(None, ge=0, le=10_000)
+    members: int = Field(100, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> WeightsEntry:
+        if (self.target is None) == (self.run is None):
+            raise ValueError("expected either target: (a model the library trains and publishes) or run: (the label "
+                             "of a federated model entry, its rounds' global models attacked), "
+                             + ("got both" if self.target is not None else "got neither"))
+        if self.run is None and (self.rounds is not None or self.client is not None):
+            raise ValueError("rounds: and client: belong to the run: form; remove them or name the run")
+        if self.run is not None and "seeds" in self.model_fields_set:
+            raise ValueError("the run: form attacks the sweep's own runs (one per seed of the sweep), so seeds does "
+                             "not apply; remove it")
+        return self
 
 
 #: what the membership attacker knows of the margin (provable-attacks paper, Cor. 4.3–4.5).

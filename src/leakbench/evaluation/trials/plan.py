@@ -35,7 +35,8 @@ def _absent_keys(trial: TrialSpec) -> tuple[str, ...]:
         return ("attack", "batch_size")
     if trial.kind == "utility":
         return ("attack", "seed") if trial.batch_size else ("attack", "batch_size", "seed")
-    if trial.kind == "membership" and trial.membership.get("form") in ("reference", "run"):
+    if (trial.kind == "membership" and trial.membership.get("form") in ("reference", "run")) or (
+            trial.kind == "weights" and trial.target.get("run")):
         return ("batch_size",)  # trained with each defense: rules on defenses apply
     return {"bound": ("attack",), "weights": ("batch_size", "defense"),
             "membership": ("batch_size", "defense")}.get(trial.kind, ())
@@ -128,8 +129,8 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
         for entry in getattr(spec, section):
             if kind == "membership" and entry.reference:
                 made = _reference(entry, spec, common)
-            elif kind == "membership" and entry.run is not None:
-                made = _run_membership(entry, spec, common)
+            elif entry.run is not None:
+                made = _run_trials(entry, kind, spec, common)
             else:
                 made = _published(entry, kind, common)
             for t in made:
@@ -236,23 +237,30 @@ def _reference(entry, spec: SweepSpec, common: dict) -> list[TrialSpec]:
     return out
 
 
-def _run_membership(entry, spec: SweepSpec, common: dict) -> list[TrialSpec]:
-    """The trials of a ``membership`` entry on a federated run (``run``): dataset × round × defense × seed × attack,
-    each on the checkpoint the reconstruction trials of that round attack (the same run: same key, same cache)."""
+def _run_trials(entry, kind: str, spec: SweepSpec, common: dict) -> list[TrialSpec]:
+    """The trials of a ``weights`` or ``membership`` entry on a federated run (``run``): dataset × round × attack ×
+    defense × seed, each on the checkpoint the reconstruction trials of that round attack (the same run: same
+    key, same cache)."""
     m = spec.run_model(entry.run)
     fed = m.federated
-    setup = {"form": "run", "pool": entry.pool, "client": entry.client}
+    if kind == "membership":
+        extra: dict[str, Any] = {"membership": {"form": "run", "pool": entry.pool, "client": entry.client}}
+        attacks = entry.attack_list
+    else:
+        extra = {"target": {"run": entry.run, "members": entry.members, "client": entry.client}}
+        attacks = entry.attacks
     out = []
     for d in spec.datasets:
         for r in entry.rounds or fed.rounds:
-            base = dict(kind="membership", dataset=d.name, data_options=dict(d.options), dataset_key=d.key,
+            base = dict(kind=kind, dataset=d.name, data_options=dict(d.options), dataset_key=d.key,
                         model=m.spec, model_key=round_key(m.key, r), model_options=m.build_options(),
-                        membership=setup, threat={"loss": spec.threat.loss}, **common)
-            for a in entry.attack_list:
+                        threat={"loss": spec.threat.loss}, **extra, **common)
+            for a in attacks:
                 for defense in spec.defense_specs():
                     for seed in spec.seeds:
                         training = {"federated": fed.run_options(), "round": r, "seed": seed}
                         out.append(TrialSpec(seed=seed, defense=defense, attack=a.name, attack_key=a.key,
+                                             preset=a.preset, preset_revision=preset_revision(a.name, a.preset),
                                              options=dict(a.options), training=training, **base))
     return out
 

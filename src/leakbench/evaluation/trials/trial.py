@@ -169,7 +169,8 @@ class TrialSpec:
         if self.kind == "membership" and self.membership.get("form") == "reference":
             return (f"{self.attack_key} vs {self.defense} on {self.dataset_key} {self.model_key} "
                     f"({self.membership.get('reference_models')} reference models) seed {self.seed}")
-        if self.kind == "membership" and self.membership.get("form") == "run":
+        if (self.kind == "membership" and self.membership.get("form") == "run") or (
+                self.kind == "weights" and self.target.get("run")):
             return f"{self.attack_key} vs {self.defense} on {self.dataset_key} {self.model_key} seed {self.seed}"
         if self.kind in ("weights", "membership"):
             return f"{self.attack_key} on published {self.model_key} seed {self.seed}"
