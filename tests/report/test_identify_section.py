@@ -40,3 +40,10 @@ def test_plugin_metrics_stored_with_trials_become_columns_and_a_stored_format_ca
     assert len(html) < 20_000
     plain = identify_table([_row("kkt", "none", 0.5)], "eavesdropper", "digits", "mlp:20")
     assert "plug-in" not in plain and "<h4>Identifiability by threat needs" in plain
+
+
+def test_an_adaptive_attack_is_marked_in_its_cell():
+    cell = attack_cell("soteria-adaptive")
+    assert '<span class="tag">' in cell and '">adaptive</span></span>' in cell
+    assert "adaptive" not in attack_cell("inverting-gradients").split("needs:")[0]
+    assert 'class="tag"' not in attack_cell("inverting-gradients")

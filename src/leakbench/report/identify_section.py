@@ -42,9 +42,15 @@ def attack_name(row: Mapping[str, Any]) -> str:
 
 
 def attack_cell(label: str, name: str | None = None) -> str:
-    """An attack's label in a table, its threat tags shown on hover."""
+    """An attack's label in a table, its threat tags shown on hover; an adaptive attack (one that knows the defense)
+    is marked so in the cell, since S_D against it is the defense's score against an adaptive adversary."""
     tags = attack_tags(name or label)
-    return hover(esc(label), "needs: " + ", ".join(tags)) if tags else esc(label)
+    if not tags:
+        return esc(label)
+    cell = hover(esc(label), "needs: " + ", ".join(tags))
+    if "adaptive" in tags:
+        cell += f' <span class="tag">{hover("adaptive", THREAT_TAGS.get("adaptive", "adaptive"))}</span>'
+    return cell
 
 
 #: the number formats a stored plug-in metric may ask for (the store is a file: nothing in it sizes the output)
