@@ -47,6 +47,11 @@ def test_every_clients_lone_samples_are_recovered_exactly_from_the_secure_sum(di
         exact = _exact(rec.images, xb)
         assert lone.sum() >= 16
         assert torch.equal(exact & lone, lone)       # theory: every lone sample exactly
+    flagged = rec.images[rec.confidence.bool()].reshape(-1, 64)
+    union = torch.cat([x, *[o[0] for o in others]]).reshape(-1, 64)
+    assert (flagged[:, None] - union[None]).abs().amax(-1).min(1).values.max() < 1e-4  # every flag is a sample
+    alone = sum(int(_lone(block, xb).sum()) for xb in [x, *[o[0] for o in others]])
+    assert 0.95 * alone <= rec.trace["lone"] <= alone  # float32 round-off may leave a lone bin unproven, never a blend
     assert rec.trace["per_client"] == [int(len(set(block.bin_of(xb).tolist()))) for xb in
                                        [x, *[o[0] for o in others]]]
 
@@ -81,6 +86,7 @@ def test_fedavg_local_steps_still_give_samples_of_the_target(digits):
     rec = lb.attack("loki", obs)
     assert torch.isfinite(rec.images).all()
     assert int(_exact(rec.images, x, tol=1e-2).sum()) >= 4
+    assert rec.confidence.sum() == 0 and "no slot is provably alone" in rec.trace["lone_check"]
 
 
 def test_a_model_without_the_block_is_refused(digits):
@@ -95,3 +101,5 @@ def test_bad_options_are_refused(digits):
 
     with pytest.raises(ConfigError, match="threshold"):
         lb.attacks.create("loki", threshold=2.0)
+    with pytest.raises(ConfigError, match="consistency"):
+        lb.attacks.create("loki", consistency=0.0)

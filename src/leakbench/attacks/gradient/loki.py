@@ -17,8 +17,16 @@ exact for a sample of client m alone in bin k (a g-weighted mixture for a shared
 batch size per client (the strongest bins).  Slots: the target client's (client 0) first, then the others in
 order, padded to the aggregate's L·B by repeating the found ones with confidence 0; ``trace["per_client"]``
 counts the bins read per client.  Under FedAvg local steps (L5) holds up to the rows' drift during the local
-epochs (:mod:`leakbench.models.loki`); no slot is claimed provably alone (confidence 0 throughout: the
-per-bin forward check of ``robbing-the-fed`` is not carried over).
+epochs (:mod:`leakbench.models.loki`).
+
+**Which slots are provably alone** (``confidence`` 1): Robbing the Fed's forward check, per client.  A sample
+alone in bin k gives d_k^m = c·s·∂ℓ(x̂, y)/∂z_k for its label y, where c is the weight of one sample's loss in
+the sum (1/B_m for ``secagg:L`` with the sum, 1/ΣB_l with the mean, 1/B without secure aggregation) and the
+model's z_k are the same for every client's model ((L2)), so one forward/backward pass of x̂ through the
+shipped model predicts it; a blend of ≥ 2 samples matches only by accident.  A slot is flagged when that
+prediction matches within κ·eps·(√d·|d_k| + |o_k| + |o_{k+1}|) for some candidate label, x̂ lies in the data
+box and ⟨q, x̂⟩ in its bin (the tolerances of ``robbing-the-fed``).  The check needs the clean gradient (or a
+one-step update) summed by secure aggregation alone; otherwise no slot is claimed (``trace["lone_check"]``).
 """
 from __future__ import annotations
 
@@ -26,12 +34,15 @@ from dataclasses import dataclass
 
 import torch
 
+from torch import nn
+
+from ...defenses import SecureAggregation, parse, parts_of
 from ...errors import NothingRecovered, expect
 from ...models.loki import LokiBlock
 from ...models.malicious import find_module
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
-from ..observed import bin_differences, shared_gradient
+from ..observed import bin_differences, output_gradients, shared_gradient
 
 __all__ = ["Loki", "LokiOptions"]
 
@@ -42,9 +53,27 @@ class LokiOptions:
 
     threshold: float = 1e-4   # a client's bin is read when |d_k| > threshold · max_k |d_k| (its own bins)
     clamp: bool = True        # clamp reconstructions to the data range (exact ones already lie in it)
+    #: lone-sample tolerance in units of eps·(√d·|d_k| + |o_k| + |o_{k+1}|); None: 8 below float64, 1e4 in float64
+    consistency: float | None = None
 
     def check(self) -> None:
         expect(0 <= self.threshold < 1, f"expected 0 ≤ threshold < 1, got {self.threshold} (option threshold)")
+        expect(self.consistency is None or self.consistency > 0,
+               f"expected consistency > 0 (or None for the dtype's default), got {self.consistency} (option consistency)")
+
+
+def loss_weight(obs: Observation) -> tuple[float | None, str | None]:
+    """(the weight c of one sample's loss in the shared sum, None and the reason when no slot can be proven)."""
+    parts = [p for p in parts_of(parse(obs.defense)) if p.spec != "none"]
+    if any(not isinstance(p, SecureAggregation) for p in parts):
+        return None, f"defense {obs.defense!r} transforms the clients' gradients: no slot is provably alone"
+    if obs.kind != "gradient" and obs.local_steps > 1:
+        return None, f"{obs.local_steps} local steps: the per-sample bin gradients are not those of one pass"
+    if obs.train_mode and any(isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.Dropout)) for m in obs.model.modules()):
+        return None, "batch norm or dropout in training mode couples the samples: no per-sample prediction"
+    if parts and parts[0].reduce == "sum":
+        return 1.0 / int(obs.extras.get("client_batch_size", obs.batch_size)), None
+    return 1.0 / obs.batch_size, None
 
 
 @register
@@ -73,41 +102,76 @@ class Loki(Attack):
 
     def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
         block: LokiBlock = find_module(obs.model, LokiBlock)
-        images_of, counts = self.read(obs, block)
-        found = torch.cat(images_of) if images_of else torch.zeros(0)
+        found, counts, d, around = self.read(obs, block)
         n = int(found.shape[0])
         if n == 0:
             raise NothingRecovered("loki found no occupied bin in any client's block: it determined nothing from "
                                    "this observation")
+        lone, labels, how = self._lone(obs, block, found, d, around)
         slots = max(obs.batch_size, n)
-        confidence = torch.zeros(slots, device=found.device, dtype=found.dtype)
+        confidence = lone.to(found.dtype).to(found.device)
         if n < slots:
             found = torch.cat([found, found[torch.arange(slots - n, device=found.device) % n]])
+            confidence = torch.cat([confidence, confidence.new_zeros(slots - n)])
         images = found.reshape(slots, *obs.input_shape)
         if self.options.clamp:
             images = images.clamp(*obs.data_range)
         if progress is not None:
             progress(1, 1, 0.0)
         trace = {"bins": block.bins, "clients": block.clients, "per_client": counts, "padded": slots - n,
-                 "confidence": "0 throughout: no slot is proven alone in its bin"}
+                 "lone": int(lone.sum()), "lone_labels": labels.tolist(), "lone_check": how,
+                 "confidence": "1 = the slot's sample is alone in its client's bin (exact); 0 = a blend, or not "
+                               "provable"}
         return Reconstruction(images=images.detach(), confidence=confidence, trace=trace)
 
-    def read(self, obs: Observation, block: LokiBlock) -> tuple[list[torch.Tensor], list[int]]:
-        """(per client: its bins' reconstructions (n_m × d), per client: n_m), by (L4)–(L5)."""
+    def _lone(self, obs: Observation, block: LokiBlock, images: torch.Tensor, d: torch.Tensor,
+              around: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, str]:
+        """(lone flags, labels (−1 where not lone), how it was decided) of the slots ``images`` (n × d)."""
+        n = int(images.shape[0])
+        weight, reason = loss_weight(obs)
+        if weight is None:
+            return torch.zeros(n, dtype=torch.bool), torch.full((n,), -1, dtype=torch.long), reason
+        bins, d, around = around[:, 0].long(), d, around[:, 1:]
+        eps = torch.finfo(images.dtype).eps
+        kappa = self.options.consistency or (1e4 if images.dtype == torch.float64 else 8.0)
+        scale = eps * (d.abs() * images.shape[1] ** 0.5 + around.abs().sum(1))
+        if obs.labels is not None:
+            labels = obs.labels.detach().unique().to(images.device).long()
+        else:
+            labels = torch.arange(max(obs.num_classes, 2), device=images.device)
+        grads, _ = output_gradients(obs, block.fc0, images.detach(), labels)          # (n, L, K)
+        predicted = weight * block.scale * grads.gather(2, bins.to(grads.device)[:, None, None].expand(n, len(labels), 1))[..., 0]
+        mismatch = (predicted - d[:, None]).abs() / scale[:, None]
+        best, which = mismatch.min(dim=1)
+        lo, hi = obs.data_range
+        slack = kappa * scale / d.abs()
+        in_box = ((images >= lo - slack[:, None] * (hi - lo)) & (images <= hi + slack[:, None] * (hi - lo))).all(1)
+        score = images.to(block.query.dtype) @ block.query
+        edges = torch.cat([block.thresholds, block.thresholds.new_full((1,), float("inf"))])
+        room = slack.to(score.dtype) * (hi - lo) * images.shape[1] ** 0.5
+        in_bin = (score > edges[bins] - room) & (score <= edges[bins + 1] + room)
+        lone = (best <= kappa) & in_box & in_bin
+        return lone.cpu(), torch.where(lone, labels[which], torch.full_like(which, -1)).cpu(), \
+            "forward consistency of each client's bin gradient"
+
+    def read(self, obs: Observation, block: LokiBlock):
+        """(n × d reconstructions by (L4)–(L5), client 0's first; the bins read per client; each slot's d_k^m;
+        each slot's (k, o_k^m, o_{k+1}^m))."""
         grad = shared_gradient(obs, block.fc0.weight)
         blocks, offsets = block.split(grad)                      # (K, L, d), (K, L)
         per_client = int(obs.extras.get("client_batch_size", obs.batch_size))
-        images_of, counts = [], []
+        images, counts, diffs, around = [], [], [], []
         for m in range(int(obs.extras.get("clients", 1))):  # the clients whose updates the observation sums
             diff_w, diff_b = bin_differences(blocks[:, m], offsets[:, m])
             size = diff_b.abs()
             top = float(size.max())
-            if not top > 0:
-                counts.append(0)
-                continue
-            occupied = (size > self.options.threshold * top).nonzero().reshape(-1)
+            occupied = (size > self.options.threshold * top).nonzero().reshape(-1) if top > 0 else \
+                size.new_zeros(0).long()
             if occupied.numel() > per_client:  # drift can light up empty bins: keep the client's strongest B
                 occupied = occupied[size[occupied].argsort(descending=True)[:per_client]].sort().values
-            images_of.append(diff_w[occupied] / diff_b[occupied, None])
+            above = torch.cat([offsets[1:, m], offsets.new_zeros(1)])
+            images.append(diff_w[occupied] / diff_b[occupied, None])
+            diffs.append(diff_b[occupied])
+            around.append(torch.stack([occupied.to(grad.dtype), offsets[occupied, m], above[occupied]], 1))
             counts.append(int(occupied.numel()))
-        return images_of, counts
+        return torch.cat(images), counts, torch.cat(diffs), torch.cat(around)
