@@ -13,12 +13,15 @@
    "one s" is the paper's single scale factor (tuned on the public images), "per-row s" our calibration.
 2. **Class fishing** (Wen et al., ICML 2022) read from the honest first layer: the target class's samples.
 3. **The client's check** (``lb.inspect``) on the library's own malicious models — trap weights (first layer and
-   block), imprint block, random head, class fishing, over architectures, seeds and options, in a first round
+   block), imprint block, random head, class fishing, LOKI (the model one client receives), over architectures, seeds and options, in a first round
    (no model held before) and in a later round (the honest model held before) — and on honest models: fresh
    initialisations of every family and init, checkpoints of SGD runs (digits, CIFAR-10) and of FedAvg runs
    (:mod:`leakbench.evaluation.training.federated`), each inspected against the previous checkpoint, always with the
    client's batch of 64.  Detection and false-positive rates with Clopper–Pearson 95 % intervals.
-4. **The adaptive server**: trap rows whose negatives are a Bernoulli(½) draw per entry (no exact half): which
+4. **LOKI** (Zhao et al., S&P 2024): each of the 4 secure-aggregation clients trains its own customised model
+   (identity kernels into its own channels, an imprint layer over all of them); the target client's samples and
+   all 4 clients' from the secure sum, beside one imprint block shared by all (Robbing the Fed) and chance.
+5. **The adaptive server**: trap rows whose negatives are a Bernoulli(½) draw per entry (no exact half): which
    checks still fire.
 
 ``--quick``: one batch per cell, fewer models.
@@ -36,7 +39,9 @@ from leakbench.analysis.inspection import inspect
 from leakbench.evaluation.training.federated import Run
 from leakbench.evaluation.sweep_spec.federated import FederatedEntry
 from leakbench.metrics import match
+from leakbench.defenses.pipeline import other_batches
 from leakbench.models.active import fishing, trap_rows, trap_scales, trap_weights
+from leakbench.models.loki import loki as loki_model
 from leakbench.models.malicious import imprint, random_head
 
 from .common import CIFAR_NPZ, table
@@ -222,12 +227,22 @@ def _malicious(quick: bool):
         before = _honest(ds, (mlps + cnns)[seed % 7], seed)
         return before, fishing(before, target=seed % ds.num_classes, calibration=_split(ds)[0])
 
+    def lokied(ds, seed):  # the model client (seed mod L) receives: its own kernels
+        before = _honest(ds, (mlps + cnns)[seed % 7], seed)
+        shipped = loki_model(before, clients=[2, 4, 8][seed % 3], bins=[64, 256][seed % 2], calibration=_split(ds)[0],
+                             seed=seed)
+        with torch.no_grad():
+            for name, value in shipped.loki.client_overrides(seed % shipped.loki.clients).items():
+                shipped.loki.get_parameter(name).copy_(value)
+        return before, shipped
+
     def adaptive(ds, seed):
         before = _honest(ds, mlps[seed % len(mlps)], seed)
         return before, adaptive_trap(before, _split(ds)[0], [1 / 32, 1 / 64][seed % 2], seed)
 
     return [("trap weights (first layer)", trap), ("trap block (K neurons)", trap_block), ("imprint block", imprinted),
-            ("random head", head), ("class fishing", fished), ("adaptive trap (Bernoulli signs)", adaptive)]
+            ("random head", head), ("class fishing", fished), ("LOKI (one client's model)", lokied),
+            ("adaptive trap (Bernoulli signs)", adaptive)]
 
 
 def _sgd_checkpoints(ds, spec: str, lr: float, epochs: int, seed: int):
@@ -348,7 +363,54 @@ def detection(quick: bool) -> None:
         table("Honest models flagged", ["group", "reason"], flagged)
 
 
+def loki_recovery(quick: bool) -> None:
+    """LOKI under secure aggregation of L = 4 clients: the target client's samples and every client's, beside
+    Robbing the Fed's single imprint block (the same bins for all clients) and chance."""
+    draws = 1 if quick else 3
+    clients, bins = 4, 256
+    rows = []
+    for name, ds in _datasets(quick):
+        public, pool = _split(ds)
+        population = ds.subset(pool)
+        model = lb.build("mlp:256", input_shape=ds.shape, classes=ds.num_classes, seed=0, act="relu")
+        shipped = loki_model(model, clients=clients, bins=bins, calibration=public, seed=0)
+        settings = [("FedSGD, one client", "none"), ("secagg:4", "secagg:4"),
+                    ("secagg:4 + FedAvg 1 epoch (local:1,0.05,16)", "secagg:4+local:1,0.05,16"),
+                    ("secagg:4 + FedAvg 3 epochs (local:3,0.05,16)", "secagg:4+local:3,0.05,16")]
+        if quick:
+            settings = settings[1:3]
+        for label, defense in settings:
+            got, grey, members = _attack("loki", shipped, ds, pool, draws, defense=defense)
+            rows.append(got.row(name, label, f"loki (K = {bins}): target client"))
+            if defense.startswith("secagg"):
+                everyone = Tally()
+                for draw in range(draws):
+                    x, y, _ = _batch(ds, pool, draw)
+                    obs = lb.observe(shipped, x, y, defense=defense, population=population, seed=draw)
+                    rec = lb.attack("loki", obs)
+                    others = other_batches(population, clients - 1, B, like_x=x, like_y=y,
+                                           generator=torch.Generator().manual_seed(draw))
+                    union = torch.cat([x, *[o[0] for o in others]])
+                    exact, psnr = _matched_exact(rec.images.detach().float(), union)
+                    everyone.add(exact, psnr, union.shape[0])
+                rows.append(everyone.row(name, label, f"loki (K = {bins}): all {clients} clients"))
+            if defense == "secagg:4":
+                plain = imprint(model, bins=bins, calibration=public, seed=0)
+                rtf, _, _ = _attack("robbing-the-fed", plain, ds, pool, draws, defense=defense)
+                rows.append(rtf.row(name, label, f"control: one imprint block for all (K = {bins})"))
+                rows.append(grey.row(name, label, "chance: grey image"))
+                rows.append(members.row(name, label, f"chance: random members ({clients * B} slots)"))
+    table(f"LOKI under secure aggregation — exact samples, B = {B} per client, mlp:256 (ReLU, untrained: "
+          "accuracy at chance)",
+          ["data", "setting", "attack", f"exact (max |Δ| < {EXACT:g}) [Wilson 95 %]", "flagged", "wrong flags",
+           "PSNR", "seconds"], rows,
+          note=f"{draws} batch(es) of {B} per cell; the other 3 clients' batches drawn from the same pool; {PUBLIC} "
+               "public images place the bins (never attacked); each client trains its own customised model "
+               "(scale 1, slope 1e-3, gain 1); the imprint control uses the same K and calibration")
+
+
 def run(quick: bool = False) -> None:
     torch.manual_seed(0)
     recovery(quick)
+    loki_recovery(quick)
     detection(quick)

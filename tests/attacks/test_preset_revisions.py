@@ -38,6 +38,8 @@ RECORDED = {
     ("fc-inversion", "default"): (0, "d985b79d8801"),
     ("fc-inversion", "quick"): (0, "d985b79d8801"),
     ("hybrid", "default"): (0, "b913ab07249d"),
+    ("loki", "default"): (0, "2d0b3b15db04"),
+    ("loki", "quick"): (0, "2d0b3b15db04"),
     ("hybrid", "quick"): (0, "dad5e1b4b820"),
     ("inverting-gradients", "default"): (0, "fa65965d0101"),
     ("inverting-gradients", "fast"): (5, "2b18da2eabfb"),

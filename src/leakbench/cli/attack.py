@@ -234,8 +234,8 @@ def chance_advice(spec: RunSpec, scores: Mapping[str, Any]) -> str | None:
     ways += ["BatchNorm statistics for a model with BatchNorm (a sweep's threat: {bn_stats: true})",
              "train mode for a client that trained in train mode (Observation.from_gradients(..., train=True); "
              "a sweep's threat: {train: true})",
-             "a malicious-server threat model (a sweep model's server: {imprint: {bins: 64}}, {trap_weights: {}} or "
-             "{random_head: ...})"]
+             "a malicious-server threat model (a sweep model's server: {imprint: {bins: 64}}, {trap_weights: {}}, "
+             "{loki: {bins: 256}} or {random_head: ...})"]
     return (f"At or below chance: RMSE {format_metric('rmse', rmse)} ≥ {format_metric('rmse', chance)} (PSNR "
             f"{format_metric('psnr', psnr)} vs {format_metric('psnr', chance_psnr)} dB) of a flat image at the data "
             "mean: this attack learnt nothing about the batch that a grey image does not show. That says the attack "

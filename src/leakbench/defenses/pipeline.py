@@ -29,6 +29,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import ConfigError
+from ..models.loki import client_parameters
 from .base import ClientPlan, Defense, parse, parts_of
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -187,7 +188,8 @@ def share(defense: str | Defense | None, model: nn.Module, params: dict[str, tor
     plan = plan_for(defense, local_steps=local_steps, local_lr=local_lr, local_batch=local_batch,
                     local_shuffle=local_shuffle, population=population)
     schedule: list[torch.Tensor] = []
-    outputs = [client_round(plan, model, params, x, y, loss_fn, generator, schedule)]
+    # a server may send each client its own model (LOKI): client l starts from client_parameters(model, params, l)
+    outputs = [client_round(plan, model, client_parameters(model, params, 0), x, y, loss_fn, generator, schedule)]
     xs, ys = [x], [y]
     if plan.clients > 1:
         if plan.population is None:
@@ -195,9 +197,10 @@ def share(defense: str | Defense | None, model: nn.Module, params: dict[str, tor
                 f"defense secagg:{plan.clients} needs the other clients' data: pass population=<ImageDataset> "
                 f"(e.g. observe(..., defense='secagg:{plan.clients}', population=data)); the other "
                 f"{plan.clients - 1} clients' batches of {x.shape[0]} samples are drawn from it")
-        for xo, yo in other_batches(plan.population, plan.clients - 1, int(x.shape[0]), like_x=x, like_y=y,
-                                    generator=generator):
-            outputs.append(client_round(plan, model, params, xo, yo, loss_fn, generator))
+        for index, (xo, yo) in enumerate(other_batches(plan.population, plan.clients - 1, int(x.shape[0]), like_x=x,
+                                                       like_y=y, generator=generator), start=1):
+            outputs.append(client_round(plan, model, client_parameters(model, params, index), xo, yo, loss_fn,
+                                        generator))
             xs.append(xo)
             ys.append(yo)
         sizes = torch.tensor([float(b.shape[0]) for b in xs])

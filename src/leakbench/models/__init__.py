@@ -17,6 +17,7 @@ from .generator import UNetGenerator
 from .layers import ACTIVATIONS, DEFAULT_NEGATIVE_SLOPE, activation, activation_name
 from .active import TrapBlock, fishing, trap_weights
 from .malicious import ImprintBlock, RandomFeatureHead, imprint, random_head
+from .loki import LokiBlock, loki
 from .targets import TargetConfig, TrainedTarget, train_target
 from .spec import MODELS, Family, LayerInfo, build, canonical_spec, count_parameters, describe, parse_spec
 from .transformers import TextTransformer
@@ -57,5 +58,7 @@ __all__ = [
     "random_head",
     "trap_weights",
     "fishing",
+    "LokiBlock",
+    "loki",
     "TargetConfig", "TrainedTarget", "train_target",
 ]

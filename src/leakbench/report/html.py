@@ -56,8 +56,9 @@ THREATS = {
     "informed-eavesdropper": ("Informed eavesdropper", "sees the update and also knows the batch's labels and "
                               "the batch-norm statistics."),
     "malicious-server": ("Malicious server", "controls the model it ships: it may put an imprint block in front "
-                         "of it, give its first layer trap weights or put a random head on it, and then reads the "
-                         "client's update."),
+                         "of it, give its first layer trap weights, fish for a class, put a random head on it or "
+                         "send every secure-aggregation client its own model (LOKI), and then reads the client's "
+                         "update."),
     "published-weights": ("Published weights", "has only the trained model's weights and tries to reconstruct "
                           "its training points."),
     "membership": ("Membership", "has the trained model and a candidate point and asks whether it was in the "

@@ -261,3 +261,25 @@ def test_trap_weights_and_fishing_in_a_sweep_with_the_client_check(tmp_path):
     plain = next(r for r in rows if r["attack"] == "trap-weights" and r["defense"] == "none")
     assert min(plain["per_sample"]["mse"]) < 1e-10  # some digit read exactly
     sweep.store.close()
+
+
+def test_loki_in_a_sweep_sends_each_secagg_client_its_own_model(tmp_path):
+    """``loki: {bins: K}`` takes L from ``secagg:L``; under the secure sum the target's digits are read exactly."""
+    from leakbench.models.loki import LokiBlock
+
+    spec = {"datasets": [DIGITS],
+            "models": [{"spec": "mlp:64", "act": "relu", "label": "loki", "server": {"loki": {"bins": 64}}}],
+            "batch_sizes": [8], "images": 8, "seeds": [0], "attacks": ["loki"], "defenses": ["none", "secagg:3"]}
+    trials = plan(load_spec(spec))
+    secagg = next(t for t in trials if t.defense == "secagg:3")
+    data = dataset_for(secagg)
+    shipped = apply_server(secagg, model_for(secagg, data, torch.device("cpu")), data)
+    assert find_module(shipped, LokiBlock).clients == 3
+    sweep = Sweep(load_spec(spec), tmp_path / "r.db", workers=1)
+    sweep.run(progress=False)
+    rows = sweep.store.rows(kind="attack")
+    assert len(rows) == 2 and all(r["status"] == "done" and r["threat_model"] == "malicious-server" for r in rows)
+    assert all(r["metrics"]["client_check"] == 1.0 for r in rows)
+    under = next(r for r in rows if r["defense"] == "secagg:3")
+    assert sum(m < 1e-10 for m in under["per_sample"]["mse"]) >= 4  # target digits read exactly from the sum
+    sweep.store.close()

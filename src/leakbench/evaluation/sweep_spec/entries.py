@@ -61,7 +61,8 @@ class TrainingEntry(_Strict):
 SERVER_MOVES = {"imprint": "leakbench.models.malicious.imprint",
                 "random_head": "leakbench.models.malicious.random_head",
                 "trap_weights": "leakbench.models.active.trap_weights",
-                "fishing": "leakbench.models.active.fishing"}
+                "fishing": "leakbench.models.active.fishing",
+                "loki": "leakbench.models.loki.loki"}
 #: arguments of those functions the trial sets itself (the model, its shape, the public sample).
 
 
@@ -75,7 +76,9 @@ class ServerEntry(_Strict):
     Boenisch et al.'s trap rows (``neurons: K``: a trap block in front of any model; options of
     :func:`~leakbench.models.active.trap_weights`; without ``rate`` or ``scale`` each row fires for
     1/(B·L) of the public images, B the batch and L the clients of ``secagg:L``); ``fishing: {target: c}``
-    is Wen et al.'s class fishing (:func:`~leakbench.models.active.fishing`).  ``public``: images the
+    is Wen et al.'s class fishing (:func:`~leakbench.models.active.fishing`); ``loki: {bins: K}`` sends every
+    client of ``secagg:L`` its own LOKI model (Zhao et al. 2024, :func:`~leakbench.models.loki.loki`; L from
+    the defense).  ``public``: images the
     server holds (drawn from the dataset, never one of the attacked images) to place the imprint bins at
     equal-mass quantiles, calibrate the trap rows or centre the random head (``center: calibration``).
     """
@@ -84,6 +87,7 @@ class ServerEntry(_Strict):
     random_head: dict[str, Any] | None = None
     trap_weights: dict[str, Any] | None = None
     fishing: dict[str, Any] | None = None
+    loki: dict[str, Any] | None = None
     public: int = Field(256, ge=2)
 
     @model_validator(mode="after")

@@ -147,7 +147,9 @@ def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Modu
     if name == "trap_weights" and "rate" not in options and "scale" not in options:
         # the server sets the batch size (and knows the clients it aggregates): each row fires for 1/(B·L)
         options["rate"] = 1.0 / (spec.batch_size * aggregated_clients(spec.defense))
-    calibrated = name in ("imprint", "fishing") or (name == "trap_weights" and "scale" not in options) \
+    if name == "loki" and "clients" not in options:  # one customised model per client the server aggregates
+        options["clients"] = aggregated_clients(spec.defense)
+    calibrated = name in ("imprint", "fishing", "loki") or (name == "trap_weights" and "scale" not in options) \
         or options.get("center") == "calibration"
     if calibrated:
         pool, _ = data.batch(max(spec.images, spec.batch_size * (spec.batch + 1)), seed=spec.seed)
