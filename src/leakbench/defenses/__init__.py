@@ -10,7 +10,8 @@ the CLI and sweep specs share; :func:`parse` turns it into a :class:`Defense`.
 - from the literature (:mod:`.literature`): ``soteria:p``, ``topk:k[,ef]``, ``mixup:α``,
   ``instahide:k[,c]`` — each with its adaptive attack in :mod:`leakbench.attacks.gradient.adaptive`;
 - PRECODE (:mod:`.precode`): ``precode[:k[,beta]]``, a variational bottleneck the round inserts before the
-  output layer (:func:`extend_model`), attacked by ``precode-adaptive``;
+  output layer (:func:`extend_model`), attacked by ``precode-adaptive``; ATS (:mod:`.ats`): ``ats[:policy[,seed]]``,
+  training on images transformed by an augmentation policy, attacked by ``ats-adaptive``;
 - :func:`share` (:mod:`.pipeline`) runs a client round with a defense — what
   :func:`leakbench.observe` and the utility training both call;
 - :func:`epsilon` (:mod:`.accounting`): DP-SGD's ε from Opacus's accountant.
@@ -20,6 +21,7 @@ from .base import DEFENSES, STAGES, ClientPlan, Composition, Defense, Identity, 
 from .client import DPSGD, Dropout, LocalSteps, SecureAggregation
 from .gradient import Clip, GradDrop, Noise, Prune, Quantize
 from .literature import InstaHide, MixUp, Soteria, TopK
+from .ats import ATS
 from .precode import Precode
 from .pipeline import Shared, extend_model, share
 
@@ -28,5 +30,5 @@ __all__ = [
     "DEFENSES", "STAGES", "ACCOUNTANTS", "ClientPlan", "Composition", "Defense", "Identity", "Shared",
     "parse", "parts_of", "register", "share", "extend_model", "epsilon",
     "Prune", "Clip", "Noise", "GradDrop", "Quantize", "DPSGD", "LocalSteps", "SecureAggregation", "Dropout",
-    "Soteria", "TopK", "MixUp", "InstaHide", "Precode",
+    "Soteria", "TopK", "MixUp", "InstaHide", "Precode", "ATS",
 ]
