@@ -172,7 +172,8 @@ def train_model(model: nn.Module, data: ImageDataset, *, defense: str | Defense 
     (the last one may be smaller).  ``population`` (default: ``data``) supplies the other
     clients' batches for ``secagg``.  DP-SGD's ε is computed at sample rate batch_size/N.
     Defenses that visit more samples per round (:func:`samples_per_round`) run proportionally
-    fewer rounds, so every defense sees epochs × N samples.
+    fewer rounds, so every defense sees epochs × N samples.  A defense that adds layers (``precode``) inserts
+    them into ``model`` in place before the first step (:func:`~leakbench.defenses.extend_model`, seeded by ``seed``).
     """
     check_training(epochs, batch_size, lr)
     if not isinstance(data, (ImageDataset, TextDataset)):
