@@ -95,8 +95,8 @@ def preimages(encoded: torch.Tensor, indices: tuple[int, ...], *, steps: int, lr
     with torch.no_grad():
         values = objective().reshape(b, s)
     best = values.argmin(1)
-    chosen = x.detach().reshape(b, s, *encoded.shape[1:])[torch.arange(b), best]
-    return chosen, combos[best], values
+    chosen = x.detach().reshape(b, s, *encoded.shape[1:])[torch.arange(b, device=best.device), best]
+    return chosen, combos[best.cpu()], values
 
 
 class TransformedMatcher(GradientMatcher):
