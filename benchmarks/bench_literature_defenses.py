@@ -17,7 +17,7 @@ pixel from 1000–1299 (tuning), utility trained on 0–999 (a quarter held out 
 1000-image test file) — attack batches from 500–999, tuning pixels from 0–499, utility on 0–499.
 ``LEAKBENCH_LIT_DATA=digits`` (or ``cifar``) runs one dataset; ``LEAKBENCH_LIT_ITERATIONS`` sets the attack budget
 (120 by default: the machine this was measured on had 2 shared cores); ``LEAKBENCH_LIT_SPECS=precode:256,ats:3-1-7``
-(specs joined by commas; ``none`` is always run) runs a subset of the rows.
+(specs joined by commas; ``none`` is always run) runs a subset of the rows; ``LEAKBENCH_LIT_BATCH`` sets B (2).
 """
 from __future__ import annotations
 
@@ -115,6 +115,7 @@ def run(quick: bool = False) -> None:
 
 def _run(name: str, quick: bool) -> None:
     model_spec, act, batch, draws, epochs = SETUPS[name]
+    batch = int(os.environ.get("LEAKBENCH_LIT_BATCH", batch))
     iterations, seeds = (60, [0]) if quick else (int(os.environ.get("LEAKBENCH_LIT_ITERATIONS", "120")), [0, 1])
     specs = QUICK_SPECS if quick else SPECS
     chosen = [s.strip() for s in os.environ.get("LEAKBENCH_LIT_SPECS", "").split(",") if s.strip()]
