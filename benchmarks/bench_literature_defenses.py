@@ -1,8 +1,8 @@
 """The literature's defenses against their adaptive attacks, beside noise and prune (issue 45, part 2).
 
 One table per dataset: each defense at two strengths; per cell the non-adaptive Inverting Gradients (``fast``,
-without the output-layer feature term, which every defense here corrupts) and, for soteria, topk, mixup and
-instahide, the attack that knows the defense (:mod:`leakbench.attacks.gradient.adaptive`); the strongest of them
+without the output-layer feature term, which every defense here corrupts) and, for soteria, topk, mixup,
+instahide, precode and ats, the attack that knows the defense (:mod:`leakbench.attacks.gradient.adaptive`); the strongest of them
 by mean PSNR is named (``adaptive`` when it is the adaptive one).  PSNR and SSIM after Hungarian matching, n batch
 draws, 95 % t-intervals, against the grey image (a flat image at the tuning split's mean pixel) on the same
 batches: a Δ whose interval holds 0 is written as a tie with chance, and an adaptive-vs-plain difference whose
@@ -16,7 +16,8 @@ Splits: digits — attack batches from indices 1300–1796, the grey level and t
 pixel from 1000–1299 (tuning), utility trained on 0–999 (a quarter held out for accuracy); CIFAR-10 (the
 1000-image test file) — attack batches from 500–999, tuning pixels from 0–499, utility on 0–499.
 ``LEAKBENCH_LIT_DATA=digits`` (or ``cifar``) runs one dataset; ``LEAKBENCH_LIT_ITERATIONS`` sets the attack budget
-(120 by default: the machine this was measured on had 2 shared cores).
+(120 by default: the machine this was measured on had 2 shared cores); ``LEAKBENCH_LIT_SPECS=precode:256,ats:3-1-7``
+(specs joined by commas; ``none`` is always run) runs a subset of the rows; ``LEAKBENCH_LIT_BATCH`` sets B (2).
 """
 from __future__ import annotations
 
@@ -33,10 +34,12 @@ from leakbench.evaluation.training.utility import utility_seeds
 from .common import benchmark_images, console, table
 
 ADAPTIVE = {"soteria": "soteria-adaptive", "topk": "topk-adaptive", "mixup": "mixup-adaptive",
-            "instahide": "instahide-carlini"}
+            "instahide": "instahide-carlini", "precode": "precode-adaptive", "ats": "ats-adaptive"}
 SPECS = ["none", "noise:0.01", "noise:0.1", "prune:0.9", "prune:0.99", "soteria:0.4", "soteria:0.8",
-         "topk:0.1", "topk:0.01", "mixup:0.2", "mixup:1", "instahide:2", "instahide:4"]
-QUICK_SPECS = ["none", "noise:0.1", "soteria:0.8", "topk:0.01", "mixup:1", "instahide:4"]
+         "topk:0.1", "topk:0.01", "mixup:0.2", "mixup:1", "instahide:2", "instahide:4", "precode:256",
+         "precode:16,0.01", "ats:43-18-18", "ats:3-1-7"]
+QUICK_SPECS = ["none", "noise:0.1", "soteria:0.8", "topk:0.01", "mixup:1", "instahide:4", "precode:16,0.01",
+               "ats:3-1-7"]
 #: (model, act, batch, draws, utility epochs)
 SETUPS = {"digits": ("cnn:3-8-1-1,3-8-2-1", "tanh", 2, 3, 3), "cifar": ("cnn:3-8-2-1,3-16-2-1", "tanh", 2, 3, 2)}
 
@@ -112,8 +115,18 @@ def run(quick: bool = False) -> None:
 
 def _run(name: str, quick: bool) -> None:
     model_spec, act, batch, draws, epochs = SETUPS[name]
+    batch = int(os.environ.get("LEAKBENCH_LIT_BATCH", batch))
     iterations, seeds = (60, [0]) if quick else (int(os.environ.get("LEAKBENCH_LIT_ITERATIONS", "120")), [0, 1])
     specs = QUICK_SPECS if quick else SPECS
+    chosen = [s.strip() for s in os.environ.get("LEAKBENCH_LIT_SPECS", "").split(",") if s.strip()]
+    if chosen:  # a spec's own commas (precode:16,0.01) are rejoined: a piece without ':' continues the last spec
+        joined: list[str] = []
+        for piece in chosen:
+            if ":" not in piece and joined and piece != "none":
+                joined[-1] += "," + piece
+            else:
+                joined.append(piece)
+        specs = ["none"] + [s for s in joined if s != "none"]
     draws = 1 if quick else draws
     ds, pool, tuning, train_idx, source = _data(name)
     grey = prior = float(ds.images[tuning].mean())

@@ -20,7 +20,7 @@ from torch import nn
 from .budget import memory_available
 from .captured import check_model, gradient_fields, non_finite_tensor, out_dim, update_fields
 from .defenses import parse as parse_defense
-from .defenses import share
+from .defenses import extend_model, share
 from .errors import ConfigError, expect, expect_same_shape
 from .losses import get_loss
 from .text_batch import check_token_batch, check_token_labels, takes_tokens, text_grants
@@ -339,7 +339,8 @@ def _check_memory(model: nn.Module, x: torch.Tensor) -> None:
 
 def _observe(model, x, y, *, text, loss, loss_fn, local_steps, local_lr, local_batch, local_shuffle, train,
              labels_known, bn_stats, defense_obj, population, seed) -> Observation:
-    client = copy.deepcopy(model).to(x.device)
+    # a defense that adds layers (PRECODE) extends the client's and the attacker's copy alike (seeded by ``seed``)
+    client = extend_model(defense_obj, copy.deepcopy(model), seed=seed).to(x.device)
     if text:
         check_token_labels(y, x, out_dim(client, x))
     else:
@@ -356,7 +357,7 @@ def _observe(model, x, y, *, text, loss, loss_fn, local_steps, local_lr, local_b
     result = share(defense_obj, client, start, x, y, loss_fn, generator=gen, local_steps=local_steps,
                    local_lr=local_lr, local_batch=local_batch, local_shuffle=local_shuffle, population=population)
 
-    attacker = copy.deepcopy(model).to(x.device)
+    attacker = extend_model(defense_obj, copy.deepcopy(model), seed=seed).to(x.device)
     attacker.train(train)
     with torch.no_grad():
         for p, s in zip((p for p in attacker.parameters() if p.requires_grad), start.values()):

@@ -9,6 +9,9 @@ the CLI and sweep specs share; :func:`parse` turns it into a :class:`Defense`.
   ``local:k,lr``, ``secagg:L[,mean|sum]`` (needs ``population=``), ``dropout:p``;
 - from the literature (:mod:`.literature`): ``soteria:p``, ``topk:k[,ef]``, ``mixup:α``,
   ``instahide:k[,c]`` — each with its adaptive attack in :mod:`leakbench.attacks.gradient.adaptive`;
+- PRECODE (:mod:`.precode`): ``precode[:k[,beta]]``, a variational bottleneck the round inserts before the
+  output layer (:func:`extend_model`), attacked by ``precode-adaptive``; ATS (:mod:`.ats`): ``ats[:policy[,seed]]``,
+  training on images transformed by an augmentation policy, attacked by ``ats-adaptive``;
 - :func:`share` (:mod:`.pipeline`) runs a client round with a defense — what
   :func:`leakbench.observe` and the utility training both call;
 - :func:`epsilon` (:mod:`.accounting`): DP-SGD's ε from Opacus's accountant.
@@ -18,12 +21,14 @@ from .base import DEFENSES, STAGES, ClientPlan, Composition, Defense, Identity, 
 from .client import DPSGD, Dropout, LocalSteps, SecureAggregation
 from .gradient import Clip, GradDrop, Noise, Prune, Quantize
 from .literature import InstaHide, MixUp, Soteria, TopK
-from .pipeline import Shared, share
+from .ats import ATS
+from .precode import Precode
+from .pipeline import Shared, extend_model, share
 
 __all__ = [
     "family_of",
     "DEFENSES", "STAGES", "ACCOUNTANTS", "ClientPlan", "Composition", "Defense", "Identity", "Shared",
-    "parse", "parts_of", "register", "share", "epsilon",
+    "parse", "parts_of", "register", "share", "extend_model", "epsilon",
     "Prune", "Clip", "Noise", "GradDrop", "Quantize", "DPSGD", "LocalSteps", "SecureAggregation", "Dropout",
-    "Soteria", "TopK", "MixUp", "InstaHide",
+    "Soteria", "TopK", "MixUp", "InstaHide", "Precode", "ATS",
 ]

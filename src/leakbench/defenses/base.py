@@ -128,6 +128,11 @@ class Defense:
         """What the server knows about this defense (recorded in ``Observation.extras["defense"]``)."""
         return {}
 
+    def extend(self, model: Any, generator: torch.Generator) -> Any:
+        """The model the round trains, for a defense that changes the architecture (PRECODE); ``model`` itself
+        otherwise.  Called by :func:`~.pipeline.extend_model` before the parameters are read."""
+        return model
+
     def __call__(self, grads: list[torch.Tensor], *, seed: int = 0,
                  generator: torch.Generator | None = None) -> list[torch.Tensor]:
         """Apply the shared-stage transformation to ``grads`` with a generator seeded by ``seed``."""
@@ -199,6 +204,11 @@ class Composition(Defense):
 
     def describe(self) -> dict[str, Any]:
         return {k: v for p in self.parts for k, v in p.describe().items()}
+
+    def extend(self, model, generator):
+        for part in self.parts:
+            model = part.extend(model, generator)
+        return model
 
 
 def parts_of(defense: Defense) -> list[Defense]:

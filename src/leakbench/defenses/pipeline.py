@@ -109,6 +109,12 @@ def plan_for(defense: str | Defense | None, *, local_steps: int = 0, local_lr: f
     return plan
 
 
+def extend_model(defense: str | Defense | None, model: nn.Module, *, seed: int = 0) -> nn.Module:
+    """``model`` as the defense's round trains it: a defense that adds layers (PRECODE's bottleneck) inserts them in
+    place, initialised from a generator seeded by ``seed``; every other defense leaves the model as it is."""
+    return parse(defense).extend(model, torch.Generator(device="cpu").manual_seed(int(seed)))
+
+
 def client_round(plan: ClientPlan, model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
                  y: torch.Tensor, loss_fn: LossFn, generator: torch.Generator,
                  schedule: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -227,4 +233,4 @@ def share(defense: str | Defense | None, model: nn.Module, params: dict[str, tor
     )
 
 
-__all__ = ["Shared", "share", "plan_for", "client_round", "mean_gradient", "other_batches", "minibatches"]
+__all__ = ["Shared", "share", "extend_model", "plan_for", "client_round", "mean_gradient", "other_batches", "minibatches"]

@@ -18,7 +18,7 @@ from leakbench.attacks.solvers.gradient_matching import GradientMatcher
 from leakbench.errors import UnsupportedThreatModel
 
 ADAPTIVE = {"soteria-adaptive": "soteria", "topk-adaptive": "topk", "mixup-adaptive": "mixup",
-            "instahide-carlini": "instahide"}
+            "instahide-carlini": "instahide", "precode-adaptive": "precode", "ats-adaptive": "ats"}
 
 
 @pytest.fixture(scope="module")

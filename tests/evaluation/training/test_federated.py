@@ -148,6 +148,16 @@ def test_the_defense_acts_in_every_round_of_the_run(data):
     assert any(not torch.allclose(clean[n], noisy[n]) for n in clean)
 
 
+def test_a_precode_run_trains_its_bottleneck_and_its_state_loads_into_the_extended_model(data):
+    from leakbench.defenses.precode import find_head
+
+    model = small_model(data)
+    state, info = checkpoint(Run(model, data, "precode:4", CONFIG, 0), 1, "p", None)
+    assert find_head(model) is not None and any("bottleneck.encoder" in n for n in state)
+    model.load_state_dict(state)  # the trial's model, extended in place by the run, takes the round's weights
+    assert math.isfinite(info["test_loss"])
+
+
 def test_diverged_is_measured_against_the_untrained_model_not_the_start():
     assert diverged({"train_loss": 0.30, "untrained_loss": 2.3}) is None  # above a checkpoint's 0.29: healthy
     assert "above the untrained" in diverged({"train_loss": 2.5, "untrained_loss": 2.3})

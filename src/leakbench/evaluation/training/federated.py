@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from ...budget import check_time
-from ...defenses import LocalSteps, parse, parts_of, share
+from ...defenses import LocalSteps, extend_model, parse, parts_of, share
 from ...errors import ConfigError
 from ...losses import get_loss
 from .utility import loss_and_accuracy, split_indices, tensors
@@ -174,7 +174,8 @@ class Run:
 
     def __init__(self, model: nn.Module, data, defense: str, config: dict[str, Any], seed: int, *,
                  loss: str = "ce", untrained: nn.Module | None = None) -> None:
-        self.model, self.data, self.defense = model, data, defense
+        # a defense that adds layers (PRECODE's bottleneck) inserts them into ``model`` in place, seeded by the run
+        self.model, self.data, self.defense = extend_model(defense, model, seed=seed), data, defense
         self.config, self.seed, self.loss = dict(config), int(seed), loss
         self.layout = layout(data, config, seed)
         self.untrained = untrained

@@ -31,7 +31,7 @@ from torch import nn
 
 from ...data import ImageDataset, TextDataset, load
 from ...data.text import IGNORE
-from ...defenses import DPSGD, Defense, LocalSteps, SecureAggregation, parse, parts_of, share
+from ...defenses import DPSGD, Defense, LocalSteps, SecureAggregation, extend_model, parse, parts_of, share
 from ...budget import check_time
 from ...errors import ConfigError
 from ...losses import get_loss
@@ -172,7 +172,8 @@ def train_model(model: nn.Module, data: ImageDataset, *, defense: str | Defense 
     (the last one may be smaller).  ``population`` (default: ``data``) supplies the other
     clients' batches for ``secagg``.  DP-SGD's ε is computed at sample rate batch_size/N.
     Defenses that visit more samples per round (:func:`samples_per_round`) run proportionally
-    fewer rounds, so every defense sees epochs × N samples.
+    fewer rounds, so every defense sees epochs × N samples.  A defense that adds layers (``precode``) inserts
+    them into ``model`` in place before the first step (:func:`~leakbench.defenses.extend_model`, seeded by ``seed``).
     """
     check_training(epochs, batch_size, lr)
     if not isinstance(data, (ImageDataset, TextDataset)):
@@ -180,7 +181,7 @@ def train_model(model: nn.Module, data: ImageDataset, *, defense: str | Defense 
                           f"{type(data).__name__} (argument data)")
     defense_obj = parse(defense)
     loss_fn = get_loss(loss)
-    model.to(device)
+    model = extend_model(defense_obj, model, seed=seed).to(device)  # PRECODE's bottleneck, inserted in place
     images, labels = (t.to(device) for t in tensors(data))
     n = int(images.shape[0])
     check_training(epochs, batch_size, lr, n)
