@@ -48,28 +48,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ...defenses import parse, parts_of
 from ...defenses.literature import representation_layer
 from ...errors import expect
 from ...threat import Observation
-from ..base import Attack, Reconstruction, register
+from ..base import Reconstruction, register
 from ..solvers.gradient_matching import GradientMatcher
-from ..solvers.matching_settings import INVERTING_PRESETS, MatchingSettings
+from ..solvers.adaptive_base import MATCH_PRESETS, AdaptiveAttack
+from ..solvers.matching_settings import MatchingSettings
 from ..labels import recover_labels
 from ..solvers.objectives import total_variation
-
-#: Inverting Gradients' presets without the output-layer feature term (the defenses change that layer's gradient)
-MATCH_PRESETS = {name: {**values, "features": 0.0, "factorise": "off"}
-                 for name, values in INVERTING_PRESETS.items() if name in ("default", "fast", "quick")}
-
-
-def defense_families(obs: Observation) -> list[str]:
-    """The registry names of the defenses the observation was made under (what the server is told)."""
-    try:
-        return [p.name for p in parts_of(parse(obs.defense))]
-    except Exception:  # noqa: BLE001 (a spec this process cannot parse names no defense it knows)
-        return []
-
 
 class MaskedMatcher(GradientMatcher):
     """Gradient matching with the simulated gradient multiplied entry-wise by fixed 0/1 masks."""
@@ -82,26 +69,7 @@ class MaskedMatcher(GradientMatcher):
         return [g * m for g, m in zip(super().shared_of(x, target), self.masks)]
 
 
-class _Adaptive(Attack):
-    """An attack that adapts to the defense families in ``adapts_to`` (threat tag ``adaptive``)."""
-
-    adapts_to: tuple[str, ...] = ()
-    matching = True
-
-    def requirements(self, obs: Observation) -> list[str]:
-        reasons = []
-        if obs.kind != "gradient":
-            reasons.append(f"{self.name} simulates one step's gradient: it needs a gradient observation, "
-                           f"not {obs.kind!r}")
-        if not set(self.adapts_to) & set(defense_families(obs)):
-            reasons.append(f"{self.name} adapts to {', '.join(self.adapts_to)}: the observation was made under "
-                           f"{obs.defense!r}")
-        if len(obs.input_shape) != 3 and self.options.tv > 0:
-            reasons.append("the TV prior needs image inputs C×H×W; set tv=0 for vector data")
-        return reasons
-
-
-class _Masked(_Adaptive):
+class _Masked(AdaptiveAttack):
     Options = MatchingSettings
     presets = MATCH_PRESETS
 
@@ -251,7 +219,7 @@ def recover_from_absolute(encodings: torch.Tensor, m: torch.Tensor, mid: float, 
     return (c.detach() + mid).clamp(*box)
 
 
-class _Unmixing(_Adaptive):
+class _Unmixing(AdaptiveAttack):
     Options = UnmixSettings
     presets = UNMIX_PRESETS
 
@@ -305,4 +273,4 @@ class InstaHideCarlini(_Unmixing):
 
 
 __all__ = ["SoteriaAdaptive", "TopKAdaptive", "MixUpAdaptive", "InstaHideCarlini", "MaskedMatcher",
-           "SoftLabelMatcher", "coefficients", "unmix", "recover_from_absolute", "defense_families", "UnmixSettings"]
+           "SoftLabelMatcher", "coefficients", "unmix", "recover_from_absolute", "UnmixSettings"]

@@ -33,7 +33,7 @@ from ..base import Reconstruction, register
 from ..labels import recover_labels
 from ..solvers.gradient_matching import GradientMatcher
 from ..solvers.matching_settings import MatchingSettings
-from .adaptive import MATCH_PRESETS, _Adaptive
+from ..solvers.adaptive_base import MATCH_PRESETS, AdaptiveAttack
 
 #: the most sign combinations per image stage 2 tries (2^6)
 MAX_SIGNED = 6
@@ -112,7 +112,7 @@ class TransformedMatcher(GradientMatcher):
 
 
 @register
-class ATSAdaptive(_Adaptive):
+class ATSAdaptive(AdaptiveAttack):
     """Recover T(x), choose each image's signs by the preimage fit, then match gradients of T_ŝ(x) for x."""
 
     name = "ats-adaptive"

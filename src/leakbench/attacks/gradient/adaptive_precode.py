@@ -33,7 +33,7 @@ from ..labels import recover_labels
 from ..solvers.gradient_matching import GradientMatcher
 from ..solvers.matching_settings import MatchingSettings
 from ..solvers.objectives import GradientDistance, layer_weights
-from .adaptive import MATCH_PRESETS, _Adaptive
+from ..solvers.adaptive_base import MATCH_PRESETS, AdaptiveAttack
 
 
 def head_names(obs: Observation) -> tuple[str, list[str]]:
@@ -95,7 +95,7 @@ class BottleneckMatcher(GradientMatcher):
 
 
 @register
-class PrecodeAdaptive(_Adaptive):
+class PrecodeAdaptive(AdaptiveAttack):
     """PRECODE's bottleneck input matched exactly (δ_b in closed form), the ε-dependent layers left out."""
 
     name = "precode-adaptive"
