@@ -31,7 +31,7 @@ from scipy.stats import binomtest
 import leakbench as lb
 from leakbench.errors import NothingRecovered
 
-from .common import CIFAR_NPZ, table
+from .common import CIFAR_NPZ, console, table
 
 BATCHES = (8, 16, 32, 64, 128)
 QUICK_BATCHES = (8, 16, 32)
@@ -190,6 +190,8 @@ def large() -> None:
                 obs = lb.observe(model, x, y)
                 lo, hi = obs.data_range
                 counts.append(_spear_counts(obs, x))
+                console.print(f"[dim]{label}, {arch}, B = {batch}, batch {k}: exact {counts[-1][0]}, certified "
+                              f"{counts[-1][1]}, false {counts[-1][2]}, {counts[-1][3]:.0f} s[/dim]")
                 grey.append(_scores(torch.full_like(x, (lo + hi) / 2), x))
                 # random dataset images not in the batch (outside the pool too when the pool is short)
                 others = np.setdiff1d(np.arange(len(data)), order[:batch])
