@@ -28,7 +28,7 @@ def test_registry_lists_every_dataset():
         "cifar10", "cifar100", "mnist", "fashion-mnist", "folder", "npz", "text",
     }
     assert set(OFFLINE) <= set(DATASETS.names())
-    assert options("digits") == {"size": 8, "channels": 1, "binary": None, "limit": None}
+    assert options("digits") == {"size": 8, "channels": 1, "binary": None, "limit": None, "deform": 0.0, "seed": 0}
 
 
 def test_unknown_dataset_lists_known_names():
@@ -39,7 +39,7 @@ def test_unknown_dataset_lists_known_names():
 
 
 def test_unknown_option_names_it_and_the_accepted_ones():
-    with pytest.raises(ConfigError, match=r"'sise'.*accepted options: size, channels, binary, limit"):
+    with pytest.raises(ConfigError, match=r"'sise'.*accepted options: size, channels, binary, limit, deform, seed"):
         load("digits", sise=16)
 
 
@@ -70,6 +70,26 @@ def test_digits_upsampled_rgb_keeps_content():
     assert corr > 0.9 and abs(float(back.mean() - small.images.mean())) < 0.01
 
 
+def test_deformed_digits_are_linearly_independent_seeded_and_still_the_digits():
+    plain = load("digits", size=28)
+    warped = load("digits", size=28, deform=1.0, seed=0)
+    check_images(warped, (1, 28, 28))
+    assert torch.equal(warped.labels, plain.labels)
+    # rank at float32 precision (singular values above 1e-6 σ_max): 256, well conditioned; upsampled alone ~55
+    def rank(images):
+        s = torch.linalg.svdvals(images[:256].reshape(256, -1).double())
+        return int((s > 1e-6 * s[0]).sum()), float(s[-1] / s[0])
+
+    assert rank(plain.images)[0] < 70
+    full, conditioning = rank(warped.images)
+    assert full == 256 and conditioning > 1e-4
+    assert torch.equal(load("digits", size=28, deform=1.0, seed=0, limit=40).images, warped.images[:40])
+    assert not torch.equal(load("digits", size=28, deform=1.0, seed=1, limit=40).images, warped.images[:40])
+    # a mild warp: each image stays closer to its own digit than to the other images' (nearest neighbour)
+    near = torch.cdist(warped.images[:300].flatten(1), plain.images[:300].flatten(1)).argmin(1)
+    assert (plain.labels[near] == warped.labels[:300]).float().mean() > 0.8
+
+
 def test_digits_odd_even():
     plain, binary = load("digits", limit=100), load("digits", binary="odd-even", limit=100)
     assert binary.classes == ["even", "odd"] and len(binary) == 100
@@ -78,7 +98,9 @@ def test_digits_odd_even():
 
 
 @pytest.mark.parametrize("opts, field", [({"size": 4}, "size"), ({"channels": 2}, "channels"),
-                                         ({"binary": "odd"}, "binary"), ({"limit": 0}, "limit")])
+                                         ({"binary": "odd"}, "binary"), ({"limit": 0}, "limit"),
+                                         ({"deform": -1.0}, "deform"), ({"deform": float("nan")}, "deform"),
+                                         ({"deform": 9}, "deform"), ({"seed": -1}, "seed")])
 def test_digits_bad_options(opts, field):
     with pytest.raises(ConfigError, match=field):
         load("digits", **opts)

@@ -1,6 +1,8 @@
 """Datasets that need no network and no files.
 
-- ``digits``: scikit-learn's 1 797 handwritten 8×8 digits, optionally upsampled.
+- ``digits``: scikit-learn's 1 797 handwritten 8×8 digits, optionally upsampled and (``deform``) each given
+  its own seeded affine and elastic deformation (Simard, Steinkraus & Platt 2003), so that 28×28 batches are
+  linearly independent like real MNIST digits (upsampled alone, any number of them span ~55 dimensions).
 - ``photos``: patches cut from scikit-image's bundled colour photographs; natural
   image statistics for gradient-inversion tests without CIFAR on disk.
 - ``sphere``: points uniform on the sphere of radius √d with ±1 labels (the
@@ -44,31 +46,80 @@ def digits(
     channels: int = 1,
     binary: str | None = None,
     limit: int | None = None,
+    deform: float = 0.0,
+    seed: int = 0,
 ) -> ImageDataset:
     """scikit-learn's handwritten digits (1 797 images, 8×8, 10 classes), scaled to [0,1].
 
     ``size`` > 8 upsamples bilinearly; ``channels=3`` repeats the grey channel;
-    ``binary="odd-even"`` relabels even digits 0 and odd digits 1.
+    ``binary="odd-even"`` relabels even digits 0 and odd digits 1; ``deform`` > 0 (1 = MNIST-like variation)
+    gives every image its own random affine and elastic deformation drawn from ``seed`` (see :func:`deformed`).
     """
     from sklearn.datasets import load_digits
 
     size = int_option(size, field="size", minimum=8)
+    deform = float_option(deform, field="deform")
+    if not 0 <= deform <= 4:
+        raise ConfigError(f"expected 0 ≤ deform ≤ 4 (0 = none, 1 = MNIST-like), got {deform!r} (field deform)")
+    seed = int_option(seed, field="seed", minimum=0)
     choice(channels, field="channels", allowed=(1, 3))
     choice(binary, field="binary", allowed=(None, "odd-even"))
     bunch = load_digits()
     images = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
     labels = torch.from_numpy(bunch.target.astype(np.int64))
-    images, labels = apply_limit(images, labels, limit)
+    if not deform:   # deformed: every image's draw is the same with or without a limit (applied after)
+        images, labels = apply_limit(images, labels, limit)
     largest = int(math.sqrt(MAX_BYTES / 4 / (channels * len(images))))
     check_bytes(len(images), channels * size * size, field="size", value=size,
                 fix=f"use size ≤ {largest} or fewer images (limit=...)")
     if size != 8:
         images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False).clamp_(0, 1)
+    if deform > 0:
+        images, labels = apply_limit(deformed(images, deform, seed), labels, limit)
     images = set_channels(images, channels)
     classes = [str(k) for k in range(10)]
     if binary == "odd-even":
         labels, classes = labels % 2, ["even", "odd"]
     return ImageDataset(images.contiguous(), labels, classes, "digits")
+
+
+#: at deform = 1: rotation (degrees), log-scale, shear and translation (fraction of the side) standard deviations,
+#: and the elastic field's amplitude α and smoothing σ in pixels of a 28×28 image (Simard et al. 2003 use σ = 4).
+_AFFINE = {"rotate": 8.0, "scale": 0.08, "shear": 0.1, "shift": 0.05}
+_ELASTIC = {"alpha": 1.0, "sigma": 4.0}
+
+
+def deformed(images: torch.Tensor, strength: float, seed: int) -> torch.Tensor:
+    """Each N×C×H×W image in [0,1] warped by its own random affine map and elastic field (one generator, ``seed``).
+
+    The elastic field is Simard et al.'s (ICDAR 2003, Sec. 2): uniform displacements in [−1, 1] per pixel,
+    smoothed by a Gaussian of σ pixels and scaled by α; the affine part draws rotation, anisotropic scale, shear
+    and translation.  Both are applied in one bilinear resampling (zeros outside); deterministic given ``seed``.
+    """
+    n, _, h, w = images.shape
+    gen = torch.Generator().manual_seed(seed)
+    normal = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    angle = torch.deg2rad(strength * _AFFINE["rotate"] * normal(n))
+    sx, sy = (strength * _AFFINE["scale"] * normal(2, n)).exp()
+    shear = strength * _AFFINE["shear"] * normal(n)
+    tx, ty = 2 * strength * _AFFINE["shift"] * normal(2, n)
+    cos, sin = angle.cos(), angle.sin()
+    theta = torch.stack([torch.stack([sx * cos, sx * (shear * cos - sin), tx], 1),
+                         torch.stack([sy * sin, sy * (shear * sin + cos), ty], 1)], 1)
+    grid = F.affine_grid(theta, [n, 1, h, w], align_corners=False)
+    # elastic: smoothed uniform noise per pixel, in pixels of a 28-pixel side (scaled to this size)
+    sigma = _ELASTIC["sigma"] * h / 28
+    radius = max(1, int(3 * sigma))
+    taps = torch.exp(-0.5 * (torch.arange(-radius, radius + 1, dtype=torch.float64) / sigma) ** 2)
+    taps = taps / taps.sum()
+    field = 2 * torch.rand(n * 2, 1, h, w, generator=gen, dtype=torch.float64) - 1
+    field = F.conv2d(F.pad(field, (radius, radius, 0, 0), mode="reflect"), taps.view(1, 1, 1, -1))
+    field = F.conv2d(F.pad(field, (0, 0, radius, radius), mode="reflect"), taps.view(1, 1, -1, 1))
+    field = field / field.flatten(1).std(1).clamp_min(1e-12).view(-1, 1, 1, 1)   # unit std, then α pixels
+    shift = (strength * _ELASTIC["alpha"] * field).view(n, 2, h, w).permute(0, 2, 3, 1)
+    grid = grid + shift * torch.tensor([2.0 / w, 2.0 / h], dtype=torch.float64)
+    out = F.grid_sample(images.double(), grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return out.clamp_(0, 1).to(images.dtype).contiguous()
 
 
 # ------------------------------------------------------------------ photos
