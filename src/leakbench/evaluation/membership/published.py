@@ -34,7 +34,7 @@ import torch
 from ...errors import ConfigError
 from ..verdicts.weights import SSIM_THRESHOLDS
 
-__all__ = ["target_for", "nonmembers_for", "weights_scores", "weights_trial", "membership_trial", "EXPLODED"]
+__all__ = ["target_for", "nonmembers_for", "finite_candidates", "weights_scores", "weights_trial", "membership_trial", "EXPLODED"]
 
 #: a candidate further than this many data boxes from the box has exploded.
 EXPLODED = 100.0
@@ -106,7 +106,7 @@ def nonmembers_for(target, data, count: int, *, seed: int) -> tuple[torch.Tensor
     return data.images[idx.to(data.images.device)], data.labels[idx.to(data.labels.device)]
 
 
-def _finite_candidates(images: torch.Tensor) -> tuple[torch.Tensor, int]:
+def finite_candidates(images: torch.Tensor) -> tuple[torch.Tensor, int]:
     flat = images.reshape(images.shape[0], -1)
     ok = torch.isfinite(flat).all(1)
     ok &= torch.where(ok, flat.abs().amax(1), torch.zeros_like(ok, dtype=flat.dtype)) <= EXPLODED
@@ -162,7 +162,7 @@ def weights_trial(spec, clock, cache_dir) -> Any:
         return rec
     images = rec.images.detach().to("cpu", torch.float64)
     reported = int((rec.trace or {}).get("diverged", 0))
-    candidates, dropped = _finite_candidates(images)
+    candidates, dropped = finite_candidates(images)
     wanted = int(spec.target.get("nonmembers") or n)
     nonmembers, _ = nonmembers_for(target, data, wanted + max(1, candidates.shape[0]), seed=spec.seed)
     pool_nonmembers, control = nonmembers[:wanted], nonmembers[wanted:]

@@ -130,7 +130,7 @@ def round_weights_trial(spec: TrialSpec, clock, cache_dir) -> TrialResult:
     test images standing in for the candidates (the SSIM control)."""
     from ...threat import observe_weights
     from ..trials.attack import run_attack
-    from .published import _finite_candidates, weights_scores
+    from .published import finite_candidates, weights_scores
 
     data, model, info, why = _checkpoint(spec, cache_dir)
     clock.lap("train")
@@ -141,7 +141,7 @@ def round_weights_trial(spec: TrialSpec, clock, cache_dir) -> TrialResult:
                      clock)
     if isinstance(rec, TrialResult):
         return rec
-    candidates, dropped = _finite_candidates(rec.images.detach().to("cpu", torch.float64))
+    candidates, dropped = finite_candidates(rec.images.detach().to("cpu", torch.float64))
     members, outside = _draw(data, spec, spec.target.get("client"), int(spec.target["members"]))
     n = min(len(members), len(outside))
     control = outside[n:n + int(candidates.shape[0])]
