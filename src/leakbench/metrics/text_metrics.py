@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from ..errors import ConfigError, expect
 
@@ -55,6 +54,7 @@ def token_accuracy_matrix(recovered: list[list[int]], originals: list[list[int]]
 
 def match_sequences(recovered: list[list[int]], originals: list[list[int]]) -> list[int | None]:
     """For every original, the index of its recovered partner (Hungarian, maximal total token accuracy), or None."""
+    from scipy.optimize import linear_sum_assignment  # lazy: `import leakbench` skips scipy
     if not recovered:
         return [None] * len(originals)
     rows, cols = linear_sum_assignment(token_accuracy_matrix(recovered, originals), maximize=True)

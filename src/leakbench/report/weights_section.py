@@ -15,7 +15,6 @@ from typing import Any
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.stats import fisher_exact
 
 from ..errors import ConfigError
 from ..evaluation.verdicts.stats import auc_interval, binomial, measurable_fpr
@@ -38,6 +37,7 @@ def _proportion(k: int, n: int) -> str:
 
 def excess(count: int, control: int, of: int, of_control: int) -> float:
     """One-sided p-value of Fisher's exact test: the members' rate exceeds the control's (1.0 when undefined)."""
+    from scipy.stats import fisher_exact  # lazy: `import leakbench` skips scipy
     if of <= 0 or of_control <= 0:
         return 1.0
     table_ = [[count, of - count], [control, of_control - control]]

@@ -55,6 +55,7 @@ def test_it_refuses_a_vector_model_and_another_defense(digits):
         lb.attack("ats-adaptive", obs, preset="quick", iterations=2)
 
 
+@pytest.mark.slow  # two matching attacks: `make test-slow`
 def test_ats_adaptive_beats_the_non_adaptive_attack(digits):
     data, model = digits
     x, y = data.batch(1, seed=5)

@@ -9,6 +9,7 @@ from leakbench.attacks import create
 from leakbench.errors import ConfigError
 
 
+@pytest.mark.slow  # R-GAP then the corrective matching: `make test-slow`
 def test_hybrid_beats_rgap_on_a_rank_deficient_cnn():
     data = lb.load("photos", size=16)
     x, y = data.batch(1, seed=0)

@@ -21,12 +21,12 @@ def _public(photos, x, count=200):
     return photos.images[~inside][-count:]
 
 
-def _setup(photos, *, defense=None, seed=0):
+def _setup(photos, *, defense=None, seed=0, width=40_000):
     """ConvNet-8 (BN, training mode, statistics granted as in Liu et al. Sec. 5.1) + the random head,
     its input centred on public images (``center="calibration"``: random-CNN features are nearly collinear)."""
     model = lb.build("convnet-8", input_shape=photos.shape, classes=photos.num_classes, seed=seed)
     x, y = photos.batch(4, seed=seed)
-    shipped = random_head(model, width=40_000, seed=seed, center="calibration", calibration=_public(photos, x))
+    shipped = random_head(model, width=width, seed=seed, center="calibration", calibration=_public(photos, x))
     obs = lb.observe(shipped, x, y, labels_known=True, train=True, bn_stats=True, defense=defense)
     return x, obs
 
@@ -56,7 +56,7 @@ def test_feature_loss_gradient_pulls_towards_the_features():
 
 
 def test_short_run_returns_box_images_and_trace(photos):
-    x, obs = _setup(photos)
+    x, obs = _setup(photos, width=8_000)  # the shapes and trace of a short run do not depend on the width
     rec = lb.attack("liu2024", obs, preset="quick", iterations=10)
     assert rec.images.shape == x.shape
     assert float(rec.images.min()) >= 0 and float(rec.images.max()) <= 1
@@ -97,7 +97,7 @@ def test_signed_form_tells_a_feature_from_its_mirror():
 
 def test_block_weights_of_the_random_head(photos):
     from leakbench.attacks.gradient.liu2024 import tensor_weights
-    _, obs = _setup(photos)
+    _, obs = _setup(photos, width=8_000)
     names = obs.param_names
     l0 = tensor_weights(obs, "l0", "l0")
     assert l0 == "l0"
@@ -239,6 +239,7 @@ def test_feature_term_enters_the_objective_with_a_plus_sign():
     assert abs(float(total - match)) < 1e-6
 
 
+@pytest.mark.slow  # three 100-step attacks on a 4 000-neuron head: `make test-slow`
 def test_feature_term_beats_inverting_gradients_under_noise():
     """Where the gradient itself misleads — Gaussian noise σ = 0.1 on every tensor — gradient matching fits the
     noise, while the tensor method averages it over the 4 000 random neurons (Theorem 3.1: error ∝ B·sqrt(d/m)).

@@ -59,11 +59,11 @@ def test_solvers_agree_and_pinv_runs_anywhere(sample):
 
 
 @pytest.mark.parametrize("spec,act", [
-    ("cnn:3-6-1-0", "tanh"),                      # CNN2 V1: full rank, tall
+    pytest.param("cnn:3-6-1-0", "tanh", marks=pytest.mark.slow),              # CNN2 V1: full rank, tall
     ("cnn:4-6-2-0", "tanh"),                      # CNN2 V2: rank deficient, wide, dependent rows
-    ("cnn:4-6-2-0,3-3-2-0", "tanh"),              # CNN3 V2: two rank-deficient layers
+    pytest.param("cnn:4-6-2-0,3-3-2-0", "tanh", marks=pytest.mark.slow),      # CNN3 V2: two rank-deficient layers
     ("cnn:3-1-1-0,3-6-1-0", "leaky-relu"),        # CNN3 V4: a one-channel layer, rank-deficient input layer
-    ("cnn:3-6-1-0,3-9-1-0", "relu"),              # ReLU: only active rows
+    pytest.param("cnn:3-6-1-0,3-9-1-0", "relu", marks=pytest.mark.slow),      # ReLU: only active rows
 ])
 def test_gram_solver_equals_the_svd_path(sample, spec, act):
     """The default solver (pivoted Cholesky of the sparse Gram) gives gelsd's reconstruction and ranks."""

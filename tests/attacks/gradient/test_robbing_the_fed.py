@@ -118,6 +118,7 @@ def test_no_claim_under_a_defense(digits):
     assert not bool(rec.confidence.any()) and "defense" in rec.trace["lone_check"]
 
 
+@pytest.mark.slow  # 200 batches: `make test-slow`
 def test_realised_masses_predict_the_mean_recovery_on_held_out_digits(digits):
     """imprint_expected with the block's held-out masses is within 5 % of the mean recovered over
     200 batches of held-out digits (edges from 200 public images, masses from 400 others, clients
@@ -140,6 +141,7 @@ def test_realised_masses_predict_the_mean_recovery_on_held_out_digits(digits):
     assert imprint_expected(bins, batch) > 1.1 * mean  # what equal masses would have promised
 
 
+@pytest.mark.slow  # 200 batches: `make test-slow`
 def test_mean_recovered_count_matches_expected_formula(monkeypatch):
     """Over 200 random batches the mean number recovered is within 5% of imprint_expected(K, B).
 

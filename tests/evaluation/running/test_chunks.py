@@ -67,6 +67,7 @@ def test_a_batched_call_past_its_summed_budget_times_out_each_trial():
     assert all("batched call of 4 trials" in r.error for r in results)
 
 
+@pytest.mark.slow  # trains 2 × 3 seeds: `make test-slow`
 def test_utility_seeds_train_together_and_equal_each_seed_alone(tmp_path):
     spec = {**SPEC, "defenses": ["dpsgd:1,0.5"], "utility": {"epochs": 1, "batch_size": 16, "lr": 0.05},
             "attacks": [], "images": 0}

@@ -158,6 +158,7 @@ def test_kill_parent_leaves_no_worker_and_resume_commits_each_trial_once(tmp_pat
         assert len(store.rows(status="done")) == 80
 
 
+@pytest.mark.slow  # two sweeps with workers; test_kill_and_resume_loses_nothing stays fast: `make test-slow`
 def test_kill_during_a_batched_chunk_and_resume_equals_an_uninterrupted_run(tmp_path):
     """In-process chunks of 32 stacked Inverting Gradients trials: a kill -9 while the second chunk is being solved
     loses only that chunk, the resumed sweep runs each lost trial once, and every result equals an uninterrupted

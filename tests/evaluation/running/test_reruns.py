@@ -110,6 +110,7 @@ def _same_bits(spec: dict, tmp_path) -> dict:
     return first
 
 
+@pytest.mark.slow  # two fresh processes: `make test-slow`
 def test_the_random_head_trials_give_the_same_bits_in_two_fresh_processes(tmp_path):
     results = _same_bits(SPEC, tmp_path)
     assert sorted(results) == ["fc-inversion none", "inverting-gradients none", "liu2024 clip:1", "liu2024 none",

@@ -82,6 +82,7 @@ def test_chunk_sizer_sends_at_least_a_stack_of_trials_that_batch():
     assert sizer.size(trials[0]) == stack_size(trials[0]) == CPU_STACK
 
 
+@pytest.mark.slow  # timed trials in a pool: `make test-slow`
 def test_pool_keeps_both_workers_busy_when_slow_trials_follow_fast_ones(pool, tmp_path):
     """After a sweep of fast trials the pool's sizer knows them; slow trials of another attack that batch are
     shared out evenly between the workers with room, so both workers share them (each runs at least one)."""

@@ -53,7 +53,6 @@ import time
 from dataclasses import dataclass
 
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from ...errors import expect
 from ...models.generator import UNetGenerator
@@ -141,6 +140,7 @@ class Liu2024Options:
 
 def feature_loss(feats: torch.Tensor, recovered: torch.Tensor, *, form: str) -> torch.Tensor:
     """R_feature for current features (B×d, one per slot) against recovered unit features (B×d)."""
+    from scipy.optimize import linear_sum_assignment  # lazy: `import leakbench` skips scipy
     unit = feats / feats.norm(dim=1, keepdim=True).clamp_min(1e-12)
     if form == "projection":
         basis, _ = torch.linalg.qr(recovered.T)                     # d×B orthonormal

@@ -45,8 +45,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy import special as _special
-from scipy import stats as _sp
 
 from ...errors import ConfigError, UnsupportedThreatModel, expect
 from ...threat import Observation
@@ -153,6 +151,7 @@ def lira_scores(target_phi: object, reference_phi: object, in_mask: object, *, o
     −log Pr[N(μ_out, σ_out²) > φ].  ``reference_phi`` and ``in_mask`` are K×N (fits: :func:`_fit`).
 
     An example with no OUT model (or, online, no IN model) gets NaN: it cannot be scored."""
+    from scipy import stats as _sp  # here, not at import: it costs every CLI and worker start ~0.5 s
     phi = _np(target_phi).reshape(-1)
     ref = _np(reference_phi)
     mask = np.asarray(in_mask.detach().cpu().numpy() if isinstance(in_mask, torch.Tensor) else in_mask).astype(bool)
@@ -170,6 +169,7 @@ def lira_scores(target_phi: object, reference_phi: object, in_mask: object, *, o
 def rmia_marginal(reference_phi: object, in_mask: object, *, online: bool = True, a: float = 0.3) -> np.ndarray:
     """Pr(x) per example: the mean of p_y = sigmoid(φ) over all reference models (online, eq. 5), or offline
     ½((1 + a)·mean over OUT models + (1 − a)) (App. B.2).  NaN where no model qualifies."""
+    from scipy import special as _special
     ref = _np(reference_phi)
     mask = np.asarray(in_mask.detach().cpu().numpy() if isinstance(in_mask, torch.Tensor) else in_mask).astype(bool)
     p = _special.expit(ref)

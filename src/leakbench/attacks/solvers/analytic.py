@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from scipy.optimize import minimize_scalar
 from torch import nn
 
 from ...errors import ConfigError, UnsupportedThreatModel
@@ -74,6 +73,7 @@ def output_layer(weight: torch.Tensor, bias: torch.Tensor | None, grad_w: torch.
     h = t·v, δ = s·u/t with t the root of t·∂ℓ/∂z(t·Wv + b) = s·u, found by a log-spaced
     scan of both signs and a bounded refinement (scipy).
     """
+    from scipy.optimize import minimize_scalar  # lazy: `import leakbench` skips scipy
     if grad_b is not None and float(grad_b.abs().max()) > 0:
         k = int(grad_b.abs().argmax())
         return OutputSolve(grad_w[k] / grad_b[k], grad_b.clone(), "bias (eq. 4)", 0.0)

@@ -45,12 +45,9 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 
 import numpy as np
-import scipy.linalg as sla
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
-from scipy.linalg import lapack
-from scipy.sparse.linalg import norm as sparse_norm
 from torch import nn
 
 from ...errors import ConfigError
@@ -146,6 +143,10 @@ GAP = 1e4
 def _gram_solve(a: sp.csr_matrix, b: np.ndarray, rcond: float) -> tuple[np.ndarray, int] | None:
     """x = A⁺b through the pivoted Cholesky of the smaller Gram matrix (see the module docstring);
     None when the rank is not clear-cut or the solution fails the least-squares test."""
+    import scipy.linalg as sla  # here, not at import: scipy.linalg costs every CLI and worker start ~0.4 s
+    from scipy.linalg import lapack
+    from scipy.sparse.linalg import norm as sparse_norm
+
     m, n = a.shape
     tall = m >= n
     dense_rows = np.diff(a.indptr) > 0.05 * n  # K(δ)'s rows are dense: their Gram part goes to BLAS

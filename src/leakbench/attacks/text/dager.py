@@ -47,7 +47,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from ...errors import ConfigError, NothingRecovered
 from ...models.text_model import TextModel
@@ -392,6 +391,7 @@ def _length_fits(lengths: list[int] | None, recovered: list[int]) -> list[bool]:
     as possible (Hungarian).  A sequence cut short by two or more tokens fits no length and is not exact
     (one token short of a window that no end-of-sequence id ended is not caught).
     """
+    from scipy.optimize import linear_sum_assignment  # lazy: `import leakbench` skips scipy
     if lengths is None:
         return [True] * len(recovered)
     fits = np.array([[float(n in (L, L - 1)) for L in lengths] for n in recovered])

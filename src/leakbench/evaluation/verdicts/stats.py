@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
-from scipy import stats as _sp
 
 #: confidence level of every interval in the report.
 CONFIDENCE = 0.95
@@ -118,6 +117,8 @@ def t_mean(values: Iterable[float], *, confidence: float = CONFIDENCE) -> Interv
         return early
     n, mean = v.size, float(v.mean())
     sd = float(v.std(ddof=1))
+    from scipy import stats as _sp
+
     half = float(_sp.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n, "t")
 
@@ -149,6 +150,8 @@ def binomial(k: int, n: int, *, confidence: float = CONFIDENCE) -> Interval:
     if n <= 0:
         return Interval(math.nan, math.nan, math.nan, 0, "clopper-pearson")
     k = max(0, min(int(k), int(n)))
+    from scipy import stats as _sp
+
     ci = _sp.binomtest(k, int(n)).proportion_ci(confidence_level=confidence, method="exact")
     return Interval(k / n, float(ci.low), float(ci.high), int(n), "clopper-pearson")
 
@@ -169,6 +172,8 @@ def auc_interval(scores: Sequence[float], is_member: Sequence[bool], *, confiden
 
     def auc(p: np.ndarray, q: np.ndarray) -> np.ndarray:
         # batched Mann–Whitney U / (|p||q|) over the leading axis, ties counted one half
+        from scipy import stats as _sp
+
         ranks = _sp.rankdata(np.concatenate([p, q], axis=-1), axis=-1)
         u = ranks[..., : p.shape[-1]].sum(-1) - p.shape[-1] * (p.shape[-1] + 1) / 2
         return u / (p.shape[-1] * q.shape[-1])
