@@ -16,7 +16,10 @@ first run trains the generator, about half a minute, then it is cached).
 
 ``LEAKBENCH_PRIOR_B=4,8`` the batch sizes, ``LEAKBENCH_PRIOR_N=8`` the batches per size,
 ``LEAKBENCH_PRIOR_ATTACKS=trained,gias`` which attacks, ``LEAKBENCH_PRIOR_GIAS='{"restarts": 1}'`` options for gias
-(JSON, for tuning).
+(JSON, for tuning).  ``LEAKBENCH_PRIOR_LOCAL=1,0.05,2`` observes a FedAvg client's update instead of the gradient:
+``epochs`` local epochs of minibatch SGD at ``lr`` in minibatches of ``b`` over the batch (``lb.observe``'s
+``local_steps``, ``local_lr``, ``local_batch``); both attacks simulate those steps (the issue's "B = 4 after one local
+epoch").
 """
 from __future__ import annotations
 
@@ -54,6 +57,28 @@ def batches(pool: str, size: int, count: int) -> list[list[int]]:
     return [[indices[i] for i in order[b * size:(b + 1) * size]] for b in range(count)]
 
 
+def _local() -> dict:
+    """``LEAKBENCH_PRIOR_LOCAL=epochs,lr,b`` as ``lb.observe`` arguments (an update), or {} (the gradient)."""
+    raw = os.environ.get("LEAKBENCH_PRIOR_LOCAL", "").strip()
+    if not raw:
+        return {}
+    try:
+        epochs, lr, b = raw.split(",")
+        out = {"local_steps": int(epochs), "local_lr": float(lr), "local_batch": int(b)}
+    except ValueError:
+        raise SystemExit("LEAKBENCH_PRIOR_LOCAL: expected epochs,lr,minibatch, e.g. 1,0.05,2") from None
+    if out["local_steps"] < 1 or out["local_batch"] < 1 or not out["local_lr"] > 0:
+        raise SystemExit("LEAKBENCH_PRIOR_LOCAL: expected epochs ≥ 1, lr > 0 and minibatch ≥ 1, e.g. 1,0.05,2")
+    return out
+
+
+def _describe(local: dict) -> str:
+    if not local:
+        return "one undefended gradient"
+    return (f"the update after {local['local_steps']} local epoch(s) of SGD (lr {local['local_lr']:g}, minibatches of "
+            f"{local['local_batch']})")
+
+
 def run(*, quick: bool = False) -> None:
     size = _ints("LEAKBENCH_PRIOR_SIZE", "16")[0]
     sizes = _ints("LEAKBENCH_PRIOR_B", "4,8")
@@ -65,6 +90,7 @@ def run(*, quick: bool = False) -> None:
     if unknown := [a for a in attacks if a not in ("trained", "gias")]:
         raise SystemExit(f"LEAKBENCH_PRIOR_ATTACKS: unknown {', '.join(unknown)}; known: trained, gias")
     gias_options = json.loads(os.environ.get("LEAKBENCH_PRIOR_GIAS", "{}"))
+    local = _local()
     quick_options = {"trained": {"iterations": 50}, "gias": {"latent_steps": 30, "generator_steps": 20}} if quick else {}
 
     start = time.perf_counter()
@@ -81,7 +107,7 @@ def run(*, quick: bool = False) -> None:
     rows = []
     for B in sizes:
         pairs = [ds.batch(indices=idx) for idx in batches(pool, B, count)]
-        observations = [lb.observe(model, x, y, labels_known=True) for x, y in pairs]
+        observations = [lb.observe(model, x, y, labels_known=True, **local) for x, y in pairs]
         grey = [lb.compare(torch.full_like(x, float(x.mean())), x, y)["psnr"] for x, y in pairs]
         rows.append([B, "grey (chance)", " / ".join(f"{g:.2f}" for g in grey), "+0.00", f"0 of {count}", "–", "–"])
         seconds: dict[str, float] = {}
@@ -107,6 +133,7 @@ def run(*, quick: bool = False) -> None:
     table(f"Learned prior on a trained {MODEL} (digits {size}×{size}, accuracy {acc:.2f}): PSNR over grey (dB), "
           f"{count} held-out batches per B ({pool} pool), labels known",
           ["B", "attack", "over grey per batch", "mean", "above grey", "s / batch", "s ratio gias / trained"], rows,
+          f"observed: {_describe(local)}; "
           f"trained on digits 0–999 ({'2' if quick else epochs} epochs SGD, lr {lr}, batch {batch_size}); generator "
           f"on digits 0–999; attacked pool {pool} (digits {POOLS[pool].start}–{POOLS[pool].stop - 1}); "
           f"{time.perf_counter() - start:.0f} s on {torch.get_num_threads()} thread(s).")
