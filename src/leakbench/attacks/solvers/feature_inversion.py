@@ -26,8 +26,9 @@ from .analytic import act_inverse
 
 __all__ = ["FeatureInversion", "feature_bounds", "invert_features"]
 
-#: at most this many multiply-adds for one sample's SVD (rows × cols²); above it the layer is optimised instead.
-WORK_BOUND = 2e9
+#: at most this many multiply-adds for one sample's SVD (live rows × cols², about a second on 2 cores); above it the
+#: layer is optimised instead.
+WORK_BOUND = 5e9
 #: at most this many entries in one layer's dense matrix (8 bytes each).
 MATRIX_BOUND = 2 ** 24
 #: a singular value below rcond·σ_max is zero (the rows do not determine that direction).
@@ -93,18 +94,20 @@ def invert_features(chain: Chain, upto: int, features: torch.Tensor, data_range:
         rows, cols = int(torch.tensor(block.output_shape).prod()), block.input_dim
         info = {"layer": block.name, "rows": rows, "cols": cols}
         layers.append(info)
-        if rows * cols > MATRIX_BOUND or rows * cols * cols > WORK_BOUND:
-            info["solver"] = f"optimised: its system ({rows}×{cols}) is above the least-squares work bound"
-            exact[:] = False
-            break
-        w = weight_matrix(block.layer, block.input_shape).to(h.device, torch.float64)
-        b = bias_vector(block.layer, block.input_shape, dtype=torch.float64).to(h.device)
         if block.act == "relu":
             live = h > zero_tol * h.abs().amax(1, keepdim=True).clamp_min(1e-300)
             pre = h
         else:
             live = torch.ones_like(h, dtype=torch.bool)
             pre = act_inverse(block.act, h, block.slope)
+        used = int(live.sum(1).max())
+        if rows * cols > MATRIX_BOUND or used * cols * cols > WORK_BOUND:
+            info["solver"] = (f"optimised: its system ({used} live rows × {cols}, matrix {rows}×{cols}) is above the "
+                              "least-squares bound")
+            exact[:] = False
+            break
+        w = weight_matrix(block.layer, block.input_shape).to(h.device, torch.float64)
+        b = bias_vector(block.layer, block.input_shape, dtype=torch.float64).to(h.device)
         solved, ranks = [], []
         for i in range(batch):  # one SVD per sample: each sample's live rows differ
             x_i, r_i = _solve(w[live[i]], (pre[i] - b)[live[i]])
