@@ -242,7 +242,8 @@ def fishing(model: nn.Module, *, target: int, margin: float = 20.0, calibration:
     W_target·1[y = target], is that of the target-class samples alone: each of them ≈ −W_target, each other
     sample ≤ e^(−margin)·‖W_target‖.  A batch of B samples shares, below the head, only its target-class
     samples' gradient (the magnification: the rest is suppressed by e^(−margin)); ``trap-weights`` (or any
-    attack on the first layer) then reads those samples.  ``shipped.fishing_target`` records the class.
+    attack on the first layer) then reads those samples.  ``shipped.fishing_target`` records the class and
+    ``shipped.fishing_head`` the final layer's name.
     """
     shape = _input_shape(model, input_shape)
     if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and math.isfinite(margin)
@@ -271,5 +272,6 @@ def fishing(model: nn.Module, *, target: int, margin: float = 20.0, calibration:
         head.bias[~keep] = top + float(margin)
     shipped.train(was)
     shipped.fishing_target = int(target)
+    shipped.fishing_head = name
     _copy_attributes(model, shipped, shape)
     return shipped

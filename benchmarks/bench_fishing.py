@@ -1,0 +1,132 @@
+"""Class fishing read by gradient matching on a ConvNet without a first FC layer (Wen et al., ICML 2022, Sec. 3–4).
+
+The server ships ``fishing(model, target=3)``; the client's batch holds exactly one class-3 digit and B − 1 digits
+of other classes.  ``fishing`` (read-out ``matching``) inverts the fished gradient as a batch of one of class 3
+(the layers below the head; :mod:`leakbench.attacks.gradient.fishing`).  Score: the PSNR of slot 0 against the one
+class-3 sample.  Chance rows, in the same metric against the same sample: the grey image at that sample's own mean
+(a strong grey: its mean is not known to the attacker); the same read-out on the **honest** model's batch gradient
+(the model unmodified, the same B = 1 inversion with label 3: what fishing adds); a random non-member image of
+class 3 from the same pool (not in the batch).
+
+Set-up: scikit-learn's digits at 16×16, ``convnet-16`` untrained (seed 0) and trained as in
+``bench_learned_prior`` (10 epochs SGD on digits 0–999, batch 16, lr 0.05; its held-out accuracy printed); the
+fishing head calibrated on digits 0–255 (public, never attacked).  Batches from the **report pool** (digits
+1 300–1 796) or, with ``LEAKBENCH_FISH_POOL=tuning``, the **tuning pool** (1 000–1 299) where the engine was chosen.
+Batch b: the b-th class-3 digit of a seeded permutation of the pool, and B − 1 non-class-3 digits of the pool drawn
+with seed 1000·B + b.  The B = 1 problems of one model are solved as one stacked optimisation.
+
+``LEAKBENCH_FISH_B=8,32`` batch sizes, ``LEAKBENCH_FISH_N=8`` batches, ``LEAKBENCH_FISH_ENGINE=fast`` the
+inverting-gradients preset (``LEAKBENCH_FISH_ENGINE_TRAINED`` for the trained net, default ``trained``),
+``LEAKBENCH_FISH_ITERATIONS`` an override of its iterations, ``LEAKBENCH_FISH_NETS=untrained,trained``.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import time
+
+import torch
+
+import leakbench as lb
+from leakbench.attacks import attack_batch
+from leakbench.evaluation.training.utility import loss_and_accuracy, train_model
+from leakbench.evaluation.verdicts.stats import bootstrap_mean
+from leakbench.models.active import fishing
+
+from .common import console, env_names, psnr, table
+
+MODEL, TARGET, SIZE = "convnet-16", 3, 16
+RECIPE = (10, 16, 0.05)  # epochs, batch, lr (bench_learned_prior's)
+TRAIN, PUBLIC = range(0, 1000), range(0, 256)
+POOLS = {"report": range(1300, 1797), "tuning": range(1000, 1300)}
+
+
+def _ints(name: str, default: str) -> list[int]:
+    try:
+        return [int(v) for v in (env_names(name) or default.split(","))]
+    except ValueError:
+        raise SystemExit(f"{name}: expected comma-separated integers, e.g. {name}={default}") from None
+
+
+def batches(ds: lb.ImageDataset, pool: str, size: int, count: int) -> list[tuple[list[int], int]]:
+    """``count`` batches (indices, slot 0 = the one class-3 digit) and a class-3 non-member of the pool each."""
+    idx = list(POOLS[pool])
+    labels = ds.labels[idx]
+    targets = [idx[i] for i in torch.randperm(len(idx), generator=torch.Generator().manual_seed(7)).tolist()
+               if int(labels[i]) == TARGET]
+    others = [i for i, y in zip(idx, labels.tolist()) if y != TARGET]
+    if 2 * count > len(targets):
+        raise SystemExit(f"{count} batches need {2 * count} class-{TARGET} digits; pool {pool} holds {len(targets)}")
+    out = []
+    for b in range(count):
+        pick = torch.randperm(len(others), generator=torch.Generator().manual_seed(1000 * size + b))[:size - 1]
+        out.append(([targets[b], *[others[i] for i in pick.tolist()]], targets[count + b]))
+    return out
+
+
+def _model(ds: lb.ImageDataset, trained: bool, quick: bool) -> tuple[torch.nn.Module, float]:
+    model = lb.build(MODEL, input_shape=ds.shape, classes=ds.num_classes, seed=0)
+    if trained:
+        epochs, batch, lr = RECIPE
+        model = train_model(model, ds.subset(list(TRAIN)), epochs=2 if quick else epochs, batch_size=batch, lr=lr,
+                            seed=0).model
+    model = model.eval()
+    held = list(range(len(TRAIN), len(ds.labels)))
+    return model, loss_and_accuracy(model, ds.images[held], ds.labels[held])[1]
+
+
+def _cell(values: list[float]) -> str:
+    iv = bootstrap_mean(values)
+    return f"{iv.mean:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
+
+
+def run(*, quick: bool = False) -> None:
+    sizes = _ints("LEAKBENCH_FISH_B", "8" if quick else "8,32")
+    count = _ints("LEAKBENCH_FISH_N", "2" if quick else "8")[0]
+    pool = os.environ.get("LEAKBENCH_FISH_POOL", "report")
+    if pool not in POOLS:
+        raise SystemExit(f"LEAKBENCH_FISH_POOL: unknown pool {pool!r}; known: {', '.join(POOLS)}")
+    nets = env_names("LEAKBENCH_FISH_NETS") or ["untrained", "trained"]
+    if unknown := [n for n in nets if n not in ("untrained", "trained")]:
+        raise SystemExit(f"LEAKBENCH_FISH_NETS: unknown {', '.join(unknown)}; known: untrained, trained")
+    iterations = _ints("LEAKBENCH_FISH_ITERATIONS", "50" if quick else "0")[0] or None
+    start = time.perf_counter()
+    ds = lb.load("digits", size=SIZE)
+    rows = []
+    for net in nets:
+        model, acc = _model(ds, net == "trained", quick)
+        engine = os.environ.get(f"LEAKBENCH_FISH_ENGINE{'_TRAINED' if net == 'trained' else ''}",
+                                "trained" if net == "trained" else "fast")
+        options = {"readout": "matching", "engine": engine, **({"iterations": iterations} if iterations else {})}
+        shipped = fishing(model, target=TARGET, calibration=ds.images[list(PUBLIC)])
+        honest = copy.deepcopy(model)  # the same read-out on the unmodified model's gradient
+        honest.fishing_target, honest.fishing_head = TARGET, shipped.fishing_head
+        label = f"{net} (acc {acc:.2f}), engine {engine}"
+        for B in sizes:
+            drawn = batches(ds, pool, B, count)
+            pairs = [ds.batch(indices=i) for i, _ in drawn]
+            truth = [x[0:1] for x, _ in pairs]
+            scores: dict[str, list[float]] = {"grey at the sample's mean": [
+                psnr(torch.full_like(t, float(t.mean())), t) for t in truth]}
+            scores["random class-3 non-member"] = [psnr(ds.images[m:m + 1], t) for (_, m), t in zip(drawn, truth)]
+            counts = []
+            for name, m in (("fishing, honest model (same read-out)", honest), ("fishing (fished model)", shipped)):
+                obs = [lb.observe(m, x, y) for x, y in pairs]
+                recs = attack_batch("fishing", obs, seeds=list(range(count)), **options)
+                if bad := [r for r in recs if isinstance(r, Exception)]:
+                    raise SystemExit(f"{name} failed: {bad[0]}")
+                scores[name] = [psnr(r.images[0:1].cpu(), t) for r, t in zip(recs, truth)]
+                counts = [r.trace["fished_count_estimate"] for r in recs]
+            fished = scores["fishing (fished model)"]
+            for name, values in scores.items():
+                above = "–" if name.startswith("fishing (") else \
+                    f"{sum(f > v for f, v in zip(fished, values))} of {count}"
+                rows.append([label, B, name, _cell(values), above])
+            console.print(f"[dim]{label}, B = {B}: n̂ of the fished batches {', '.join(f'{c:.3f}' for c in counts)} "
+                          f"({time.perf_counter() - start:.0f} s)[/dim]", highlight=False)
+    table(f"Class fishing read by gradient matching: PSNR (dB) of slot 0 against the batch's one class-{TARGET} "
+          f"digit, {MODEL} on digits {SIZE}×{SIZE}, {count} batches per B ({pool} pool)",
+          ["network", "B", "row", "mean PSNR [95 % bootstrap]", "fished above it (paired)"], rows,
+          f"fished model calibrated on digits 0–255; trained net: digits 0–999; attacked pool {pool} (digits "
+          f"{POOLS[pool].start}–{POOLS[pool].stop - 1}); iterations {iterations or 'the preset'}s; "
+          f"{time.perf_counter() - start:.0f} s on {torch.get_num_threads()} thread(s), under load.")
