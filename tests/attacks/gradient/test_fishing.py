@@ -111,3 +111,63 @@ def test_a_final_layer_without_bias_is_refused(digits):
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10, bias=False))
     with pytest.raises(ConfigError, match="bias"):
         fishing(model, target=1, input_shape=(1, 8, 8))
+
+
+PUBLIC = slice(1000, 1400)  # the server's labelled public digits (never attacked here)
+
+
+def test_feature_fishing_passes_only_target_samples_below_the_threshold(digits):
+    """p_target = σ(m(φ_j − τ)) exactly, and per-sample body gradients (autograd): a target sample far below τ
+    sends one, a target sample far above τ and another class's sample far below τ send ≈ none."""
+    model = lb.build(CNN, input_shape=digits.shape, classes=10, act="tanh", seed=0).double()
+    public = (digits.images[PUBLIC].double(), digits.labels[PUBLIC])
+    shipped = fishing(model, target=2, quantile=0.5, calibration=public)
+    j, tau = shipped.fishing_feature, shipped.fishing_threshold
+    x, y = digits.images[:300].double(), digits.labels[:300]
+    seen = []
+    handle = shipped.fc.register_forward_hook(lambda m, i, o: seen.append(i[0][:, j].detach()))
+    p = torch.softmax(shipped(x), 1)[:, 2].detach()
+    handle.remove()
+    phi, m = seen[0], float(shipped.fc.weight[2, j])
+    assert torch.allclose(p, torch.sigmoid(m * (phi - tau)), rtol=1e-9, atol=1e-12)
+    body = [q for n, q in shipped.named_parameters() if not n.startswith("fc.")]
+
+    def norm(i):
+        g = torch.autograd.grad(torch.nn.functional.cross_entropy(shipped(x[i:i + 1]), y[i:i + 1]), body)
+        return float(torch.cat([v.reshape(-1) for v in g]).norm())
+
+    far = 20 / m  # σ_j: a sample one spread from τ is damped by e^(−20)
+    below = [i for i in range(300) if y[i] == 2 and phi[i] < tau - far]
+    above = [i for i in range(300) if y[i] == 2 and phi[i] > tau + far]
+    other = [i for i in range(300) if y[i] != 2 and phi[i] < tau - far]
+    assert below and above and other
+    strong = min(norm(i) for i in below[:3])
+    assert strong > 0 and max(norm(i) for i in above[:3] + other[:3]) < 1e-6 * strong
+
+
+def test_feature_fishing_is_read_out_on_a_cnn(digits):
+    model = lb.build(CNN, input_shape=digits.shape, classes=10, act="tanh", seed=0)
+    shipped = fishing(model, target=2, quantile=0.5, calibration=(digits.images[PUBLIC], digits.labels[PUBLIC]))
+    x, y = _one_target_batch(digits, 2, 4)
+    rec = lb.attack("fishing", lb.observe(shipped, x, y), preset="quick", iterations=5)
+    assert rec.trace["readout"] == "matching" and rec.trace["fished_feature"] == shipped.fishing_feature
+    assert "feature fishing" in rec.trace["fished_count_note"]
+
+
+@pytest.mark.parametrize("options,field", [({"quantile": 0.5, "feature": 10_000}, "feature"),
+                                           ({"quantile": 1.0}, "quantile"), ({"quantile": 0.0}, "quantile"),
+                                           ({"feature": 3}, "quantile")])
+def test_feature_fishing_bad_options_name_their_argument(digits, options, field):
+    model = lb.build(CNN, input_shape=digits.shape, classes=10, act="tanh", seed=0)
+    with pytest.raises(ConfigError, match=f"argument {field}"):
+        fishing(model, target=2, calibration=(digits.images[PUBLIC], digits.labels[PUBLIC]), **options)
+
+
+def test_feature_fishing_needs_labelled_public_samples_and_a_bias(digits):
+    model = lb.build(CNN, input_shape=digits.shape, classes=10, act="tanh", seed=0)
+    with pytest.raises(ConfigError, match="labelled public samples"):
+        fishing(model, target=2, quantile=0.5, calibration=digits.images[PUBLIC])
+    no_bias = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10, bias=False))
+    with pytest.raises(ConfigError, match="bias"):
+        fishing(no_bias, target=1, quantile=0.5, input_shape=(1, 8, 8),
+                calibration=(digits.images[PUBLIC], digits.labels[PUBLIC]))

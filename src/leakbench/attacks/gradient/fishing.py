@@ -26,7 +26,11 @@ every sample has p_target ≤ e^(−margin), so the target bias gradient of the 
 summed secure aggregation).  This follows from the construction, not from a claim of the paper.  With n̂_t > 1
 the B = 1 inversion fits one image to the sum of several samples' gradients (a mixture, as Wen et al. note).
 
-Not here: feature fishing (Sec. 3.2, which splits one class by a feature threshold across rounds).
+Feature fishing (Sec. 3.2, :func:`leakbench.models.active.feature_fishing`, the single-round variant) ships a head
+whose target gradient passes only for target-class samples with feature φ_j below a threshold; both read-outs
+apply unchanged (the gradient below the head is then m·(p_t − 1[y = t])·∇φ_j), and n̂ counts the passing target
+samples minus the other-class samples above the threshold (the construction's leak).  Not here: the paper's
+multi-round binary search on the threshold (one round per observation in this library).
 """
 from __future__ import annotations
 
@@ -136,6 +140,14 @@ def invert_fished(obs: Observation, *, target: int, head: str, settings: Matchin
     return result, note
 
 
+def _feature_trace(model) -> dict:
+    """The feature-fishing head's choice (feature, threshold, quantile), or nothing for class fishing."""
+    if getattr(model, "fishing_feature", None) is None:
+        return {}
+    return {"fished_feature": int(model.fishing_feature), "fished_threshold": float(model.fishing_threshold),
+            "fished_quantile": float(model.fishing_quantile)}
+
+
 @register
 class Fishing(Attack):
     """Class fishing: the target class's samples, read from the first FC layer's rows or by gradient matching."""
@@ -180,7 +192,7 @@ class Fishing(Attack):
         readout, found = self._readout(obs)
         if readout == "rows":
             rec = read_rows(obs, found[1], self.options, name=self.name, labels=torch.tensor([target]))
-            rec.trace.update(fished_class=target, readout="rows")
+            rec.trace.update(fished_class=target, readout="rows", **_feature_trace(obs.model))
             if progress is not None:
                 progress(1, 1, 0.0)
             return rec
@@ -225,7 +237,11 @@ class Fishing(Attack):
             fished_count_estimate=fished_count(obs, head, target),
             fished_count_note="the server does not see the labels: n̂ = −B·∂L/∂b_target from the fished head "
                               "(exact up to e^(−margin) per sample); with n̂ > 1 slot 0 fits a mixture",
-            confidence="slot 0: the fished sample, inverted at B = 1; the others are not claimed (grey, 0)")
+            confidence="slot 0: the fished sample, inverted at B = 1; the others are not claimed (grey, 0)",
+            **_feature_trace(obs.model))
+        if "fished_feature" in trace:
+            trace["fished_count_note"] = ("feature fishing: n̂ = −B·∂L/∂b_target = (target samples below the "
+                                          "threshold) − (other-class samples above it), each weighted by its share")
         if obs.labels is not None:
             hard = obs.labels if obs.labels.dim() == 1 else obs.labels.argmax(-1)
             trace["fished_count_granted"] = int((hard == target).sum())
