@@ -318,7 +318,8 @@ def feature_fishing(model: nn.Module, *, target: int, quantile: float | None, fe
     batch's n_t target samples pass (q = 1/n_t isolates one); m = ``margin``/σ_j (σ_j: φ_j's spread over those
     samples), so a target sample one σ_j above τ is damped by e^(−margin).  ``feature``: the index j, or None /
     "auto" for the feature whose τ the fewest public samples of the other classes exceed (the leak; ties: the
-    widest spread), chosen on the even-numbered public samples and τ then placed on the odd-numbered ones.  The authors' reference code takes the feature with the largest target-class mean instead;
+    widest spread) among those that split the class (samples below τ, no mass at the minimum, a spread at least
+    the median feature's), chosen on the even-numbered public samples and τ then placed on the odd-numbered ones.  The authors' reference code takes the feature with the largest target-class mean instead;
     ours minimises the leak the one-logit construction has, from the same public samples.
 
     Not here: the paper's multi-round variant (a binary search on τ over several queries of the same client, the
@@ -370,16 +371,17 @@ def feature_fishing(model: nn.Module, *, target: int, quantile: float | None, fe
         pick, place = phi[0::2], phi[1::2]
         taus = torch.quantile(pick, float(quantile), dim=0)
         # among the features that split the class at τ: some public samples below it, no mass at the minimum
-        # (a ReLU feature at 0 for many samples passes them with zero gradient)
+        # (a ReLU feature at 0 for many samples passes them with zero gradient), a spread at least the median
+        # feature's (a near-constant feature makes m = margin/σ_j explode)
+        spread = pick.std(0)
         splits = ((pick < taus).double().mean(0) >= quantile / 2) & \
-            ((phi == phi.min(0).values).double().mean(0) <= quantile / 2)
+            ((phi == phi.min(0).values).double().mean(0) <= quantile / 2) & (spread >= spread.median())
         if not bool(splits.any()) or place.shape[0] < 1:
             raise ConfigError(f"no feature of the final layer's input splits the public samples of class {target} "
                               f"at quantile {quantile} (each has a mass at its minimum, e.g. ReLU zeros); pass "
                               "feature=j or another quantile (argument feature)")
         others = phi_all[~mine][0::2]
         leak = (others > taus).double().mean(0) if others.shape[0] else torch.zeros_like(taus)
-        spread = pick.std(0)
         score = torch.where(splits, leak - 1e-9 * spread / (spread.max() + 1e-300), torch.full_like(leak, math.inf))
         j = int(torch.argmin(score))
         phi = place
