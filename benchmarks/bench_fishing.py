@@ -161,7 +161,7 @@ def feature_table(ds: lb.ImageDataset, pool: str, count: int, iterations: int | 
             rows.append([label, f"{name}: slot 0 nearest the intended digit",
                          f"{hits} of {count} [{iv.low:.2f}, {iv.high:.2f}]",
                          f"PSNR {_cell(found[name])}" + (f"; {failed} diverged (scored as grey)" if failed else "")])
-        rows.append([label, "chance: one of the class's three", "1/3", "–"])
+        rows.append([label, "chance: a random one of the class's three (of the batch's)", f"1/3 (1/{size})", "–"])
         rows.append([label, "grey at the intended digit's mean", "–",
                      f"PSNR {_cell([psnr(torch.full_like(t, float(t.mean())), t) for t in truth])}"])
         rows.append([label, "random class-3 non-member", "–",
