@@ -171,3 +171,17 @@ def test_feature_fishing_needs_labelled_public_samples_and_a_bias(digits):
     with pytest.raises(ConfigError, match="bias"):
         fishing(no_bias, target=1, quantile=0.5, input_shape=(1, 8, 8),
                 calibration=(digits.images[PUBLIC], digits.labels[PUBLIC]))
+
+
+def test_the_matching_read_out_of_a_full_batch_fedavg_update(digits):
+    """k full-batch local steps of lr on the mean over B: simulated as the fished sample's own steps of lr/B."""
+    model = lb.build(CNN, input_shape=digits.shape, classes=10, act="tanh", seed=0)
+    shipped = fishing(model, target=2, calibration=digits.images[-256:])
+    x, y = _one_target_batch(digits, 2, 4)
+    obs = lb.observe(shipped, x, y, defense="local:2,0.05")
+    assert obs.kind == "update" and obs.local_steps == 2
+    rec = lb.attack("fishing", obs, preset="quick", iterations=100)
+    assert rec.trace["match"].startswith("exact")
+    got = float(lb.metrics.psnr(rec.images[:1], x[:1]).mean())
+    grey = float(lb.metrics.psnr(torch.full_like(x[:1], float(x[0].mean())), x[:1]).mean())
+    assert got > grey + 3, (got, grey)
