@@ -125,6 +125,8 @@ def fished_observation(obs: Observation, *, target: int, head: str) -> tuple[Obs
         grads = obs.gradients
         shared, lr, kind, steps = [grads[i] * per for i in keep], 0.0, "gradient", 1
         note = "approximate: minibatch epochs, matched as the mean gradient of the local steps"
+    if obs.train_mode and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in obs.model.modules()):
+        note = "approximate: batch norm in training mode normalises the batch together, the B = 1 simulation alone"
     sub = dataclasses.replace(
         obs, kind=kind, shared=shared, param_names=names, batch_size=1,
         labels=torch.tensor([int(target)], device=obs.device), bn_stats=None, local_steps=steps, local_lr=lr,
