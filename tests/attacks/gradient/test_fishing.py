@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import leakbench as lb
-from leakbench.errors import ConfigError, UnsupportedThreatModel
+from leakbench.errors import ConfigError, NothingRecovered, UnsupportedThreatModel
 from leakbench.models.active import fishing
 
 CNN = "cnn:3-6-1-0,4-3-2-0"  # a small untrained ConvNet (no first FC layer) on 8×8 digits
@@ -185,3 +185,12 @@ def test_the_matching_read_out_of_a_full_batch_fedavg_update(digits):
     got = float(lb.metrics.psnr(rec.images[:1], x[:1]).mean())
     grey = float(lb.metrics.psnr(torch.full_like(x[:1], float(x[0].mean())), x[:1]).mean())
     assert got > grey + 3, (got, grey)
+
+
+def test_a_batch_without_the_target_class_recovers_nothing_and_says_so(digits):
+    model = lb.build(CNN, input_shape=digits.shape, classes=10, act="tanh", seed=0).double()
+    shipped = fishing(model, target=2, margin=800.0, calibration=digits.images[-256:].double())  # e^(−800) = 0
+    idx = [i for i in range(100) if int(digits.labels[i]) != 2][:4]
+    x, y = digits.batch(indices=idx)
+    with pytest.raises(NothingRecovered, match="no sample of the batch passed"):
+        lb.attack("fishing", lb.observe(shipped, x.double(), y), preset="quick", iterations=5)

@@ -28,19 +28,22 @@ the B = 1 inversion fits one image to the sum of several samples' gradients (a m
 
 Feature fishing (Sec. 3.2, :func:`leakbench.models.active.feature_fishing`, the single-round variant) ships a head
 whose target gradient passes only for target-class samples with feature φ_j below a threshold; both read-outs
-apply unchanged (the gradient below the head is then m·(p_t − 1[y = t])·∇φ_j), and n̂ counts the passing target
-samples minus the other-class samples above the threshold (the construction's leak).  Not here: the paper's
+apply (the gradient below the head is then m·(p_t − 1[y = t])·∇φ_j; the matching read-out simulates candidates
+with p_t pinned at ≈ 0, the side the fished sample passed on, so that a candidate above the threshold is not
+left without a gradient), and n̂ counts the passing target samples minus the other-class samples above the
+threshold (the construction's leak).  Not here: the paper's
 multi-round binary search on the threshold (one round per observation in this library).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
-from ...errors import expect
+from ...errors import NothingRecovered, expect
 from ...models.active import first_linear
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
@@ -53,6 +56,8 @@ from ..solvers.rows import RowOptions, read_rows
 __all__ = ["Fishing", "FishingOptions", "fished_count", "fished_observation", "invert_fished"]
 
 READOUTS = ("auto", "rows", "matching")
+#: how far (in logits) the feature-fishing simulator lowers the target logit: p_target ≤ e^(−PIN + m·(φ_j − τ))
+PIN = 1000.0
 
 
 @dataclass
@@ -127,8 +132,20 @@ def fished_observation(obs: Observation, *, target: int, head: str) -> tuple[Obs
         note = "approximate: minibatch epochs, matched as the mean gradient of the local steps"
     if obs.train_mode and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in obs.model.modules()):
         note = "approximate: batch norm in training mode normalises the batch together, the B = 1 simulation alone"
+    if all(not bool(t.any()) for t in shared):
+        raise NothingRecovered("fishing: the gradient below the fished head is exactly zero — no sample of the "
+                               "batch passed the head (no target-class sample, or none below the feature threshold)")
+    model = obs.model
+    if getattr(model, "fishing_feature", None) is not None:
+        # feature fishing: the fished sample passed because its p_target ≈ 0; the simulator pins p_target ≈ 0 for
+        # every candidate (target bias lowered by PIN), so a candidate above the threshold still gets the gradient
+        # −m·∇φ_j it must match instead of none (the shipped head would flatten the objective there)
+        model = copy.deepcopy(model)
+        with torch.no_grad():
+            dict(model.named_parameters())[f"{head}.bias"][int(target)] -= PIN
+        note += "; feature fishing: simulated with p_target pinned at ≈ 0 (the side the fished sample passed on)"
     sub = dataclasses.replace(
-        obs, kind=kind, shared=shared, param_names=names, batch_size=1,
+        obs, model=model, kind=kind, shared=shared, param_names=names, batch_size=1,
         labels=torch.tensor([int(target)], device=obs.device), bn_stats=None, local_steps=steps, local_lr=lr,
         local_batches=None, extras={k: v for k, v in obs.extras.items() if k not in ("client_batch_size",)})
     return sub, note
