@@ -82,6 +82,8 @@ def test_blocks_heads_and_fishing_are_flagged(digits, batch):
                     {"architecture", "duplicated-rows", "constant-rows"}),
         "random head": (cnn, random_head(cnn, width=300), {"architecture", "duplicated-rows", "constant-rows"}),
         "fishing": (mlp, fishing(mlp, target=2, calibration=_public(digits)), {"zero-rows"}),
+        "feature fishing": (cnn, fishing(cnn, target=2, quantile=0.25,
+                                         calibration=(digits.images[:400], digits.labels[:400])), {"zero-rows"}),
     }
     for name, (before, shipped, checks) in expected.items():
         report = inspect(before, shipped, x=batch[0], y=batch[1])

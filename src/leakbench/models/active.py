@@ -9,7 +9,8 @@ changed); every random draw comes from ``seed``:
   model that does not start with a ReLU FC layer, a :class:`TrapBlock` of K such neurons goes in front.
 - :func:`fishing` — class fishing of Wen et al. (ICML 2022, Sec. 3): the final layer keeps the target class's row,
   zeroes the others and gives them one large bias, so only the target class's samples send a gradient into the
-  body of the network (``fishing``).
+  body of the network (``fishing``); :func:`feature_fishing` (Sec. 3.2) further splits that class by one feature
+  of the head's input.
 
 The blocks of Robbing the Fed and Liu et al. are in :mod:`leakbench.models.malicious`.
 """
@@ -26,7 +27,7 @@ from torch import nn
 from ..errors import ConfigError
 from .malicious import _copy_attributes, _head, _input_shape, _param_device, _public
 
-__all__ = ["TrapBlock", "trap_weights", "first_linear", "trap_rows", "trap_scales", "fishing"]
+__all__ = ["TrapBlock", "trap_weights", "first_linear", "trap_rows", "trap_scales", "fishing", "feature_fishing"]
 
 
 # --------------------------------------------------------------------------- trap weights (Boenisch et al.)
@@ -230,8 +231,17 @@ def trap_weights(model: nn.Module, *, rate: float = 1 / 64, scale: float | None 
 # --------------------------------------------------------------------------- fishing (Wen et al.)
 
 
+def _labelled(calibration: object) -> tuple[object, torch.Tensor | None]:
+    """(images, labels or None) of public samples given as a tensor, an (images, labels) pair or a dataset."""
+    if isinstance(calibration, tuple) and len(calibration) == 2:
+        return calibration[0], torch.as_tensor(calibration[1]).reshape(-1)
+    labels = getattr(calibration, "labels", None)
+    return calibration, (labels.reshape(-1) if isinstance(labels, torch.Tensor) else None)
+
+
 def fishing(model: nn.Module, *, target: int, margin: float = 20.0, calibration: object | None = None,
-            seed: int = 0, input_shape: Sequence[int] | None = None) -> nn.Module:
+            seed: int = 0, input_shape: Sequence[int] | None = None, feature: int | str | None = None,
+            quantile: float | None = None) -> nn.Module:
     """Class fishing (Wen, Geiping, Fowl, Goldblum & Goldstein, "Fishing for User Data in Large-Batch Federated
     Learning via Gradient Magnification", ICML 2022, Sec. 3): the model's final linear layer (W, b) keeps the
     row of class ``target`` and zeroes every other row, whose bias becomes one large constant μ.
@@ -242,22 +252,21 @@ def fishing(model: nn.Module, *, target: int, margin: float = 20.0, calibration:
     W_target·1[y = target], is that of the target-class samples alone: each of them ≈ −W_target, each other
     sample ≤ e^(−margin)·‖W_target‖.  A batch of B samples shares, below the head, only its target-class
     samples' gradient (the magnification: the rest is suppressed by e^(−margin)); ``trap-weights`` (or any
-    attack on the first layer) then reads those samples.  ``shipped.fishing_target`` records the class.
+    attack on the first layer) then reads those samples.  ``shipped.fishing_target`` records the class and
+    ``shipped.fishing_head`` the final layer's name.
+
+    With ``quantile=q`` the head does feature fishing instead (:func:`feature_fishing`, Sec. 3.2).
     """
+    if quantile is not None or feature is not None:
+        return feature_fishing(model, target=target, quantile=quantile, feature=feature, margin=margin,
+                               calibration=calibration, input_shape=input_shape)
     shape = _input_shape(model, input_shape)
-    if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and math.isfinite(margin)
-            and margin > 0):
-        raise ConfigError(f"expected margin > 0 (the target logit's distance below the others), got {margin!r} "
-                          "(argument margin)")
+    _check_margin(margin)
     shipped = copy.deepcopy(model)
-    name, head = _head(shipped, shape)
+    name, head = _fished_head(shipped, shape, target)
     classes = head.out_features
-    if isinstance(target, bool) or not isinstance(target, int) or not 0 <= target < classes:
-        raise ConfigError(f"expected target a class in 0..{classes - 1}, got {target!r} (argument target)")
-    if head.bias is None:
-        raise ConfigError(f"fishing needs a final linear layer with bias ({name!r} has none): the non-target "
-                          "classes' constant logit is a bias")
-    probe = _public(calibration, shape, 1, "calibration") if calibration is not None else torch.rand(
+    images, _ = _labelled(calibration)
+    probe = _public(images, shape, 1, "calibration") if calibration is not None else torch.rand(
         (256, *shape), generator=torch.Generator().manual_seed(int(seed)), dtype=torch.float64)
     device, dtype = _param_device(shipped)
     was = shipped.training
@@ -271,5 +280,124 @@ def fishing(model: nn.Module, *, target: int, margin: float = 20.0, calibration:
         head.bias[~keep] = top + float(margin)
     shipped.train(was)
     shipped.fishing_target = int(target)
+    shipped.fishing_head = name
+    _copy_attributes(model, shipped, shape)
+    return shipped
+
+
+def _check_margin(margin: object) -> None:
+    if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and math.isfinite(margin)
+            and margin > 0):
+        raise ConfigError(f"expected margin > 0 (the target logit's distance below the others), got {margin!r} "
+                          "(argument margin)")
+
+
+def _fished_head(shipped: nn.Module, shape: tuple[int, ...], target: object) -> tuple[str, nn.Linear]:
+    name, head = _head(shipped, shape)
+    classes = head.out_features
+    if isinstance(target, bool) or not isinstance(target, int) or not 0 <= target < classes:
+        raise ConfigError(f"expected target a class in 0..{classes - 1}, got {target!r} (argument target)")
+    if head.bias is None:
+        raise ConfigError(f"fishing needs a final linear layer with bias ({name!r} has none): the non-target "
+                          "classes' constant logit is a bias")
+    return name, head
+
+
+def feature_fishing(model: nn.Module, *, target: int, quantile: float | None, feature: int | str | None = None,
+                    margin: float = 20.0, calibration: object | None = None,
+                    input_shape: Sequence[int] | None = None) -> nn.Module:
+    """Feature fishing (Wen et al., ICML 2022, Sec. 3.2), the single-round variant: of the target class's samples
+    only those whose feature j of the head's input φ lies below a threshold τ keep the target gradient.
+
+    The head's rows are zeroed except entry (target, j) = m, with bias b_target = −m·τ + log(C − 1) and 0 for the
+    other classes, so p_target = σ(m·(φ_j − τ)) exactly, and the gradient below the head is
+    m·(p_target − 1[y = target])·∇φ_j: a target-class sample below τ sends ≈ −m·∇φ_j, one above τ ≈ 0; a sample
+    of another class sends m·p_target·∇φ_j, ≈ 0 below τ — but ≈ m·∇φ_j above τ (the construction's leak: one
+    logit cannot say "target class and below τ").  τ is the ``quantile`` q of φ_j over the public samples of the
+    target class (``calibration``: an (images, labels) pair or a dataset with ``.labels``), so about q·n_t of a
+    batch's n_t target samples pass (q = 1/n_t isolates one); m = ``margin``/σ_j (σ_j: φ_j's spread over those
+    samples), so a target sample one σ_j above τ is damped by e^(−margin).  ``feature``: the index j, or None /
+    "auto" for the feature whose τ the fewest public samples of the other classes exceed (the leak; ties: the
+    widest spread) among those that split the class (samples below τ, no mass at the minimum, a spread at least
+    the median feature's), chosen on the even-numbered public samples and τ then placed on the odd-numbered ones.  The authors' reference code takes the feature with the largest target-class mean instead;
+    ours minimises the leak the one-logit construction has, from the same public samples.
+
+    Not here: the paper's multi-round variant (a binary search on τ over several queries of the same client, the
+    single sample's gradient the difference of two rounds) — the library observes one round per trial.
+    ``shipped.fishing_feature``, ``fishing_threshold`` and ``fishing_quantile`` record the choice.
+    """
+    shape = _input_shape(model, input_shape)
+    _check_margin(margin)
+    if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0 < quantile < 1:
+        raise ConfigError(f"expected quantile in (0, 1) (about q·n of the batch's n target samples pass; 1/n "
+                          f"isolates one), got {quantile!r} (argument quantile)")
+    shipped = copy.deepcopy(model)
+    name, head = _fished_head(shipped, shape, target)
+    width, classes = head.in_features, head.out_features
+    if feature not in (None, "auto") and (isinstance(feature, bool) or not isinstance(feature, int)
+                                          or not 0 <= feature < width):
+        raise ConfigError(f"expected feature an index in 0..{width - 1} of the final layer's input (or 'auto'), "
+                          f"got {feature!r} (argument feature)")
+    images, labels = _labelled(calibration) if calibration is not None else (None, None)
+    if labels is None:
+        raise ConfigError("feature fishing needs labelled public samples of the target class to place its threshold "
+                          "(argument calibration: an (images, labels) pair or a dataset with .labels)")
+    images = _public(images, shape, 2, "calibration")
+    if labels.shape[0] != images.shape[0]:
+        raise ConfigError(f"expected one label per calibration image ({images.shape[0]}), got {labels.shape[0]} "
+                          "(argument calibration)")
+    mine = labels.to(images.device) == target
+    if int(mine.sum()) < 4:
+        raise ConfigError(f"feature fishing needs at least 4 public samples of class {target} to place its "
+                          f"threshold, got {int(mine.sum())} (argument calibration)")
+    device, dtype = _param_device(shipped)
+    seen: list[torch.Tensor] = []
+    handle = head.register_forward_hook(lambda m, i, o: seen.append(i[0].detach().reshape(i[0].shape[0], -1)))
+    was = shipped.training
+    shipped.eval()
+    try:
+        with torch.no_grad():
+            for s in range(0, images.shape[0], 256):
+                shipped(images[s:s + 256].to(device, dtype))
+    finally:
+        handle.remove()
+        shipped.train(was)
+    phi_all = torch.cat(seen).double().cpu()
+    mine = mine.cpu()
+    phi = phi_all[mine]
+    if feature in (None, "auto"):
+        # chosen on the even-numbered public samples, τ placed on the odd ones: a feature picked for its low leak on
+        # the samples that also place τ would carry that choice's luck into τ (more batch samples would pass)
+        pick, place = phi[0::2], phi[1::2]
+        taus = torch.quantile(pick, float(quantile), dim=0)
+        # among the features that split the class at τ: some public samples below it, no mass at the minimum
+        # (a ReLU feature at 0 for many samples passes them with zero gradient), a spread at least the median
+        # feature's (a near-constant feature makes m = margin/σ_j explode)
+        spread = pick.std(0)
+        splits = ((pick < taus).double().mean(0) >= quantile / 2) & \
+            ((phi == phi.min(0).values).double().mean(0) <= quantile / 2) & (spread >= spread.median())
+        if not bool(splits.any()) or place.shape[0] < 1:
+            raise ConfigError(f"no feature of the final layer's input splits the public samples of class {target} "
+                              f"at quantile {quantile} (each has a mass at its minimum, e.g. ReLU zeros); pass "
+                              "feature=j or another quantile (argument feature)")
+        others = phi_all[~mine][0::2]
+        leak = (others > taus).double().mean(0) if others.shape[0] else torch.zeros_like(taus)
+        score = torch.where(splits, leak - 1e-9 * spread / (spread.max() + 1e-300), torch.full_like(leak, math.inf))
+        j = int(torch.argmin(score))
+        phi = place
+    else:
+        j = int(feature)
+    values = phi[:, j]
+    tau = float(torch.quantile(values, float(quantile)))
+    spread = float(values.std())
+    scale = float(margin) / (spread if spread > 0 else 1.0)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.weight[target, j] = scale
+        head.bias.zero_()
+        head.bias[target] = -scale * tau + math.log(max(classes - 1, 1))
+    shipped.fishing_target = int(target)
+    shipped.fishing_head = name
+    shipped.fishing_feature, shipped.fishing_threshold, shipped.fishing_quantile = j, tau, float(quantile)
     _copy_attributes(model, shipped, shape)
     return shipped

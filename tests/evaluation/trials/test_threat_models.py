@@ -263,6 +263,25 @@ def test_trap_weights_and_fishing_in_a_sweep_with_the_client_check(tmp_path):
     sweep.store.close()
 
 
+def test_fishing_on_a_cnn_in_a_sweep_inverts_the_fished_gradient(tmp_path):
+    """On a model without a first FC layer the sweep's fishing trials run the B = 1 gradient-matching read-out,
+    under secure aggregation and FedAvg minibatch epochs as well, for class and feature fishing (whose threshold
+    the server places on labelled public digits)."""
+    spec = {"datasets": [DIGITS],
+            "models": [{"spec": "cnn:3-6-1-0,4-3-2-0", "act": "tanh", "label": "fishcnn",
+                        "server": {"fishing": {"target": 1}}},
+                       {"spec": "cnn:3-6-1-0,4-3-2-0", "act": "tanh", "label": "featurecnn",
+                        "server": {"fishing": {"target": 1, "quantile": 0.5}}}],
+            "batch_sizes": [4], "images": 4, "seeds": [0],
+            "attacks": [{"name": "fishing", "preset": "quick", "options": {"iterations": 5}}],
+            "defenses": ["none", "secagg:2", "local:1,0.05,2"]}
+    sweep = Sweep(load_spec(spec), tmp_path / "r.db", workers=1)
+    sweep.run(progress=False)
+    rows = sweep.store.rows(kind="attack")
+    assert len(rows) == 6 and all(r["status"] == "done" and r["metrics"]["client_check"] == 1.0 for r in rows)
+    sweep.store.close()
+
+
 def test_loki_in_a_sweep_sends_each_secagg_client_its_own_model(tmp_path):
     """``loki: {bins: K}`` takes L from ``secagg:L``; under the secure sum the target's digits are read exactly."""
     from leakbench.models.loki import LokiBlock

@@ -46,14 +46,17 @@ def draw_excluding(images: torch.Tensor, exclude: torch.Tensor, count: int, *, s
     return torch.as_tensor(keep, dtype=torch.long)
 
 
-def public_sample(data, exclude: torch.Tensor, count: int, *, seed: int) -> torch.Tensor:
-    """``count`` images of ``data`` the server may hold: a seeded draw that contains none of ``exclude``.
+def public_sample(data, exclude: torch.Tensor, count: int, *, seed: int,
+                  labelled: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``count`` images of ``data`` the server may hold: a seeded draw that contains none of ``exclude``
+    (``labelled``: the pair (images, their labels), for a server that places a class's threshold).
 
     The client's images never calibrate the server's block.  Fewer than ``count`` are returned when the
     data is short.
     """
     idx = draw_excluding(data.images, exclude, count, seed=int(seed) + 10007)
-    return data.images[idx.to(data.images.device)]
+    images = data.images[idx.to(data.images.device)]
+    return (images, data.labels[idx.to(data.labels.device)]) if labelled else images
 
 
 #: the most images an IIP pool holds: the batch's originals plus a seeded draw of other images of the dataset

@@ -153,7 +153,8 @@ def apply_server(spec: TrialSpec, model: torch.nn.Module, data) -> torch.nn.Modu
         or options.get("center") == "calibration"
     if calibrated:
         pool, _ = data.batch(max(spec.images, spec.batch_size * (spec.batch + 1)), seed=spec.seed)
-        options["calibration"] = public_sample(data, pool, int(spec.server.get("public", 256)), seed=spec.seed)
+        options["calibration"] = public_sample(data, pool, int(spec.server.get("public", 256)), seed=spec.seed,
+                                               labelled=name == "fishing")
     module, _, function = SERVER_MOVES[name].rpartition(".")
     return getattr(importlib.import_module(module), function)(model, input_shape=data.shape, **options)
 
