@@ -74,6 +74,8 @@ RECORDED = {
     ("fishing", "quick"): (1, "087fa793fde8"),
     ("spear", "default"): (1, "76e3a0554a0c"),
     ("spear", "quick"): (1, "83e96857769b"),
+    ("spear-features", "default"): (0, "d227a48f62f8"),
+    ("spear-features", "quick"): (0, "e256fcb3f652"),
     ("tag", "default"): (0, "ad2d18c9fcc4"),
     ("tag", "quick"): (0, "0fc94cc1ba29"),
     ("tensor-features", "default"): (0, "605added5eee"),
