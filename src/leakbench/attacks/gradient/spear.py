@@ -85,18 +85,17 @@ certificates, so noise never earns a certificate (tests), though the estimates m
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ...errors import expect
 from ...models.matrices import layer_chain
 from ...threat import Observation
 from ..solvers.analytic import analytic_reasons, chain_or_reason
 from ..solvers.linalg import lstsq
 from ..base import Attack, Reconstruction, register
 from ..observed import attacker_model, layer_gradients, param_index
+from ..solvers.spear_options import SpearOptions
 from ..solvers.peeling import Residual, SampleGradients, candidate_scale, peel_pass, residual_span
 from ..solvers.spear_search import (complete_basis, pattern_disagreements, repair_directions,
                                     row_inputs, sample_precision, select_directions)
@@ -120,34 +119,6 @@ PRECISION = 1e-4
 NOISE_ZEROS = 10.0
 #: the found samples' joint re-solve is kept when it reproduces ∂L/∂W to this many times the round-off bound.
 REFINED = 30.0
-
-
-@dataclass
-class SpearOptions:
-    """Tolerances and budgets of ``spear`` (0 = derived from the observation's precision)."""
-
-    #: singular values below rcond·σ_max count as zero when reading the rank of ∂L/∂W.
-    rcond: float = 0.0
-    #: entries of L q below zero_tol·max|L q| are exact zeros (float32: ≈ 2e-6).
-    zero_tol: float = 0.0
-    #: a kernel direction is one whose singular value is below null_tol·σ_max.
-    null_tol: float = 0.0
-    #: relative residual of ∂L/∂W and ∂L/∂b a certified sample leaves.
-    tol: float = 0.0
-    #: at most this many rows of the gradient serve as candidate inputs per round.
-    candidates: int = 1024
-    #: rounds of completing Q with the best rejected proposals and re-proposing from the solved batch.
-    rounds: int = 4
-    #: wall-clock budget in seconds for SPEAR's rounds (0 = none); peeling passes are not cut.
-    seconds: float = 60.0
-
-    def check(self) -> None:
-        for name in ("rcond", "zero_tol", "null_tol", "tol"):
-            value = getattr(self, name)
-            expect(0 <= value < 1, f"expected 0 ≤ {name} < 1 (0 = automatic), got {value} (option {name})")
-        expect(self.candidates >= 1, f"expected candidates ≥ 1, got {self.candidates} (option candidates)")
-        expect(self.rounds >= 0, f"expected rounds ≥ 0, got {self.rounds} (option rounds)")
-        expect(self.seconds >= 0, f"expected seconds ≥ 0 (0 = no limit), got {self.seconds} (option seconds)")
 
 
 def _tolerances(o: SpearOptions, dtype: torch.dtype) -> tuple[float, float, float, float]:

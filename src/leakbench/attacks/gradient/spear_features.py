@@ -3,7 +3,7 @@
 SPEAR (Dimitrov, Baader, Müller & Vechev, NeurIPS 2024, Sec. 3) holds for *any* ReLU linear layer Z = X Wᵀ + b:
 ∂L/∂W = Δᵀ X has rank B (Theorem 3.1), ∂L/∂W = L R gives X = Q⁻¹ R (Theorem 3.2) and the ReLU's zeros fix the
 columns of Q (Theorem 3.3) — X is whatever the layer receives.  In a ConvNet whose convolutions are followed by a
-ReLU fully connected layer, X is the batch's features: :class:`~.spear.Spear` runs unchanged on the model from
+ReLU fully connected layer, X is the batch's features: :class:`~.spear.Spear` runs unchanged (through the registry) on the model from
 that layer on (its weights and the shared gradients of those weights), with the features' range bounded by
 interval arithmetic through the known convolutions (:func:`~..solvers.feature_inversion.feature_bounds`).  Its
 certificates carry over: a certified feature vector is exact to the observation's precision.
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 from ...models.matrices import Chain
 from ...threat import Observation
-from ..base import Attack, Reconstruction, register
+from ..base import Attack, Reconstruction, create, register
 from ..observed import param_index
 from ..solvers.analytic import analytic_reasons, chain_or_reason
 from ..solvers.feature_inversion import feature_bounds, invert_features
-from .spear import Spear, SpearOptions
+from ..solvers.spear_options import SpearOptions
 
 __all__ = ["SpearFeatures", "SpearFeaturesOptions", "feature_observation"]
 
@@ -105,7 +105,7 @@ class SpearFeatures(Attack):
         if reasons:
             return reasons
         sub = feature_observation(obs, chain, block)
-        return [f"at the features of {chain.blocks[block].name!r}: {r}" for r in Spear(**self._spear()).requirements(sub)]
+        return [f"at the features of {chain.blocks[block].name!r}: {r}" for r in create("spear", **self._spear()).requirements(sub)]
 
     def _spear(self) -> dict:
         return {f.name: getattr(self.options, f.name) for f in dataclasses.fields(SpearOptions)}
@@ -115,7 +115,7 @@ class SpearFeatures(Attack):
         chain = chain_or_reason(obs)[0]
         block = _hidden_fc(chain)
         sub = feature_observation(obs, chain, block)
-        feats = Spear(**self._spear()).run(sub, seed=seed, progress=progress)
+        feats = create("spear", **self._spear()).run(sub, seed=seed, progress=progress)
         z = feats.images.reshape(obs.batch_size, -1).double()
         certified = feats.confidence.bool()
         inv = invert_features(chain, block, z, obs.data_range, tol=o.image_tol, steps=o.steps, lr=o.lr, seed=seed)
