@@ -65,6 +65,7 @@ def _tiny_demo() -> dict:
     return spec
 
 
+@pytest.mark.slow  # every threat model of the demo, about a minute: `make test-slow` (`make demo` runs it all)
 def test_every_threat_model_of_the_demo_runs_and_fills_its_section(tmp_path):
     sweep = Sweep(load_spec(_tiny_demo()), tmp_path / "results.db", workers=1)
     sweep.run(progress=False)

@@ -224,6 +224,7 @@ def test_evaluate_exits_1_and_says_so_when_trials_failed(tmp_path):
     assert "no trial succeeded (2 timed out)" in result.output and "--retry-failed" in result.output
 
 
+@pytest.mark.slow  # a sweep interrupted and resumed in subprocesses; the demo's Ctrl-C test stays fast
 def test_ctrl_c_prints_the_kept_trials_and_the_command_that_resumes(tmp_path):
     spec = _long_spec(tmp_path)
     db = tmp_path / "r.db"

@@ -120,6 +120,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc to find the worker processes")
+@pytest.mark.slow  # test_kill_and_resume_loses_nothing stays in `make test`
 def test_kill_parent_leaves_no_worker_and_resume_commits_each_trial_once(tmp_path):
     # 80 short trials: the pool sends them in chunks, results still come back and commit one by one
     spec = {**TINY, "batch_sizes": [1], "images": 80, "defenses": ["none"],
