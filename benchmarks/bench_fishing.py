@@ -45,19 +45,12 @@ from leakbench.evaluation.training.utility import loss_and_accuracy, train_model
 from leakbench.evaluation.verdicts.stats import binomial, bootstrap_mean
 from leakbench.models.active import fishing
 
-from .common import console, env_names, psnr, table
+from .common import console, env_ints, env_names, psnr, table
 
 MODEL, TARGET, SIZE = "convnet-16", 3, 16
 RECIPE = (10, 16, 0.05)  # epochs, batch, lr (bench_learned_prior's)
 TRAIN, PUBLIC = range(0, 1000), range(0, 256)
 POOLS = {"report": range(1300, 1797), "tuning": range(1000, 1300)}
-
-
-def _ints(name: str, default: str) -> list[int]:
-    try:
-        return [int(v) for v in (env_names(name) or default.split(","))]
-    except ValueError:
-        raise SystemExit(f"{name}: expected comma-separated integers, e.g. {name}={default}") from None
 
 
 def batches(ds: lb.ImageDataset, pool: str, size: int, count: int) -> list[tuple[list[int], int]]:
@@ -175,15 +168,15 @@ def feature_table(ds: lb.ImageDataset, pool: str, count: int, iterations: int | 
 
 
 def run(*, quick: bool = False) -> None:
-    sizes = _ints("LEAKBENCH_FISH_B", "8" if quick else "8,32")
-    count = _ints("LEAKBENCH_FISH_N", "2" if quick else "8")[0]
+    sizes = env_ints("LEAKBENCH_FISH_B", "8" if quick else "8,32")
+    count = env_ints("LEAKBENCH_FISH_N", "2" if quick else "8")[0]
     pool = os.environ.get("LEAKBENCH_FISH_POOL", "report")
     if pool not in POOLS:
         raise SystemExit(f"LEAKBENCH_FISH_POOL: unknown pool {pool!r}; known: {', '.join(POOLS)}")
     nets = env_names("LEAKBENCH_FISH_NETS") or ["untrained", "trained"]
     if unknown := [n for n in nets if n not in ("untrained", "trained")]:
         raise SystemExit(f"LEAKBENCH_FISH_NETS: unknown {', '.join(unknown)}; known: untrained, trained")
-    iterations = _ints("LEAKBENCH_FISH_ITERATIONS", "50" if quick else "0")[0] or None
+    iterations = env_ints("LEAKBENCH_FISH_ITERATIONS", "50" if quick else "0")[0] or None
     parts = env_names("LEAKBENCH_FISH_PARTS") or ["class", "feature"]
     start = time.perf_counter()
     ds = lb.load("digits", size=SIZE)

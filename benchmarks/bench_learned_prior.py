@@ -33,19 +33,12 @@ import leakbench as lb
 from leakbench.attacks import attack_batch
 from leakbench.evaluation.training.utility import loss_and_accuracy, train_model
 
-from .common import console, env_names, table
+from .common import console, env_ints, env_names, table
 
 MODEL = "convnet-16"
 RECIPE = (10, 16, 0.05)  # epochs, batch, lr: bench_trained_layouts' digits recipe
 TRAIN = range(0, 1000)
 POOLS = {"report": range(1300, 1797), "tuning": range(1000, 1300)}
-
-
-def _ints(name: str, default: str) -> list[int]:
-    try:
-        return [int(v) for v in (env_names(name) or default.split(","))]
-    except ValueError:
-        raise SystemExit(f"{name}: expected comma-separated integers, e.g. {name}={default}") from None
 
 
 def batches(pool: str, size: int, count: int) -> list[list[int]]:
@@ -80,9 +73,9 @@ def _describe(local: dict) -> str:
 
 
 def run(*, quick: bool = False) -> None:
-    size = _ints("LEAKBENCH_PRIOR_SIZE", "16")[0]
-    sizes = _ints("LEAKBENCH_PRIOR_B", "4,8")
-    count = _ints("LEAKBENCH_PRIOR_N", "2" if quick else "8")[0]
+    size = env_ints("LEAKBENCH_PRIOR_SIZE", "16")[0]
+    sizes = env_ints("LEAKBENCH_PRIOR_B", "4,8")
+    count = env_ints("LEAKBENCH_PRIOR_N", "2" if quick else "8")[0]
     pool = os.environ.get("LEAKBENCH_PRIOR_POOL", "report")
     if pool not in POOLS:
         raise SystemExit(f"LEAKBENCH_PRIOR_POOL: unknown pool {pool!r}; known: {', '.join(POOLS)}")

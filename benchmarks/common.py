@@ -85,6 +85,14 @@ def env_names(name: str) -> list[str]:
     return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
 
 
+def env_ints(name: str, default: str) -> list[int]:
+    """``$name`` as comma-separated integers (``default`` when unset); a bad value exits naming the variable."""
+    try:
+        return [int(v) for v in (env_names(name) or default.split(","))]
+    except ValueError:
+        raise SystemExit(f"{name}: expected comma-separated integers, e.g. {name}={default}") from None
+
+
 def env_pick(name: str, known: dict) -> dict:
     """The entries of ``known`` that environment variable ``name`` lists (all of them when unset), in ``known``'s
     order; an unknown name is a clear exit naming the known ones."""
