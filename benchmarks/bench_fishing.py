@@ -53,19 +53,24 @@ TRAIN, PUBLIC = range(0, 1000), range(0, 256)
 POOLS = {"report": range(1300, 1797), "tuning": range(1000, 1300)}
 
 
-def batches(ds: lb.ImageDataset, pool: str, size: int, count: int) -> list[tuple[list[int], int]]:
-    """``count`` batches (indices, slot 0 = the one class-3 digit) and a class-3 non-member of the pool each."""
+def batches(ds: lb.ImageDataset, pool: str, size: int, count: int, *, fished: int = 1, seed: int = 7,
+            stride: int = 1000) -> list[tuple[list[int], int]]:
+    """``count`` batches of ``size`` holding exactly ``fished`` class-3 digits (the first slots), and a class-3
+    non-member of the pool each; the class-3 digits come from a permutation seeded ``seed``, the others from one
+    seeded ``stride·size + b`` per batch b."""
     idx = list(POOLS[pool])
     labels = ds.labels[idx]
-    targets = [idx[i] for i in torch.randperm(len(idx), generator=torch.Generator().manual_seed(7)).tolist()
+    targets = [idx[i] for i in torch.randperm(len(idx), generator=torch.Generator().manual_seed(seed)).tolist()
                if int(labels[i]) == TARGET]
     others = [i for i, y in zip(idx, labels.tolist()) if y != TARGET]
-    if 2 * count > len(targets):
-        raise SystemExit(f"{count} batches need {2 * count} class-{TARGET} digits; pool {pool} holds {len(targets)}")
+    need = (fished + 1) * count
+    if need > len(targets):
+        raise SystemExit(f"{count} batches need {need} class-{TARGET} digits; pool {pool} holds {len(targets)}")
     out = []
     for b in range(count):
-        pick = torch.randperm(len(others), generator=torch.Generator().manual_seed(1000 * size + b))[:size - 1]
-        out.append(([targets[b], *[others[i] for i in pick.tolist()]], targets[count + b]))
+        pick = torch.randperm(len(others), generator=torch.Generator().manual_seed(stride * size + b))[:size - fished]
+        out.append(([*targets[fished * b:fished * (b + 1)], *[others[i] for i in pick.tolist()]],
+                    targets[fished * count + b]))
     return out
 
 
@@ -83,22 +88,6 @@ def _model(ds: lb.ImageDataset, trained: bool, quick: bool) -> tuple[torch.nn.Mo
 def _cell(values: list[float]) -> str:
     iv = bootstrap_mean(values)
     return f"{iv.mean:.2f} [{iv.low:.2f}, {iv.high:.2f}]"
-
-
-def triples(ds: lb.ImageDataset, pool: str, size: int, count: int) -> list[tuple[list[int], int]]:
-    """``count`` batches of ``size`` with exactly three class-3 digits (slots 0–2) and a class-3 non-member each."""
-    idx = list(POOLS[pool])
-    labels = ds.labels[idx]
-    targets = [idx[i] for i in torch.randperm(len(idx), generator=torch.Generator().manual_seed(11)).tolist()
-               if int(labels[i]) == TARGET]
-    others = [i for i, y in zip(idx, labels.tolist()) if y != TARGET]
-    if 4 * count > len(targets):
-        raise SystemExit(f"{count} batches need {4 * count} class-{TARGET} digits; pool {pool} holds {len(targets)}")
-    out = []
-    for b in range(count):
-        pick = torch.randperm(len(others), generator=torch.Generator().manual_seed(2000 * size + b))[:size - 3]
-        out.append(([*targets[3 * b:3 * b + 3], *[others[i] for i in pick.tolist()]], targets[3 * count + b]))
-    return out
 
 
 def _feature(model: torch.nn.Module, x: torch.Tensor, j: int) -> torch.Tensor:
@@ -128,7 +117,7 @@ def feature_table(ds: lb.ImageDataset, pool: str, count: int, iterations: int | 
         featured = fishing(model, target=TARGET, quantile=1 / 3, calibration=public)
         classed = fishing(model, target=TARGET, calibration=public[0][:256])
         j, tau = featured.fishing_feature, featured.fishing_threshold
-        drawn = triples(ds, pool, size, count)
+        drawn = batches(ds, pool, size, count, fished=3, seed=11, stride=2000)
         pairs = [ds.batch(indices=i) for i, _ in drawn]
         phis = [_feature(featured, x.to(torch.float32), j) for x, _ in pairs]
         intended = [int(phi[:3].argmin()) for phi in phis]

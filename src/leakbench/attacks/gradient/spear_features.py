@@ -26,6 +26,7 @@ import dataclasses
 from dataclasses import dataclass
 
 
+from ...errors import expect
 from ...models.matrices import Chain
 from ...threat import Observation
 from ..base import Attack, Reconstruction, create, register
@@ -50,8 +51,6 @@ class SpearFeaturesOptions(SpearOptions):
 
     def check(self) -> None:
         super().check()
-        from ...errors import expect
-
         expect(self.steps >= 0, f"expected steps ≥ 0, got {self.steps} (option steps)")
         expect(self.lr > 0, f"expected lr > 0, got {self.lr} (option lr)")
         expect(0 < self.image_tol < 1, f"expected 0 < image_tol < 1, got {self.image_tol} (option image_tol)")

@@ -15,6 +15,7 @@ Kariyappa et al. ICML 2023, Sec. 4.3, and Liu et al. 2024 invert features so): A
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -87,11 +88,12 @@ def invert_features(chain: Chain, upto: int, features: torch.Tensor, data_range:
     blocks = chain.blocks[:upto]
     batch = features.shape[0]
     ref = blocks[0].layer.weight
-    h = features.detach().to(ref.device, torch.float64).reshape(batch, -1)
+    target = features.detach().to(ref.device, torch.float64).reshape(batch, -1)
+    h = target
     exact = torch.ones(batch, dtype=torch.bool, device=h.device)
     layers: list[dict] = []
     for block in reversed(blocks):
-        rows, cols = int(torch.tensor(block.output_shape).prod()), block.input_dim
+        rows, cols = math.prod(block.output_shape), block.input_dim
         info = {"layer": block.name, "rows": rows, "cols": cols}
         layers.append(info)
         if block.act == "relu":
@@ -120,7 +122,6 @@ def invert_features(chain: Chain, upto: int, features: torch.Tensor, data_range:
     lo, hi = data_range
     start = h.reshape(batch, *chain.blocks[0].input_shape) if layers[-1]["solver"] == "least squares" else None
     prefix = nn.Sequential(*chain.modules[:chain.blocks[upto].start]).to(ref.device)
-    target = features.detach().to(ref.device, torch.float64).reshape(batch, -1)
     images = _optimise(prefix, target, start, chain.blocks[0].input_shape, (lo, hi), exact, steps=steps, lr=lr,
                        seed=seed)
     with torch.no_grad():
