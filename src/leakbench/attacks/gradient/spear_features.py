@@ -88,6 +88,7 @@ class SpearFeatures(Attack):
     tags = ("gradient", "update")
     Options = SpearFeaturesOptions
     presets = {"quick": {"rounds": 2, "steps": 200}}
+    preset_revisions = {"default": 1, "quick": 1}  # 1: spear's revision 2 inside (an update's round-off)
 
     def requirements(self, obs: Observation) -> list[str]:
         reasons = analytic_reasons(obs, attack=self.name, batch_one=False)
