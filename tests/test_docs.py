@@ -1,6 +1,8 @@
 """Every code block of README.md and docs/*.md runs on its own, as a reader would paste it.
 
-``python`` blocks run in a fresh interpreter each; ``bash``/``sh`` blocks run as one bash script with the
+``python`` blocks run each in a fresh fork of one warm interpreter that has imported leakbench once
+(``tests/_warm_python.py``: a new ``__main__`` module and working directory per block, as ``python -c`` gives;
+``LEAKBENCH_DOCS_COLD=1`` runs each in a new interpreter instead); ``bash``/``sh`` blocks run as one bash script with the
 venv's ``leakbench`` on PATH; ``yaml`` blocks parse, and a block that is a whole sweep spec validates.
 Each block runs in its own empty directory holding a link to ``examples/`` and ``scripts/``. Blocks
 without a language are program output and are not run.
@@ -13,6 +15,7 @@ A block is marked by an HTML comment on the line before its fence:
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -91,8 +94,45 @@ def _env() -> dict[str, str]:
     return env
 
 
+class _Warm:
+    """The warm interpreter (:mod:`tests._warm_python`), started on first use and shared by the session."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_warm_python.py"), str(log)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
+        ready = self.proc.stdout.readline().strip()
+        assert ready == "ready", f"the warm interpreter did not start:\n{log.read_text()[-3000:]}"
+        self.startup = log.read_text()   # import-time warnings count against every block, as they would
+
+    def run(self, code: str, cwd: Path, timeout: float) -> tuple[int | None, bool, str, str]:
+        out, err = cwd.parent / f"{cwd.name}.stdout", cwd.parent / f"{cwd.name}.stderr"   # outside the block's cwd
+        job = {"code": code, "cwd": str(cwd), "out": str(out), "err": str(err), "timeout": timeout}
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self.proc.stdout.readline())
+        texts = [p.read_text(errors="replace") if p.exists() else "" for p in (out, err)]
+        for p in (out, err):
+            p.unlink(missing_ok=True)
+        return answer["rc"], answer["timed_out"], texts[0], self.startup + texts[1]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    if os.environ.get("LEAKBENCH_DOCS_COLD"):
+        yield None
+        return
+    server = _Warm(tmp_path_factory.mktemp("warm") / "startup.err")
+    yield server
+    server.close()
+
+
 @pytest.mark.parametrize("block", list(_params()))
-def test_block_runs(block: Block, tmp_path: Path) -> None:
+def test_block_runs(block: Block, tmp_path: Path, warm) -> None:
     cwd = _workdir(tmp_path)
     if block.lang == "yaml":
         doc = yaml.safe_load(block.code)
@@ -101,19 +141,23 @@ def test_block_runs(block: Block, tmp_path: Path) -> None:
 
             load_spec(doc)
         return
-    if block.lang == "python":
-        cmd = [sys.executable, "-c", block.code]
+    limit = TIMEOUT[block.mark == "slow"]
+    late = (f"{block.id}: still running after {limit} s — mark it <!-- docs-test: slow --> or shorten it")
+    if block.lang == "python" and warm is not None:
+        rc, timed_out, stdout, stderr = warm.run(block.code, cwd, limit)
+        if timed_out:
+            pytest.fail(late)
     else:
-        cmd = ["bash", "-euo", "pipefail", "-c", block.code]
-    try:
-        done = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True,
-                              timeout=TIMEOUT[block.mark == "slow"])
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{block.id}: still running after {TIMEOUT[block.mark == 'slow']} s — mark it "
-                    "<!-- docs-test: slow --> or shorten it")
-    assert done.returncode == 0, f"{block.id} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
-    assert "Traceback" not in done.stderr, f"{block.id} printed a traceback:\n{done.stderr[-3000:]}"
-    warned = [line for line in done.stderr.splitlines() if "Warning:" in line]
+        cmd = [sys.executable, "-c", block.code] if block.lang == "python" else \
+            ["bash", "-euo", "pipefail", "-c", block.code]
+        try:
+            done = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            pytest.fail(late)
+        rc, stdout, stderr = done.returncode, done.stdout, done.stderr
+    assert rc == 0, f"{block.id} failed ({rc}):\n{stdout[-2000:]}\n{stderr[-3000:]}"
+    assert "Traceback" not in stderr, f"{block.id} printed a traceback:\n{stderr[-3000:]}"
+    warned = [line for line in stderr.splitlines() if "Warning:" in line]
     assert not warned, f"{block.id} printed library warnings (a reader's output must be clean):\n" + "\n".join(warned)
 
 
