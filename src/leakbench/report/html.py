@@ -250,6 +250,12 @@ def _summary(threats: Sequence[str], rows: Sequence[Mapping[str, Any]], points, 
             parts.append("<p>Would the client have noticed? Its check (<code>leakbench.inspect</code>: the shipped "
                          f"model against the honest one, with the client's batch) before training — {said} "
                          "trial(s).</p>")
+        targeted = sorted({str(r.get("attack")) for r in server if (r.get("metrics") or {}).get("targets")})
+        if targeted:
+            parts.append(f"<p>{esc(', '.join(targeted))} claim only the samples they fish, so their trials are "
+                         "scored on those (the claimed slots), beside the flat image on as many of the batch's "
+                         "originals as it is nearest to; the whole batch's score stays in "
+                         "<code>batch_rmse</code>.</p>")
     else:
         parts.append("<p>No row assumes a malicious server: every attack here reads what an honest server "
                      "would send and receive.</p>")

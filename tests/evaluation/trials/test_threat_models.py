@@ -260,6 +260,11 @@ def test_trap_weights_and_fishing_in_a_sweep_with_the_client_check(tmp_path):
     assert all(r["metrics"]["client_check"] == 1.0 for r in rows)
     plain = next(r for r in rows if r["attack"] == "trap-weights" and r["defense"] == "none")
     assert min(plain["per_sample"]["mse"]) < 1e-10  # some digit read exactly
+    # fishing claims the fished samples only: the trial is scored on them, the batch's scores kept beside
+    # fishing claims only its fished samples: a trial counts them (none provably alone in this batch, so the
+    # batch's scores stand; the CNN test below scores a claimed slot)
+    fished = next(r for r in rows if r["attack"] == "fishing")["metrics"]
+    assert fished["targets"] == 0 and "batch_rmse" not in fished
     sweep.store.close()
 
 
@@ -279,6 +284,11 @@ def test_fishing_on_a_cnn_in_a_sweep_inverts_the_fished_gradient(tmp_path):
     sweep.run(progress=False)
     rows = sweep.store.rows(kind="attack")
     assert len(rows) == 6 and all(r["status"] == "done" and r["metrics"]["client_check"] == 1.0 for r in rows)
+    # slot 0 is claimed: each trial is scored on it, the batch's score kept beside, chance on the nearest original
+    for r in rows:
+        m = r["metrics"]
+        assert m["targets"] == 1 and m["scored"].startswith("targets") and "batch_rmse" in m
+        assert m["chance_rmse"] == pytest.approx(min(r["per_sample"]["chance_rmse"]))
     sweep.store.close()
 
 

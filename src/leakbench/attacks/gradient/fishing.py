@@ -56,6 +56,9 @@ from ..solvers.rows import RowOptions, read_rows
 __all__ = ["Fishing", "FishingOptions", "fished_count", "fished_observation", "invert_fished"]
 
 READOUTS = ("auto", "rows", "matching")
+#: what a sweep scores (``trace["targeted"]``): the slots fishing claims (confidence > 0), not the whole batch —
+#: the attack recovers the target class's samples and claims nothing about the rest
+TARGETED = "the fished samples (the claimed slots), not the batch"
 #: how far (in logits) the feature-fishing simulator lowers the target logit: p_target ≤ e^(−PIN + m·(φ_j − τ))
 PIN = 1000.0
 
@@ -211,7 +214,7 @@ class Fishing(Attack):
         readout, found = self._readout(obs)
         if readout == "rows":
             rec = read_rows(obs, found[1], self.options, name=self.name, labels=torch.tensor([target]))
-            rec.trace.update(fished_class=target, readout="rows", **_feature_trace(obs.model))
+            rec.trace.update(fished_class=target, readout="rows", targeted=TARGETED, **_feature_trace(obs.model))
             if progress is not None:
                 progress(1, 1, 0.0)
             return rec
@@ -252,7 +255,7 @@ class Fishing(Attack):
         confidence[0] = 1.0
         trace = dict(result.trace)
         trace.update(
-            fished_class=target, readout="matching", engine=self.options.engine, match=note,
+            fished_class=target, readout="matching", engine=self.options.engine, match=note, targeted=TARGETED,
             fished_count_estimate=fished_count(obs, head, target),
             fished_count_note="the server does not see the labels: n̂ = −B·∂L/∂b_target from the fished head "
                               "(exact up to e^(−margin) per sample); with n̂ > 1 slot 0 fits a mixture",

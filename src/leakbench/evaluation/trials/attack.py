@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -117,6 +118,11 @@ def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, cloc
     per_sample = scores.pop("per_sample")
     order = scores.pop("order")
     metrics = {k: v for k, v in scores.items() if v is None or isinstance(v, (int, float))}
+    if rec.trace.get("targeted") and confidence is not None:
+        batch = {"batch_rmse": metrics.get("rmse"), "batch_chance_rmse": metrics.get("chance_rmse")}
+        metrics.update(targeted_scores(per_sample, order, confidence))
+        if metrics["targets"]:
+            metrics.update(batch)
     metrics["matching"] = str(scores.get("matching", "total-mse"))  # which pairing of Liu et al. eq. 1 scored it
     shown = {name: info for name, info in plugin_info().items() if name in metrics}
     if shown:  # how the report labels a plug-in's metric, without importing the plug-in
@@ -130,6 +136,27 @@ def _attacked(spec: TrialSpec, obs, x: torch.Tensor, y: torch.Tensor, data, cloc
     return TrialResult(key=spec.key, status="done", metrics=metrics, per_sample=per_sample, arrays=arrays,
                        timings={"attack_reported": float(rec.trace.get("seconds", 0.0))},
                        attack_options=dict(rec.options or {}))
+
+
+def targeted_scores(per_sample: dict, order: list[int], confidence: torch.Tensor) -> dict:
+    """A targeted attack's headline scores (``rmse``, ``psnr`` and their chance levels) on the k originals matched to
+    the slots it claims (confidence > 0), the batch's kept as ``batch_rmse`` / ``batch_chance_rmse``.
+
+    The chance control goes through the same selection: the flat image is credited with the k originals it is
+    nearest to (the smallest per-original chance RMSEs), as the matching credits the attack with the originals
+    nearest its claimed slots.  No claimed slot: the batch's scores stand and ``targets`` is 0."""
+    claimed = [i for i, slot in enumerate(order) if slot is not None and float(confidence[slot]) > 0]
+    out: dict = {"targets": len(claimed)}
+    if not claimed:
+        return out
+    rmse = [float(per_sample["rmse"][i]) for i in claimed]
+    chance = sorted(float(c) for c in per_sample["chance_rmse"])[: len(claimed)]
+    mse, chance_mse = sum(r * r for r in rmse) / len(rmse), sum(c * c for c in chance) / len(chance)
+    out.update(rmse=math.sqrt(mse), chance_rmse=math.sqrt(chance_mse),
+               psnr=10 * math.log10(1 / mse) if mse > 0 else math.inf,
+               chance_psnr=10 * math.log10(1 / chance_mse) if chance_mse > 0 else math.inf,
+               scored="targets: the slots the attack claims (chance: the flat image's nearest originals)")
+    return out
 
 
 def is_text(data) -> bool:
