@@ -177,7 +177,8 @@ class Fishing(Attack):
     name = "fishing"
     tags = ("gradient", "update", "labels", "modified-model")
     Options = FishingOptions
-    preset_revisions = {"default": 1, "quick": 1}  # 1: the matching read-out's options (engine, readout, …)
+    preset_revisions = {"default": 2, "quick": 2}  # 1: the matching read-out's options (engine, readout, …);
+    # 2: trials scored on the fished (claimed) slots, trace["targeted"]
     presets = {"quick": {"engine": "quick"}}
 
     def _readout(self, obs: Observation) -> tuple[str, object]:
