@@ -304,8 +304,8 @@ def federated(quick: bool) -> None:
         "replay misfit (max)", "control: one non-member swapped in (min)", "grey exact (median dB)", "spear s (max)",
         "uncertified because"], rows,
         note=f"n = {count} × {batch} samples per row (batches: seeded permutations of digits 1000…, trained model fit "
-             f"on digits 0–999); certificate: replay misfit ≤ {REPLAY_TOL:g} and SPEAR's precision estimate ≤ 1e-4 of "
-             "the range; false cert.: certified yet more than 1e-4 off (max-abs); the control swaps one recovered "
+             f"on digits 0–999); certificate: replay misfit ≤ {REPLAY_TOL:g} and SPEAR's precision estimate ≤ 1e-4/3 of "
+             "the range (LOCAL_HEADROOM); one-step updates: peeling with the update's storage floor; false cert.: certified yet more than 1e-4 off (max-abs); the control swaps one recovered "
              "sample for a non-member and replays: above the threshold, a wrong batch is not certified")
 
 
