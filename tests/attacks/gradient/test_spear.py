@@ -310,3 +310,18 @@ def test_a_one_step_update_of_a_trained_mlp_certifies_no_sample_wrongly():
     err, certified, _ = _matched(rec, x)
     assert int((err < 1e-3).sum()) >= 28
     assert not bool((certified & (err > 1e-4)).any())
+
+
+def test_an_update_no_batch_gives_certifies_nothing():
+    # the first layer is a real client's, the last layer's update scaled by 1.5: the replay of the recovered batch
+    # cannot reproduce it, whatever SPEAR read off the first layer
+    data = lb.load("digits", size=8)
+    model = lb.build("mlp:200", input_shape=data.shape, classes=10, seed=0)
+    x, y = data.batch(8, seed=1)
+    honest = lb.attack("spear", lb.observe(model, x, y, local_steps=3, local_lr=0.1))
+    assert bool(honest.confidence.all())
+    obs = lb.observe(model, x, y, local_steps=3, local_lr=0.1)
+    obs.shared[-1] = obs.shared[-1] * 1.5
+    rec = lb.attack("spear", obs)
+    assert not bool(rec.confidence.any())
+    assert "misfits the update" in rec.trace["uncertified"]
