@@ -5,8 +5,8 @@ FedAvg's client (McMahan et al. 2017, Algorithm 1) shares θ_k − θ_0 after k 
 θ_0, η and k, so it can replay the steps on a candidate batch (X̂, ŷ): the replay reproduces the shared update to
 the round-off of the client's arithmetic when (X̂, ŷ) is the batch (up to its order, for full-batch steps), and a
 wrong sample changes it by about its share of the update.  ``spear`` uses this as its joint certificate when the
-first-layer update is the sum of several steps' gradients (Dimitrov et al. 2024, Sec. 6, FedAvg), where the
-one-step tests — a sample's gradient δ(x̂, ŷ) at θ_0 against its row — no longer hold.
+first-layer update is the sum of several steps' gradients (FedAvg; the derivation is in ``spear``'s docstring),
+where the one-step tests — a sample's gradient δ(x̂, ŷ) at θ_0 against its row — no longer hold.
 
 A defense applied after the local steps that only rescales the update (clipping the whole update) keeps the
 certificate: the replay is compared after the one positive factor that fits it best (reported).

@@ -249,7 +249,8 @@ def peel_pass(res: Residual, grads: SampleGradients, scale: float, data_range: t
     # deformed digits, 4 samples read after provisional ones were 2e-4 to 9e-4 off with row bounds ≤ 1e-5)
     certified = certified and not res.provisional
     rel = res.relative_error()
-    sure = res.relative_error(floor=True)     # the certificate's precision: with the observation's extra round-off
+    # the certificate's precision: with the observation's extra round-off, when it carries any
+    sure = rel if res.floor is None else res.relative_error(floor=True)
     rows = (rel <= (GATE if span is None else LOOSE_GATE)).nonzero().flatten()
     if rows.numel() == 0:
         return 0

@@ -145,7 +145,7 @@ def targeted_scores(per_sample: dict, order: list[int], confidence: torch.Tensor
     The chance control goes through the same selection: the flat image is credited with the k originals it is
     nearest to (the smallest per-original chance RMSEs), as the matching credits the attack with the originals
     nearest its claimed slots.  No claimed slot: the batch's scores stand and ``targets`` is 0."""
-    claimed = [i for i, slot in enumerate(order) if slot is not None and float(confidence[slot]) > 0]
+    claimed = [i for i, slot in enumerate(order) if float(confidence[slot]) > 0]
     out: dict = {"targets": len(claimed)}
     if not claimed:
         return out
