@@ -38,6 +38,19 @@ def test_grid_shows_colour_and_clips(tmp_path):
     assert pure_red.sum() > 2 * 50 * 50  # both panels drawn in saturated red
 
 
+def test_grid_scales_images_by_nearest_neighbour(tmp_path):
+    """A 4×4 checkerboard of red and blue fills its BOX_PX square in blocks of pure colour, nothing blended."""
+    from leakbench.report import BOX_PX
+
+    checker = torch.zeros(1, 3, 4, 4)
+    board = (torch.arange(4)[:, None] + torch.arange(4)[None, :]) % 2 == 0
+    checker[0, 0][board], checker[0, 2][~board] = 1.0, 1.0
+    pixels = _pixels(save_grid(tmp_path / "checker.png", checker, checker, scores=[200.0]))
+    red = ((pixels[..., 0] == 255) & (pixels[..., 1] == 0) & (pixels[..., 2] == 0)).sum()
+    blue = ((pixels[..., 0] == 0) & (pixels[..., 1] == 0) & (pixels[..., 2] == 255)).sum()
+    assert red == blue == 2 * BOX_PX * BOX_PX // 2  # two panels, half of each square in either colour
+
+
 def test_grid_accepts_compare_scores_and_vectors(tmp_path):
     x = torch.rand(2, 1, 8, 8)
     scores = lb.compare(x.flip(0), x)

@@ -11,9 +11,9 @@ This package may read every stage to its left (metrics, attacks, ...).
 """
 from __future__ import annotations
 
-from .grid import COLUMN_PX, MAX_COLUMNS, ROW_PAIR_PX, grid_size, save_grid
+from .grid import BOX_PX, COLUMN_PX, MAX_COLUMNS, ROW_PAIR_PX, grid_size, save_grid
 from .html import ReportFiles, write_report
 from .tables import METRIC_ROWS, format_metric, metrics_table
 
 __all__ = ["write_report", "ReportFiles", "save_grid", "grid_size", "metrics_table", "format_metric", "METRIC_ROWS",
-           "COLUMN_PX", "ROW_PAIR_PX", "MAX_COLUMNS"]
+           "COLUMN_PX", "ROW_PAIR_PX", "MAX_COLUMNS", "BOX_PX"]

@@ -9,8 +9,11 @@ Layout: each column is :data:`COLUMN_PX` pixels wide and each original /
 reconstruction pair of rows :data:`ROW_PAIR_PX` pixels high; batches wider
 than ``columns`` wrap onto further row pairs.  Images (N×C×H×W) are shown with
 values clipped to [0, 1]: 1 channel in grey, 3 channels in colour, any other
-count as the channel mean in grey.  Vector data (N×d) is drawn as line plots
-of the features, original above reconstruction.
+count as the channel mean in grey, each scaled (nearest neighbour) into a
+:data:`BOX_PX` square and pasted into one pixel canvas: a grid costs one
+figure and a few text labels, not two axes per sample (a report draws ~100
+grids).  Vector data (N×d) is drawn as line plots of the features, original
+above reconstruction.
 """
 from __future__ import annotations
 
@@ -36,8 +39,10 @@ COLUMN_PX = 160
 ROW_PAIR_PX = 360
 #: columns per row pair before the grid wraps.
 MAX_COLUMNS = 8
+#: side of the square each image is scaled into, in pixels.
+BOX_PX = 128
 
-__all__ = ["save_grid", "grid_size", "DPI", "COLUMN_PX", "ROW_PAIR_PX", "MAX_COLUMNS"]
+__all__ = ["save_grid", "grid_size", "DPI", "COLUMN_PX", "ROW_PAIR_PX", "MAX_COLUMNS", "BOX_PX"]
 
 
 def grid_size(count: int, *, columns: int = MAX_COLUMNS) -> tuple[int, int]:
@@ -144,6 +149,9 @@ def save_grid(
     cols = width // COLUMN_PX
     fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
     FigureCanvasAgg(fig)
+    if orig.ndim == 4:
+        _paste_images(fig, orig, rec, psnrs, titles, cols, width, height)
+        return _saved(fig, path)
     axes = fig.subplots(2 * (height // ROW_PAIR_PX), cols, squeeze=False)
     is_image = orig.ndim == 4
     for ax in axes.flat:
@@ -164,7 +172,49 @@ def save_grid(
             bottom.set_ylabel("reconstruction", fontsize=9)
     fig.subplots_adjust(left=0.12 if cols == 1 else 0.06, right=0.98, top=0.93, bottom=0.06,
                         wspace=0.15, hspace=0.45)
+    return _saved(fig, path)
+
+
+def _saved(fig: Figure, path: str | Path) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=DPI, format="png")
     return out
+
+
+def _scaled(sample: np.ndarray) -> np.ndarray:
+    """``sample`` (C×H×W) as an RGB array fitted into a :data:`BOX_PX` square (nearest neighbour, aspect kept)."""
+    img, _ = _image(sample)
+    rgb = np.repeat(img[..., None], 3, axis=2) if img.ndim == 2 else img
+    h, w = rgb.shape[:2]
+    scale = BOX_PX / max(h, w)
+    rows = np.minimum((np.arange(max(1, round(h * scale))) / scale).astype(np.int64), h - 1)
+    cols = np.minimum((np.arange(max(1, round(w * scale))) / scale).astype(np.int64), w - 1)
+    return rgb[rows][:, cols]
+
+
+def _paste_images(fig: Figure, orig: np.ndarray, rec: np.ndarray, psnrs: Sequence[float],
+                  titles: Sequence[str] | None, cols: int, width: int, height: int) -> None:
+    """Every original and reconstruction pasted into one white canvas (``figimage``, pixel for pixel), labels as
+    figure text: per column the title above the original, the PSNR under the reconstruction."""
+    canvas = np.ones((height, width, 3), dtype=np.float32)
+    half = ROW_PAIR_PX // 2
+    left = (COLUMN_PX - BOX_PX) // 2 + 6  # a little room on the left for the row labels of the first column
+    top = 24                              # room for the title above each original (and the caption below)
+    for i in range(orig.shape[0]):
+        block, col = divmod(i, cols)
+        for row, (sample, text) in enumerate(((orig[i], plain(titles[i]) if titles is not None else f"#{i}"),
+                                              (rec[i], _caption(psnrs[i])))):
+            img = _scaled(sample)
+            x0 = col * COLUMN_PX + left + (BOX_PX - img.shape[1]) // 2  # centred in its box
+            y0 = block * ROW_PAIR_PX + row * half + top + (BOX_PX - img.shape[0]) // 2
+            canvas[y0:y0 + img.shape[0], x0:x0 + img.shape[1]] = img
+            centre = (x0 + img.shape[1] / 2) / width
+            if row == 0:
+                fig.text(centre, 1 - (y0 - 4) / height, text, va="bottom", ha="center", fontsize=9)
+            else:
+                fig.text(centre, 1 - (y0 + img.shape[0] + 4) / height, text, va="top", ha="center", fontsize=9)
+            if col == 0:
+                fig.text(2 / width, 1 - (y0 + img.shape[0] / 2) / height, ("original", "reconstruction")[row],
+                         rotation=90, va="center", ha="left", fontsize=8)
+    fig.figimage(canvas, xo=0, yo=0, origin="upper")
