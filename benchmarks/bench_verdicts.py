@@ -42,20 +42,29 @@ def eavesdropper_spec(seeds: list[int], utility_seeds: list[int], *, quick: bool
     spec["exclude"] = [r for r in spec.get("exclude") or [] if r.get("model", "cnn") == "cnn"]  # kept models only
     spec.pop("weights", None)
     spec.pop("membership", None)
+    # a rule on the demo's seed k means the k-th seed of this set (the demo's seeds are 0, 1)
+    for rule in spec["exclude"] + spec["include"]:
+        if "seed" in rule:
+            rule["seed"] = [seeds[k] for k in (rule["seed"] if isinstance(rule["seed"], list) else [rule["seed"]])]
     spec["seeds"] = list(seeds)
     spec["utility"] = {**spec["utility"], "seeds": list(utility_seeds)}
     if quick:
         spec["batch_sizes"] = [1, 4]
-        rules = []
-        for rule in spec.get("exclude") or []:  # a rule on a dropped batch size would select nothing (refused)
-            sizes = rule.get("batch_size")
-            if isinstance(sizes, list):
-                rule = {**rule, "batch_size": [b for b in sizes if b in spec["batch_sizes"]]}
-            if rule.get("batch_size", 1) in ([], 8):
-                continue
-            rules.append(rule)
-        spec["exclude"] = rules
         spec["images"] = 4
+    # a rule value naming a dropped attack or batch size would select nothing (refused): keep the values still here
+    kept = {"attack": {a.get("label", a["name"]) for a in spec["attacks"]} | {a["name"] for a in spec["attacks"]},
+            "batch_size": set(spec["batch_sizes"])}
+    for key in ("include", "exclude"):
+        rules = []
+        for rule in spec.get(key) or []:
+            for field, values in kept.items():
+                if field in rule:
+                    listed = rule[field] if isinstance(rule[field], list) else [rule[field]]
+                    rule = {**rule, field: [v for v in listed if v in values]}
+            if all(rule.get(f) != [] for f in kept):
+                rules.append(rule)
+        spec[key] = rules
+    if quick:
         spec["utility"]["epochs"] = 1
         spec["replicate"] = {**spec.get("replicate", {}), "max_minutes": 1}
     return spec
