@@ -63,6 +63,7 @@ def test_notebooks_are_committed_without_outputs_and_match_their_script():
         assert text == make_notebooks.text(name), f"{name}: run python scripts/make_notebooks.py"
 
 
+@pytest.mark.slow  # the notebook end to end, ~11 s: `make test-slow` (tests/test_docs.py runs the README's quick start)
 def test_quick_start_notebook_runs(tmp_path, monkeypatch):
     nb = execute("quick-start", tmp_path, monkeypatch, timeout=120)
     cells = [c for c in nb.cells if c.cell_type == "code"]

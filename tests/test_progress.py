@@ -1,6 +1,8 @@
 """Progress off a terminal: periodic log lines instead of a silent bar."""
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
@@ -33,6 +35,7 @@ def test_off_a_terminal_the_attack_and_the_sweep_print_lines(capsys, monkeypatch
     assert any("demo: 3/4 trials" in t and "done 1 failed 1" in t for t in text)
 
 
+@pytest.mark.slow  # a CLI run in a subprocess, ~7 s: `make test-slow` (the other tests here check the lines)
 def test_an_attack_run_into_a_file_reports_progress(tmp_path):
     """`leakbench attack … > log`: the log has progress lines, not one bar at the end (issue 20)."""
     code = ("import leakbench as lb\n"

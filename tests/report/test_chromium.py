@@ -47,6 +47,7 @@ def test_report_renders_in_headless_chromium(tmp_path):
     assert result.ok == result.total - 1 and not result.passed
 
 
+@pytest.mark.slow  # ~11 s: `make test-slow` (tests/report/test_threats.py checks the same sections in the HTML; test_report_renders_in_headless_chromium stays)
 @needs_browser
 def test_every_threat_model_has_a_non_empty_section(tmp_path, capsys):
     from leakbench.report import write_report

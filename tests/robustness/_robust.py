@@ -438,11 +438,12 @@ def _preflight_u(u: Path, name: str):
 
 
 def _capped(u: Path) -> None:
+    # the cap is decided when the sweep is built (no pool started here: a capped pool running its trials is
+    # tests/evaluation/running/test_processes.py's kill-and-resume test, 2 workers)
     sweep = lb.evaluation.Sweep(GOOD, u / "capped.db", workers=10_000)
     try:
         assert sweep.workers <= min(os.cpu_count() or 1, len(sweep.trials)), sweep.workers
         assert any("capped" in n for n in sweep.notes), sweep.notes
-        assert sweep.run().counts == {"done": 2}
     finally:
         sweep.store.close()
 
@@ -450,6 +451,8 @@ def _capped(u: Path) -> None:
 FORK_DRIVER = r"""
 import contextlib, io, json, os, resource, select, sys, time, traceback
 mode, limit, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+import sklearn.datasets  # noqa: F401  (each case is a child forked from here: scikit-learn's loaders, which most
+                         # cases reach through the digits, are imported once here instead of ~1.5 s in every child)
 if mode == "api":  # the case table of the test module, called with the issue-29 folder
     import importlib.util
     from pathlib import Path

@@ -267,6 +267,7 @@ def test_read_only_out_is_refused_before_work(tmp_path):
         os.chmod(locked, 0o755)
 
 
+@pytest.mark.slow  # the demo's CLI in a subprocess, ~15 s: `make test-slow` (tests/cli/test_interrupt.py and the kill -9 resume in test_processes.py stay)
 def test_ctrl_c_of_the_demo_prints_the_kept_trials_and_how_to_resume(tmp_path):
     spec = _long_spec(tmp_path)
     out_dir = tmp_path / "demo"

@@ -80,6 +80,7 @@ def test_two_processes_share_one_store(tmp_path):
     assert all(s == "done" and a == 1 for s, a, _ in rows.values()), "a trial ran twice or was lost"
 
 
+@pytest.mark.slow  # a cold pool, ~12 s: `make test-slow` (tests/evaluation/running/test_runners.py checks a warm pool against local)
 def test_process_pool_matches_in_process(tmp_path):
     local = evaluate(TINY, tmp_path / "a.db")
     pooled = evaluate(TINY, tmp_path / "b.db", workers=2)

@@ -72,6 +72,7 @@ def test_ray_actors_match_local_one_at_a_time_and_in_chunks(tmp_path):
     _same(tmp_path / "short-local.db", tmp_path / "short-ray.db", 10)
 
 
+@pytest.mark.slow  # a Ray start, ~7 s: `make test-slow` (test_ray_actors_match_local_one_at_a_time_and_in_chunks stays)
 def test_ray_asks_for_the_spec_threads_and_gpus(tmp_path):
     spec = {**TINY, "threads": 2}
     runner = RayRunner("auto")

@@ -67,10 +67,9 @@ def test_defense_shorthands():
 def test_bundled_demo_spec_is_valid():
     from leakbench.cli.demo import demo_spec_path
 
-    spec = load_spec(demo_spec_path())
+    spec = load_spec(demo_spec_path())  # its plan is checked in test_presets.py (planning it takes seconds)
     assert spec.batch_sizes == [1, 4, 8]
     assert {a.name for a in spec.attacks} <= set(ATTACKS.names())
-    assert len(plan(spec)) > 0
 
 
 @pytest.mark.parametrize("old, new, line, fragments", [

@@ -181,6 +181,7 @@ def test_a_nan_reconstruction_is_a_failed_trial(monkeypatch):
     assert result.status == "failed" and ("non-finite" in result.error or "NaN" in result.error), result.error
 
 
+@pytest.mark.slow  # ~7 s of training: `make test-slow` (the demo's plan is checked in test_presets.py)
 def test_utility_is_measured_at_each_attack_batch_size():
     spec = {**SERVER, "models": [SERVER["models"][0]], "batch_sizes": [1, 8], "utility": {"epochs": 1, "seeds": [0]},
             "defenses": ["none", "dpsgd:1,1"]}
