@@ -51,6 +51,8 @@ def eavesdropper_spec(seeds: list[int], utility_seeds: list[int], *, quick: bool
     if quick:
         spec["batch_sizes"] = [1, 4]
         spec["images"] = 4
+        spec["utility"]["epochs"] = 1
+        spec["replicate"] = {**spec.get("replicate", {}), "max_minutes": 1}
     # a rule value naming a dropped attack or batch size would select nothing (refused): keep the values still here
     kept = {"attack": {a.get("label", a["name"]) for a in spec["attacks"]} | {a["name"] for a in spec["attacks"]},
             "batch_size": set(spec["batch_sizes"])}
@@ -64,9 +66,6 @@ def eavesdropper_spec(seeds: list[int], utility_seeds: list[int], *, quick: bool
             if all(rule.get(f) != [] for f in kept):
                 rules.append(rule)
         spec[key] = rules
-    if quick:
-        spec["utility"]["epochs"] = 1
-        spec["replicate"] = {**spec.get("replicate", {}), "max_minutes": 1}
     return spec
 
 

@@ -88,30 +88,23 @@ def _pair_up(originals: np.ndarray, reconstructions: np.ndarray,
     return reconstructions, psnrs
 
 
-def _image(sample: np.ndarray) -> tuple[np.ndarray, str | None]:
-    """An HxW (grey) or HxWx3 array in [0, 1] for imshow, and its colormap."""
+def _rgb(sample: np.ndarray) -> np.ndarray:
+    """An H×W×3 array in [0, 1]: 3 channels as colour, 1 as grey, any other count as the channel mean in grey."""
     sample = np.clip(np.nan_to_num(sample, nan=0.0), 0.0, 1.0)
-    if sample.shape[0] == 3:
-        return np.transpose(sample, (1, 2, 0)), None
-    if sample.shape[0] == 1:
-        return sample[0], "gray"
-    return sample.mean(axis=0), "gray"
+    img = np.transpose(sample, (1, 2, 0)) if sample.shape[0] == 3 else sample.mean(axis=0)
+    return img if img.ndim == 3 else np.repeat(img[..., None], 3, axis=2)
 
 
-def _draw(ax, sample: np.ndarray, *, reference: np.ndarray | None = None) -> None:
-    """An image, or for vectors a line plot (the original dashed behind a reconstruction, same y-range)."""
-    if sample.ndim == 3:
-        img, cmap = _image(sample)
-        ax.imshow(img, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
-    else:
-        values = np.nan_to_num(sample)
-        if reference is not None:
-            ax.plot(reference, color="0.6", linestyle="--", linewidth=1.0)
-            both = np.concatenate([values, reference])
-            low, high = float(both.min()), float(both.max())
-            pad = 0.05 * (high - low) or 0.5
-            ax.set_ylim(low - pad, high + pad)
-        ax.plot(values, linewidth=1.0)
+def _plot(ax, values: np.ndarray, *, reference: np.ndarray | None = None) -> None:
+    """A feature vector as a line plot (with ``reference``: the original dashed behind it, the same y-range)."""
+    values = np.nan_to_num(values)
+    if reference is not None:
+        ax.plot(reference, color="0.6", linestyle="--", linewidth=1.0)
+        both = np.concatenate([values, reference])
+        low, high = float(both.min()), float(both.max())
+        pad = 0.05 * (high - low) or 0.5
+        ax.set_ylim(low - pad, high + pad)
+    ax.plot(values, linewidth=1.0)
     ax.set_xticks([])
     ax.set_yticks([])
 
@@ -152,8 +145,7 @@ def save_grid(
     if orig.ndim == 4:
         _paste_images(fig, orig, rec, psnrs, titles, cols, width, height)
         return _saved(fig, path)
-    axes = fig.subplots(2 * (height // ROW_PAIR_PX), cols, squeeze=False)
-    is_image = orig.ndim == 4
+    axes = fig.subplots(2 * (height // ROW_PAIR_PX), cols, squeeze=False)  # vectors: line plots on axes
     for ax in axes.flat:
         ax.set_axis_off()
     for i in range(n):
@@ -161,10 +153,9 @@ def save_grid(
         top, bottom = axes[2 * block, col], axes[2 * block + 1, col]
         top.set_axis_on()
         bottom.set_axis_on()
-        _draw(top, orig[i])
-        _draw(bottom, rec[i], reference=orig[i])
-        if not is_image:
-            top.set_ylim(bottom.get_ylim())
+        _plot(top, orig[i])
+        _plot(bottom, rec[i], reference=orig[i])
+        top.set_ylim(bottom.get_ylim())
         top.set_title(plain(titles[i]) if titles is not None else f"#{i}", fontsize=9)
         bottom.set_xlabel(_caption(psnrs[i]), fontsize=9)
         if col == 0:
@@ -184,8 +175,7 @@ def _saved(fig: Figure, path: str | Path) -> Path:
 
 def _scaled(sample: np.ndarray) -> np.ndarray:
     """``sample`` (C×H×W) as an RGB array fitted into a :data:`BOX_PX` square (nearest neighbour, aspect kept)."""
-    img, _ = _image(sample)
-    rgb = np.repeat(img[..., None], 3, axis=2) if img.ndim == 2 else img
+    rgb = _rgb(sample)
     h, w = rgb.shape[:2]
     scale = BOX_PX / max(h, w)
     rows = np.minimum((np.arange(max(1, round(h * scale))) / scale).astype(np.int64), h - 1)
