@@ -28,7 +28,8 @@ def test_registry_lists_every_dataset():
         "cifar10", "cifar100", "mnist", "fashion-mnist", "folder", "npz", "text",
     }
     assert set(OFFLINE) <= set(DATASETS.names())
-    assert options("digits") == {"size": 8, "channels": 1, "binary": None, "limit": None, "deform": 0.0, "seed": 0}
+    assert options("digits") == {"size": 8, "channels": 1, "binary": None, "limit": None, "deform": 0.0, "seed": 0,
+                                "offset": 0}
 
 
 def test_unknown_dataset_lists_known_names():
@@ -225,3 +226,15 @@ def test_limit_keeps_the_first_samples():
     assert len(cut) == 7 and torch.equal(cut.images, full.images[:7])
     full, cut = load("photos", size=64), load("photos", size=64, limit=9)
     assert torch.equal(cut.images, full.images[:9])
+
+
+def test_digits_offset_skips_the_first_images_before_the_limit():
+    full = load("digits")
+    cut = load("digits", offset=1000, limit=5)
+    assert torch.equal(cut.images, full.images[1000:1005]) and torch.equal(cut.labels, full.labels[1000:1005])
+    assert len(load("digits", offset=1000)) == len(full) - 1000
+    deformed = load("digits", deform=1.0, seed=3)       # each image keeps its own deformation
+    assert torch.equal(load("digits", deform=1.0, seed=3, offset=1790).images, deformed.images[1790:])
+    for bad in (-1, len(full)):
+        with pytest.raises(ConfigError, match="offset"):
+            load("digits", offset=bad)

@@ -48,9 +48,13 @@ def digits(
     limit: int | None = None,
     deform: float = 0.0,
     seed: int = 0,
+    offset: int = 0,
 ) -> ImageDataset:
     """scikit-learn's handwritten digits (1 797 images, 8×8, 10 classes), scaled to [0,1].
 
+    ``offset`` skips the first images (then ``limit`` keeps the next ones): ``offset=1000`` is the range the
+    library's learned image prior never trains on (:data:`leakbench.models.prior.PUBLIC_DIGITS` is 0–999), so a
+    sweep that attacks with ``gias`` or ``gifd`` draws its images there.
     ``size`` > 8 upsamples bilinearly; ``channels=3`` repeats the grey channel;
     ``binary="odd-even"`` relabels even digits 0 and odd digits 1; ``deform`` > 0 (1 = MNIST-like variation)
     gives every image its own random affine and elastic deformation drawn from ``seed`` (see :func:`deformed`).
@@ -65,17 +69,20 @@ def digits(
     choice(channels, field="channels", allowed=(1, 3))
     choice(binary, field="binary", allowed=(None, "odd-even"))
     bunch = load_digits()
+    offset = int_option(offset, field="offset", minimum=0)
+    if offset >= len(bunch.target):
+        raise ConfigError(f"expected offset < {len(bunch.target)} (the digits there are), got {offset} (field offset)")
     images = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
     labels = torch.from_numpy(bunch.target.astype(np.int64))
-    if not deform:   # deformed: every image's draw is the same with or without a limit (applied after)
-        images, labels = apply_limit(images, labels, limit)
+    if not deform:   # deformed: every image's draw is the same with or without a limit or offset (applied after)
+        images, labels = apply_limit(images[offset:], labels[offset:], limit)
     largest = int(math.sqrt(MAX_BYTES / 4 / (channels * len(images))))
     check_bytes(len(images), channels * size * size, field="size", value=size,
                 fix=f"use size ≤ {largest} or fewer images (limit=...)")
     if size != 8:
         images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False).clamp_(0, 1)
     if deform > 0:
-        images, labels = apply_limit(deformed(images, deform, seed), labels, limit)
+        images, labels = apply_limit(deformed(images, deform, seed)[offset:], labels[offset:], limit)
     images = set_channels(images, channels)
     classes = [str(k) for k in range(10)]
     if binary == "odd-even":
