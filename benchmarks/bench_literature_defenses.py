@@ -37,7 +37,7 @@ ADAPTIVE = {"soteria": "soteria-adaptive", "topk": "topk-adaptive", "mixup": "mi
             "instahide": "instahide-carlini", "precode": "precode-adaptive", "ats": "ats-adaptive"}
 SPECS = ["none", "noise:0.01", "noise:0.1", "prune:0.9", "prune:0.99", "soteria:0.4", "soteria:0.8",
          "topk:0.1", "topk:0.01", "mixup:0.2", "mixup:1", "instahide:2", "instahide:4", "precode:256",
-         "precode:16,0.01", "ats:43-18-18", "ats:3-1-7"]
+         "precode:16,0.01", "ats:43-18-18", "ats:3-1-7", "ats:3-1-7/43-18-18"]
 QUICK_SPECS = ["none", "noise:0.1", "soteria:0.8", "topk:0.01", "mixup:1", "instahide:4", "precode:16,0.01",
                "ats:3-1-7"]
 #: (model, act, batch, draws, utility epochs)

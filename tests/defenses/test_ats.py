@@ -11,9 +11,12 @@ from leakbench.defenses.ats import (
     IMPLEMENTED,
     LIBRARY,
     apply_op,
+    draw_hybrid,
     draw_signs,
+    hybrid_transform,
     magnitude,
     parse_policy,
+    signed_count,
     transform,
 )
 from leakbench.defenses.pipeline import mean_gradient
@@ -91,8 +94,28 @@ def test_policies_searched_random_and_explicit():
     assert parse(parse("ats:random,1").spec).indices == c.indices
 
 
+def test_a_hybrid_transforms_each_image_by_its_own_policy():
+    """Against the images transformed one at a time by the policy and signs each drew."""
+    defense = parse("ats:3-1-7/43-18-18")
+    assert defense.policies == ((3, 1, 7), (43, 18, 18)) and len(defense.describe()["hybrid"]) == 2
+    x = torch.rand(16, 1, 8, 8, generator=_gen(7))
+    choice, signs = draw_hybrid(16, defense.policies, _gen(8))
+    assert set(choice.tolist()) == {0, 1} and signs.shape == (16, 3)
+    got = hybrid_transform(x, defense.policies, choice, signs)
+    for i in range(16):
+        indices = defense.policies[int(choice[i])]
+        want = transform(x[i:i + 1], indices, signs[i:i + 1, :signed_count(indices)])
+        assert torch.equal(got[i:i + 1], want)
+    # a single policy draws and transforms exactly as before hybrids existed
+    single = parse("ats:3-1-7").policies
+    choice, signs = draw_hybrid(3, single, _gen(9))
+    assert torch.equal(signs, draw_signs(3, single[0], _gen(9))) and not choice.any()
+
+
 @pytest.mark.parametrize("spec, field", [("ats:50", "library indices"), ("ats:foo", "field policy"),
-                                         ("ats:11", "posterize"), ("ats:1-1-1-1-1-1-1-1-1", "field policy")])
+                                         ("ats:11", "posterize"), ("ats:1-1-1-1-1-1-1-1-1", "field policy"),
+                                         ("ats:3-1-7/", "hybrid"), ("ats:1/2/3/6/7", "hybrid"),
+                                         ("ats:3-1-7/11", "posterize")])
 def test_bad_specs_are_one_line_errors_naming_the_field(spec, field):
     with pytest.raises(ConfigError) as err:
         parse(spec)

@@ -15,6 +15,10 @@ choices are theirs too: translations, shears, contrast, brightness and colour pi
 - ``ats:random[,seed]``: three library entries drawn uniformly (with replacement, among the implemented ones)
   by a generator seeded with ``seed`` — the paper's random-policy baseline; the spec fixes the policy, so the
   server knows it, as it knows a searched one.
+- ``ats:3-1-7/43-18-18``: a **hybrid** policy (Gao et al.'s hybrid strategy, written ``3-1-7+43-18-18`` in their
+  scripts, whose parser splits the list on ``+``; here ``/``, since ``+`` chains defenses): each image is
+  transformed by one of the policies, drawn uniformly per image (their transform picks one sub-policy at random
+  per sample), then by that policy's signs.  The server knows the policies, not which one an image got.
 
 The operations act on batches in torch, with PIL's conventions for pixels in [0, 1]: affine maps from output to
 input pixel centres (shear: bicubic, fill 0; translate: whole-pixel shift ⌊t + ½⌋, fill 0; rotate: nearest,
@@ -87,6 +91,20 @@ def parse_policy(policy: str, seed: int = 0) -> tuple[int, ...]:
         raise ConfigError(f"expected library entries whose operations are implemented ({', '.join(IMPLEMENTED)}), "
                           f"got {', '.join(missing)} in policy {policy!r} (defense 'ats', field policy)")
     return indices
+
+
+#: the most policies a hybrid combines
+MAX_POLICIES = 4
+
+
+def parse_policies(policy: str, seed: int = 0) -> tuple[tuple[int, ...], ...]:
+    """The policies of ``policy``: one (:func:`parse_policy`), or a hybrid of 2 to :data:`MAX_POLICIES` joined by
+    ``/`` (each image transformed by one of them)."""
+    parts = str(policy).split("/")
+    if len(parts) > MAX_POLICIES or any(not p.strip() for p in parts):
+        raise ConfigError(f"expected one policy or a hybrid of at most {MAX_POLICIES} policies joined by '/', e.g. "
+                          f"3-1-7/43-18-18, got {policy!r} (defense 'ats', field policy)")
+    return tuple(parse_policy(p.strip(), seed) for p in parts)
 
 
 def _affine(x: torch.Tensor, a: torch.Tensor, c: torch.Tensor, *, mode: str, fill: float) -> torch.Tensor:
@@ -178,31 +196,64 @@ def transform(x: torch.Tensor, indices: tuple[int, ...], signs: torch.Tensor) ->
     return x
 
 
-def ats_gradient(model, params, x, y, loss_fn, generator, *, indices: tuple[int, ...]) -> list[torch.Tensor]:
-    """∇θ ℓ(f(T(x)), y) with the per-image signs drawn from ``generator``."""
+def hybrid_transform(x: torch.Tensor, policies: tuple[tuple[int, ...], ...], choice: torch.Tensor,
+                     signs: torch.Tensor) -> torch.Tensor:
+    """T(x) under a hybrid: image i by policy ``choice[i]`` with the first columns of its row of ``signs``."""
+    if len(policies) == 1:
+        return transform(x, policies[0], signs[:, :signed_count(policies[0])])
+    out = x.clone()
+    choice = choice.to(x.device)
+    for p, indices in enumerate(policies):
+        rows = torch.nonzero(choice == p).flatten()
+        if len(rows):
+            out[rows] = transform(x[rows], indices, signs[rows.cpu(), :signed_count(indices)])
+    return out
+
+
+def draw_hybrid(batch: int, policies: tuple[tuple[int, ...], ...], generator: torch.Generator
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each image's policy, B × max signed ±1): one policy uniformly per image, then its signs (a single policy
+    draws its signs only, as before hybrids existed)."""
+    if len(policies) == 1:
+        return torch.zeros(batch, dtype=torch.long), draw_signs(batch, policies[0], generator)
+    choice = torch.randint(len(policies), (batch,), generator=generator)
+    m = max(signed_count(p) for p in policies)
+    signs = torch.where(torch.rand(batch, m, generator=generator) < 0.5, -1.0, 1.0)
+    return choice, signs
+
+
+def ats_gradient(model, params, x, y, loss_fn, generator, *,
+                 policies: tuple[tuple[int, ...], ...]) -> list[torch.Tensor]:
+    """∇θ ℓ(f(T(x)), y) with each image's policy (a hybrid) and signs drawn from ``generator``."""
     from .pipeline import mean_gradient
 
-    return mean_gradient(model, params, transform(x, indices, draw_signs(x.shape[0], indices, generator)), y,
-                         loss_fn, generator)
+    choice, signs = draw_hybrid(x.shape[0], policies, generator)
+    return mean_gradient(model, params, hybrid_transform(x, policies, choice, signs), y, loss_fn, generator)
 
 
 @register("ats", help="ATS (Gao et al. 2021): train on images transformed by an augmentation policy — a searched one "
-                      "(3-1-7, 43-18-18), library indices a-b-c, or random[,seed] (ats[:policy[,seed]])")
+                      "(3-1-7, 43-18-18), library indices a-b-c, random[,seed], or a hybrid p1/p2 (one policy per "
+                      "image) (ats[:policy[,seed]])")
 class ATS(_StepDefense):
     def __init__(self, policy: str = "3-1-7", seed: int = 0) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"expected an int seed for defense 'ats', got {seed!r}")
         self.policy, self.seed = str(policy), seed
-        self.indices = parse_policy(self.policy, seed)
+        self.policies = parse_policies(self.policy, seed)
+        self.indices = self.policies[0]     # the policy (the first of a hybrid's)
 
     def gradient(self, model, params, x, y, loss_fn, generator):
-        return ats_gradient(model, params, x, y, loss_fn, generator, indices=self.indices)
+        return ats_gradient(model, params, x, y, loss_fn, generator, policies=self.policies)
 
     def describe(self) -> dict[str, Any]:
-        return {"policy": self.policy, "library_indices": list(self.indices),
-                "operations": [f"{LIBRARY[i][0]}:{magnitude(*LIBRARY[i]):.4g}" for i in self.indices],
-                "signed": signed_count(self.indices)}
+        def one(indices):
+            return {"library_indices": list(indices),
+                    "operations": [f"{LIBRARY[i][0]}:{magnitude(*LIBRARY[i]):.4g}" for i in indices],
+                    "signed": signed_count(indices)}
+        if len(self.policies) == 1:
+            return {"policy": self.policy, **one(self.indices)}
+        return {"policy": self.policy, "hybrid": [one(p) for p in self.policies]}
 
 
-__all__ = ["ATS", "LIBRARY", "SEARCHED", "IMPLEMENTED", "SIGNED", "parse_policy", "apply_op", "transform",
-           "draw_signs", "signed_count", "ats_gradient", "magnitude"]
+__all__ = ["ATS", "LIBRARY", "SEARCHED", "IMPLEMENTED", "SIGNED", "parse_policy", "parse_policies", "apply_op",
+           "transform", "hybrid_transform", "draw_signs", "draw_hybrid", "signed_count", "ats_gradient", "magnitude"]

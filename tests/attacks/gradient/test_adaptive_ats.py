@@ -5,10 +5,11 @@ import pytest
 import torch
 
 import leakbench as lb
-from leakbench.attacks.gradient.adaptive_ats import TransformedMatcher, preimages, sign_combinations
+from leakbench.attacks.gradient.adaptive_ats import TransformedMatcher, hybrid_preimages, preimages, sign_combinations
 from leakbench.attacks.solvers.gradient_matching import GradientMatcher
 from leakbench.attacks.solvers.matching_settings import MatchingSettings
-from leakbench.defenses.ats import draw_signs, parse_policy, transform
+from leakbench.defenses import parse
+from leakbench.defenses.ats import draw_hybrid, draw_signs, hybrid_transform, parse_policy, transform
 from leakbench.errors import UnsupportedThreatModel
 
 
@@ -33,6 +34,34 @@ def test_the_preimage_search_finds_the_signs_of_a_known_transform(digits):
     assert values.shape == (3, 8)
     assert torch.equal(chosen[:, 0], signs[:, 0])  # the translation's direction
     assert float((transform(found, indices, chosen) - transform(x, indices, signs)).abs().mean()) < 0.05
+
+
+def test_the_preimage_search_finds_each_images_policy_in_a_hybrid(digits):
+    """Digits transformed by a hybrid of a 45 % horizontal and a 15 % vertical shift: the fit tells them apart."""
+    data, _ = digits
+    x, _ = data.batch(8, seed=4)
+    policies = parse("ats:3-1-7/43-18-18").policies
+    choice, signs = draw_hybrid(8, policies, torch.Generator().manual_seed(5))
+    encoded = hybrid_transform(x, policies, choice, signs)
+    found, chosen, chosen_signs, values = hybrid_preimages(encoded, policies, steps=300, lr=0.05, tv=0.01)
+    assert values.shape == (8, 8 + 8)                       # 2^3 sign triples of each policy
+    assert (chosen == choice).float().mean() >= 0.75
+    refit = hybrid_transform(found, policies, chosen, chosen_signs)
+    assert float((refit - encoded).abs().mean()) < 0.05
+
+
+def test_the_original_minimises_the_adaptive_objective_under_a_hybrid(digits):
+    data, model = digits
+    x, y = data.batch(4, seed=3)
+    obs = lb.observe(model, x, y, labels_known=True, defense="ats:3-1-7/43-18-18", seed=0)
+    policies = parse("ats:3-1-7/43-18-18").policies
+    choice, signs = draw_hybrid(4, policies, torch.Generator().manual_seed(0))   # observe's draw from its seed
+    settings = MatchingSettings(features=0.0, factorise="off")
+    matcher = TransformedMatcher(obs, settings, policies[0], signs, policies=policies, choice=choice)
+    with torch.enable_grad():
+        assert float(matcher.objective(x, y)[1].detach()) < 1e-6
+    rec = lb.attack("ats-adaptive", obs, preset="quick", iterations=20, invert_steps=20)
+    assert rec.images.shape == x.shape and len(rec.trace["policies"]) == 4
 
 
 def test_the_original_minimises_the_adaptive_objective_only(digits):

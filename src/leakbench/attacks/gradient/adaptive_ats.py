@@ -10,7 +10,8 @@ idea with three stages:
 1. Inverting Gradients (Geiping et al. 2020, eq. 4; the output-layer feature term off) recovers x̃ ≈ T(x);
 2. for every image and every sign combination s (2^m of them, m the policy's signed operations) the preimage
    x_s = argmin ‖T_s(x) − x̃‖² + α·TV(x) (Adam from a flat image at x̃'s mean); the combination of least
-   objective is taken — a MAP choice under the TV prior.  The gradient depends on x only through T(x), so what
+   objective is taken — a MAP choice under the TV prior.  Under a hybrid policy (one of several per image) the
+   candidates are every (policy, signs) pair of every policy, and the fit chooses the policy too.  The gradient depends on x only through T(x), so what
    T discards (pixels shifted out, contrast clipped) is not identifiable and comes from the prior, and a sign that
    two preimages explain equally well is a guess;
 3. gradient matching of T_ŝ(x) with x the unknown (T differentiable almost everywhere), from x_ŝ, for
@@ -26,7 +27,7 @@ import torch
 from torch.func import functional_call
 
 from ...defenses import parse, parts_of
-from ...defenses.ats import ATS, signed_count, transform
+from ...defenses.ats import ATS, hybrid_transform, signed_count, transform
 from ...errors import expect
 from ...threat import Observation
 from ..base import Reconstruction, register
@@ -72,6 +73,24 @@ def _tv_each(x: torch.Tensor) -> torch.Tensor:
             + (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1))
 
 
+def hybrid_preimages(encoded: torch.Tensor, policies: tuple[tuple[int, ...], ...], *, steps: int, lr: float,
+                     tv: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stage 2 over every policy of a hybrid: (x B×…, each image's policy B, its signs B × max m, the objective of
+    every (policy, signs) candidate B × Σ 2^m_p, policy by policy)."""
+    b = encoded.shape[0]
+    m = max(signed_count(p) for p in policies)
+    fits = [preimages(encoded, p, steps=steps, lr=lr, tv=tv) for p in policies]
+    values = torch.cat([f[2] for f in fits], dim=1)
+    best = torch.stack([f[2].min(1).values for f in fits], dim=1).argmin(1)
+    rows = torch.arange(b, device=best.device)
+    images = torch.stack([f[0] for f in fits], dim=1)[rows, best]
+    signs = torch.ones(b, m)
+    for i, p in enumerate(best.tolist()):
+        chosen = fits[p][1][i]
+        signs[i, :len(chosen)] = chosen
+    return images, best.cpu(), signs, values
+
+
 def preimages(encoded: torch.Tensor, indices: tuple[int, ...], *, steps: int, lr: float,
               tv: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stage 2: (x_ŝ B×…, ŝ B×m, the objective of every combination B×S) for the transformed images ``encoded``."""
@@ -100,15 +119,22 @@ def preimages(encoded: torch.Tensor, indices: tuple[int, ...], *, steps: int, lr
 
 
 class TransformedMatcher(GradientMatcher):
-    """Gradient matching of the client's gradient at T_s(x): the unknown is the original image x."""
+    """Gradient matching of the client's gradient at T_s(x): the unknown is the original image x (under a hybrid,
+    image i by policy ``choice[i]``)."""
 
     def __init__(self, obs: Observation, settings: MatchingSettings, indices: tuple[int, ...],
-                 signs: torch.Tensor) -> None:
+                 signs: torch.Tensor, *, policies: tuple[tuple[int, ...], ...] | None = None,
+                 choice: torch.Tensor | None = None) -> None:
         super().__init__(obs, dataclasses.replace(settings, factorise="off"))
         self.indices, self.signs = indices, signs.to(obs.device)
+        self.policies, self.choice = policies, choice
 
     def forward(self, params, x):
-        return functional_call(self.model, params, (transform(x, self.indices, self.signs),), strict=False)
+        if self.policies is not None and len(self.policies) > 1:
+            encoded = hybrid_transform(x, self.policies, self.choice, self.signs)
+        else:
+            encoded = transform(x, self.indices, self.signs)
+        return functional_call(self.model, params, (encoded,), strict=False)
 
 
 @register
@@ -124,7 +150,7 @@ class ATSAdaptive(AdaptiveAttack):
     def requirements(self, obs: Observation) -> list[str]:
         reasons = super().requirements(obs)
         if not reasons:
-            m = signed_count(policy_of(obs).indices)
+            m = max(signed_count(p) for p in policy_of(obs).policies)
             if m > MAX_SIGNED:
                 reasons.append(f"ats-adaptive tries every sign combination of the policy: at most {MAX_SIGNED} signed "
                                f"operations, got {m}")
@@ -134,22 +160,27 @@ class ATSAdaptive(AdaptiveAttack):
 
     def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
         s = self.options
-        indices = policy_of(obs).indices
+        policies = policy_of(obs).policies
+        indices = policies[0]
         labels = recover_labels(obs, seed=seed)
         stage1 = GradientMatcher(obs, dataclasses.replace(s, factorise="off")).run(labels, seed=seed,
                                                                                    progress=progress)
-        start, signs, values = preimages(stage1.images.to(obs.device, obs.dtype), indices, steps=s.invert_steps,
-                                         lr=s.invert_lr, tv=s.tv_invert)
+        start, choice, signs, values = hybrid_preimages(stage1.images.to(obs.device, obs.dtype), policies,
+                                                        steps=s.invert_steps, lr=s.invert_lr, tv=s.tv_invert)
         trace = {"stage1": stage1.trace, "signs": signs.tolist(), "preimage_objective": values.tolist(),
                  "encodings": "T(x) from stage 1; signs by the preimage fit; gradients of T_s(x) matched for x"}
+        if len(policies) > 1:
+            trace["policies"] = choice.tolist()
         images, out_labels = start, stage1.labels
         refine = int(round(s.refine * s.iterations))
         if refine:
-            matcher = TransformedMatcher(obs, dataclasses.replace(s, iterations=refine), indices, signs)
+            matcher = TransformedMatcher(obs, dataclasses.replace(s, iterations=refine), indices, signs,
+                                         policies=policies, choice=choice)
             result = matcher.run(labels, seed=seed, init=start, callback=callback)
             images, out_labels = result.images, result.labels
             trace.update(result.trace)
         return Reconstruction(images=images.clamp(*obs.data_range), labels=out_labels, trace=trace)
 
 
-__all__ = ["ATSAdaptive", "ATSSettings", "TransformedMatcher", "preimages", "sign_combinations", "policy_of"]
+__all__ = ["ATSAdaptive", "ATSSettings", "TransformedMatcher", "preimages", "hybrid_preimages", "sign_combinations",
+           "policy_of"]
