@@ -1,9 +1,15 @@
-"""A learned image prior (GIAS, Jeon et al. 2021) against Inverting Gradients' ``trained`` preset on a trained ConvNet.
+"""Learned image priors (GIAS, Jeon et al. 2021; GIFD, Fang et al. 2023) against Inverting Gradients' ``trained``
+preset on a trained ConvNet.
 
 Issue 44, part 3: on a ConvNet trained to classify its inputs confidently, one step's gradient pins the images
 weakly, and pixel-space gradient matching ends near a grey image (docs/cli.md, "On a trained network").  GIAS
 searches the latent space of a generator trained on public images (the library's own VAE decoder, trained on digits
-0–999, :mod:`leakbench.models.prior`) and then fine-tunes one generator copy per image.
+0–999, :mod:`leakbench.models.prior`) and then fine-tunes one generator copy per image; GIFD follows the same latent
+search with a search of the generator's intermediate features, each in an ℓ1 ball.
+
+``LEAKBENCH_PRIOR_DATA=cifar`` runs the same on the shared CIFAR-10 test images (``../shared/data``) at
+``LEAKBENCH_PRIOR_SIZE`` px: ``convnet-16`` trained on index mod 100 < 50 (30 epochs, lr 0.02, batch 32), the
+generator trained on those 500 images, attacked mod 100 ≥ 50 (tuning pool below 500, report pool from 500 on).
 
 Set-up: scikit-learn's digits at ``LEAKBENCH_PRIOR_SIZE`` px (default 16: the CPU budget; 28 is the trained-layouts
 benchmark's size), ``convnet-16`` trained with plain SGD (10 epochs, batch 16, lr 0.05, seed 0) on digits 0–999 —
@@ -11,39 +17,73 @@ the same images the generator is trained on, none attacked — its accuracy on d
 undefended one-step gradients of disjoint batches, labels known (the informed eavesdropper), drawn by a seeded
 permutation from the **report pool** (digits 1 300–1 796) or, with ``LEAKBENCH_PRIOR_POOL=tuning``, the **tuning
 pool** (digits 1 000–1 299), on which the presets were chosen.  Rows: the grey image at each batch's mean (chance),
-``inverting-gradients`` preset ``trained`` (the batches stacked in one call), and ``gias`` (default preset; the
+``inverting-gradients`` preset ``trained`` (the batches stacked in one call), ``gias`` and ``gifd`` (default presets; the
 first run trains the generator, about half a minute, then it is cached).
 
 ``LEAKBENCH_PRIOR_B=4,8`` the batch sizes, ``LEAKBENCH_PRIOR_N=8`` the batches per size,
-``LEAKBENCH_PRIOR_ATTACKS=trained,gias`` which attacks, ``LEAKBENCH_PRIOR_GIAS='{"restarts": 1}'`` options for gias
-(JSON, for tuning).  ``LEAKBENCH_PRIOR_LOCAL=1,0.05,2`` observes a FedAvg client's update instead of the gradient:
+``LEAKBENCH_PRIOR_ATTACKS=trained,gias,gifd`` which attacks, ``LEAKBENCH_PRIOR_GIAS='{"restarts": 1}'`` /
+``LEAKBENCH_PRIOR_GIFD='{"radius": 0.1}'`` / ``LEAKBENCH_PRIOR_TRAINED='{"local_model": "first-order"}'`` options
+(JSON, for tuning; named in the row).  ``LEAKBENCH_PRIOR_BN=1`` grants the batch's BN statistics (the client in train mode; set the attacks' ``bn`` weight
+through their options).  ``LEAKBENCH_PRIOR_LOCAL=1,0.05,2`` observes a FedAvg client's update instead of the gradient:
 ``epochs`` local epochs of minibatch SGD at ``lr`` in minibatches of ``b`` over the batch (``lb.observe``'s
-``local_steps``, ``local_lr``, ``local_batch``); both attacks simulate those steps (the issue's "B = 4 after one local
+``local_steps``, ``local_lr``, ``local_batch``); every attack simulates those steps (the issue's "B = 4 after one local
 epoch").
 """
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 
 import leakbench as lb
 from leakbench.attacks import attack_batch
 from leakbench.evaluation.training.utility import loss_and_accuracy, train_model
 
-from .common import console, env_ints, env_names, table
+from .common import benchmark_images, console, env_ints, env_names, table
 
 MODEL = "convnet-16"
-RECIPE = (10, 16, 0.05)  # epochs, batch, lr: bench_trained_layouts' digits recipe
+#: (epochs, batch, lr) of plain SGD per dataset: bench_trained_layouts' recipes (CIFAR-10's 500 training images need
+#: 30 epochs at lr 0.02 to leave chance)
+RECIPES = {"digits": (10, 16, 0.05), "cifar": (30, 32, 0.02)}
 TRAIN = range(0, 1000)
+#: the generative attacks compared (options per attack: ``LEAKBENCH_PRIOR_GIAS`` / ``LEAKBENCH_PRIOR_GIFD``, JSON)
+GENERATIVE = ("gias", "gifd")
+ATTACKS = ("trained", *GENERATIVE)
 POOLS = {"report": range(1300, 1797), "tuning": range(1000, 1300)}
+#: CIFAR-10 (the shared 1 000 test images, 100 per class in class order): trained on, and the generator's public
+#: data, index mod 100 < 50; attacked: mod 100 ≥ 50, below 500 (tuning) or from 500 on (report)
+CIFAR_TRAIN = [i for i in range(1000) if i % 100 < 50]
+CIFAR_POOLS = {"report": [i for i in range(500, 1000) if i % 100 >= 50],
+               "tuning": [i for i in range(500) if i % 100 >= 50]}
 
 
-def batches(pool: str, size: int, count: int) -> list[list[int]]:
-    """``count`` disjoint batches of ``size`` digits indices from ``pool`` (a seeded permutation, seed = size)."""
-    indices = list(POOLS[pool])
+def _data(name: str, size: int) -> tuple[lb.ImageDataset, list[int], dict, str, str]:
+    """(dataset at ``size`` px, training indices, attack pools, the generator's ``public`` option, source line)."""
+    if name == "digits":
+        return (lb.load("digits", size=size), list(TRAIN), {k: list(v) for k, v in POOLS.items()}, "digits",
+                f"digits {size}×{size}: trained on 0–999, generator on 0–999")
+    ds, source = benchmark_images(1000)
+    if not source.startswith("CIFAR"):
+        raise SystemExit(f"LEAKBENCH_PRIOR_DATA=cifar needs ../shared/data/cifar10-test-1000.npz ({source})")
+    images = torch.nn.functional.interpolate(ds.images, size=(size, size), mode="bilinear", antialias=True,
+                                             align_corners=False).clamp(0, 1) if size != ds.shape[-1] else ds.images
+    ds = lb.ImageDataset(images.contiguous(), ds.labels, ds.classes, "cifar10")
+    folder = Path(tempfile.mkdtemp(prefix="leakbench-prior-"))
+    public = folder / "cifar-public.npz"      # the generator's key hashes the images, not this path
+    np.savez(public, x=ds.images[CIFAR_TRAIN].numpy(), y=ds.labels[CIFAR_TRAIN].numpy())
+    return (ds, CIFAR_TRAIN, CIFAR_POOLS, str(public),
+            f"CIFAR-10 test images at {size}×{size} (bilinear, antialiased): trained on index mod 100 < 50, generator "
+            "on the same 500")
+
+
+def batches(pools: dict, pool: str, size: int, count: int) -> list[list[int]]:
+    """``count`` disjoint batches of ``size`` indices from ``pools[pool]`` (a seeded permutation, seed = size)."""
+    indices = list(pools[pool])
     order = torch.randperm(len(indices), generator=torch.Generator().manual_seed(size)).tolist()
     if size * count > len(indices):
         raise SystemExit(f"{count} batches of {size} need {size * count} images; pool {pool} holds {len(indices)}")
@@ -79,28 +119,36 @@ def run(*, quick: bool = False) -> None:
     pool = os.environ.get("LEAKBENCH_PRIOR_POOL", "report")
     if pool not in POOLS:
         raise SystemExit(f"LEAKBENCH_PRIOR_POOL: unknown pool {pool!r}; known: {', '.join(POOLS)}")
-    attacks = env_names("LEAKBENCH_PRIOR_ATTACKS") or ["trained", "gias"]
-    if unknown := [a for a in attacks if a not in ("trained", "gias")]:
-        raise SystemExit(f"LEAKBENCH_PRIOR_ATTACKS: unknown {', '.join(unknown)}; known: trained, gias")
-    gias_options = json.loads(os.environ.get("LEAKBENCH_PRIOR_GIAS", "{}"))
+    attacks = env_names("LEAKBENCH_PRIOR_ATTACKS") or ["trained", "gias", "gifd"]
+    if unknown := [a for a in attacks if a not in ATTACKS]:
+        raise SystemExit(f"LEAKBENCH_PRIOR_ATTACKS: unknown {', '.join(unknown)}; known: {', '.join(ATTACKS)}")
+    options = {name: json.loads(os.environ.get(f"LEAKBENCH_PRIOR_{name.upper()}", "{}")) for name in ATTACKS}
     local = _local()
-    quick_options = {"trained": {"iterations": 50}, "gias": {"latent_steps": 30, "generator_steps": 20}} if quick else {}
+    # the informed eavesdropper with BN statistics: the client trains in train mode, its batch statistics granted
+    bn = {"train": True, "bn_stats": True} if os.environ.get("LEAKBENCH_PRIOR_BN") == "1" else {}
+    quick_options = {"trained": {"iterations": 50}, "gias": {"latent_steps": 30, "generator_steps": 20},
+                     "gifd": {"latent_steps": 30, "feature_steps": 7}} if quick else {}
 
     start = time.perf_counter()
-    ds = lb.load("digits", size=size)
-    epochs, batch_size, lr = RECIPE
+    data = os.environ.get("LEAKBENCH_PRIOR_DATA", "digits")
+    if data not in RECIPES:
+        raise SystemExit(f"LEAKBENCH_PRIOR_DATA: unknown data {data!r}; known: {', '.join(RECIPES)}")
+    ds, train, pools, public, source = _data(data, size)
+    for name in GENERATIVE:
+        options[name].setdefault("public", public)
+    epochs, batch_size, lr = RECIPES[data]
     model = lb.build(MODEL, input_shape=ds.shape, classes=ds.num_classes, seed=0)
-    model = train_model(model, ds.subset(list(TRAIN)), epochs=2 if quick else epochs, batch_size=batch_size, lr=lr,
+    model = train_model(model, ds.subset(train), epochs=2 if quick else epochs, batch_size=batch_size, lr=lr,
                         seed=0).model.eval()
-    held = list(range(len(TRAIN), len(ds.labels)))
+    held = sorted(set(range(len(ds.labels))) - set(train))
     _, acc = loss_and_accuracy(model, ds.images[held], ds.labels[held])
-    console.print(f"[dim]{MODEL} on digits {size}×{size}: held-out accuracy {acc:.3f} "
+    console.print(f"[dim]{MODEL} on {data} {size}×{size}: held-out accuracy {acc:.3f} "
                   f"({time.perf_counter() - start:.0f} s)[/dim]")
 
     rows = []
     for B in sizes:
-        pairs = [ds.batch(indices=idx) for idx in batches(pool, B, count)]
-        observations = [lb.observe(model, x, y, labels_known=True, **local) for x, y in pairs]
+        pairs = [ds.batch(indices=idx) for idx in batches(pools, pool, B, count)]
+        observations = [lb.observe(model, x, y, labels_known=True, **local, **bn) for x, y in pairs]
         grey = [lb.compare(torch.full_like(x, float(x.mean())), x, y)["psnr"] for x, y in pairs]
         rows.append([B, "grey (chance)", " / ".join(f"{g:.2f}" for g in grey), "+0.00", f"0 of {count}", "–", "–"])
         seconds: dict[str, float] = {}
@@ -108,25 +156,25 @@ def run(*, quick: bool = False) -> None:
             t0 = time.perf_counter()
             if name == "trained":
                 recs = attack_batch("inverting-gradients", observations, seeds=list(range(count)), preset="trained",
-                                    **quick_options.get(name, {}))
+                                    **{**options[name], **quick_options.get(name, {})})
             else:
-                recs = [lb.attack("gias", obs, seed=b, **{**gias_options, **quick_options.get(name, {})})
+                recs = [lb.attack(name, obs, seed=b, **{**options[name], **quick_options.get(name, {})})
                         for b, obs in enumerate(observations)]
             seconds[name] = (time.perf_counter() - t0) / count
             bad = [r for r in recs if isinstance(r, Exception)]
             if bad:
                 raise SystemExit(f"{name} failed: {bad[0]}")
             over = [lb.compare(r.images.cpu(), x, y)["psnr"] - g for r, (x, y), g in zip(recs, pairs, grey)]
-            label = "inverting-gradients trained" if name == "trained" else "gias"
-            ratio = (f"{seconds['gias'] / seconds['trained']:.2f}" if name == "gias" and "trained" in seconds else "–")
+            label = ("inverting-gradients trained" if name == "trained" else name) + "".join(
+                f" {k}={v}" for k, v in options[name].items() if k != "public")
+            ratio = (f"{seconds[name] / seconds['trained']:.2f}" if name != "trained" and "trained" in seconds else "–")
             rows.append([B, label, " / ".join(f"{o:+.2f}" for o in over), f"{sum(over) / count:+.2f}",
                          f"{sum(o > 0 for o in over)} of {count}", f"{seconds[name]:.0f}", ratio])
             console.print(f"[dim]{' | '.join(map(str, rows[-1]))} ({time.perf_counter() - start:.0f} s)[/dim]",
                           highlight=False)
-    table(f"Learned prior on a trained {MODEL} (digits {size}×{size}, accuracy {acc:.2f}): PSNR over grey (dB), "
+    table(f"Learned prior on a trained {MODEL} ({data} {size}×{size}, accuracy {acc:.2f}): PSNR over grey (dB), "
           f"{count} held-out batches per B ({pool} pool), labels known",
-          ["B", "attack", "over grey per batch", "mean", "above grey", "s / batch", "s ratio gias / trained"], rows,
-          f"observed: {_describe(local)}; "
-          f"trained on digits 0–999 ({'2' if quick else epochs} epochs SGD, lr {lr}, batch {batch_size}); generator "
-          f"on digits 0–999; attacked pool {pool} (digits {POOLS[pool].start}–{POOLS[pool].stop - 1}); "
+          ["B", "attack", "over grey per batch", "mean", "above grey", "s / batch", "s ratio to trained"], rows,
+          f"observed: {_describe(local)}{', BN statistics granted (train mode)' if bn else ''}; {source} ({'2' if quick else epochs} epochs SGD, lr {lr}, batch "
+          f"{batch_size}); attacked pool {pool} (indices {min(pools[pool])}–{max(pools[pool])}); "
           f"{time.perf_counter() - start:.0f} s on {torch.get_num_threads()} thread(s).")

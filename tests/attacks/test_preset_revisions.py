@@ -57,8 +57,11 @@ RECORDED = {
     ("kkt", "quick"): (0, "258811ceb1d2"),
     ("lamp", "default"): (0, "446c0aa5f7f4"),
     ("lamp", "quick"): (0, "28bb60e2bd59"),
-    ("gias", "default"): (0, "f57432357ef1"),
-    ("gias", "quick"): (0, "68876633b8a9"),
+    ("gias", "default"): (1, "a49c30ef4f7a"),
+    ("gias", "quick"): (1, "e224137914f4"),
+    ("gias", "colour"): (0, "917072565d60"),
+    ("gifd", "default"): (0, "6dd6da524e02"),
+    ("gifd", "quick"): (0, "8f71f7560149"),
     ("liu2024", "default"): (0, "bbccc1b2a002"),
     ("liu2024", "paper"): (0, "cb504b7e2b6d"),
     ("liu2024", "quick"): (0, "90d039691465"),
@@ -88,7 +91,8 @@ RECORDED = {
 
 #: options added after the presets were recorded, with the value at which they change nothing: left out of
 #: the digest at that value, so adding an inert option does not revise every preset.
-INERT = {"features": 0.0, "feature_phase": 0.0, "features_from": 2, "features_labels": "all", "features_max_images": 0}
+INERT = {"features": 0.0, "feature_phase": 0.0, "features_from": 2, "features_labels": "all", "features_max_images": 0,
+         "local_model": "exact"}
 
 
 def _digest(name: str, preset: str) -> str:

@@ -45,7 +45,7 @@ from ..errors import ConfigError, expect
 from .custom import import_class
 
 __all__ = ["ConvDecoder", "ConvEncoder", "PriorConfig", "PUBLIC", "PUBLIC_DIGITS", "public_images", "train_vae",
-           "learned_generator", "user_generator", "generator_cache_dir"]
+           "learned_generator", "user_generator", "generator_cache_dir", "generator_stages"]
 
 #: bump when :class:`ConvDecoder` / :class:`ConvEncoder` or the training loop change (a new cache key)
 ARCHITECTURE = "conv-vae-1"
@@ -76,14 +76,44 @@ class ConvDecoder(nn.Module):
         self.conv2 = nn.Conv2d(width, width, 3, padding=1)
         self.out = nn.Conv2d(width, c, 3, padding=1)
 
+    def stages(self) -> list:
+        """The decoder as the composition of its stages (z → fc → conv1 → conv2 → image): each callable maps the
+        previous stage's output to the next, so that an attack can search an intermediate feature space (GIFD)."""
+        def fc(z):
+            return F.leaky_relu(self.fc(z), 0.2).reshape(len(z), 2 * self.width, *self.base)
+
+        def conv1(h):
+            return F.leaky_relu(self.conv1(F.interpolate(h, scale_factor=2.0, mode="nearest")), 0.2)
+
+        def conv2(h):
+            return F.leaky_relu(self.conv2(F.interpolate(h, scale_factor=2.0, mode="nearest")), 0.2)
+
+        def out(h):
+            h = self.out(h)
+            if tuple(h.shape[-2:]) != self.out_shape[1:]:
+                h = h[..., : self.out_shape[1], : self.out_shape[2]]
+            return torch.sigmoid(h)
+
+        return [fc, conv1, conv2, out]
+
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        h = F.leaky_relu(self.fc(z), 0.2).reshape(len(z), 2 * self.width, *self.base)
-        h = F.leaky_relu(self.conv1(F.interpolate(h, scale_factor=2.0, mode="nearest")), 0.2)
-        h = F.leaky_relu(self.conv2(F.interpolate(h, scale_factor=2.0, mode="nearest")), 0.2)
-        h = self.out(h)
-        if tuple(h.shape[-2:]) != self.out_shape[1:]:
-            h = h[..., : self.out_shape[1], : self.out_shape[2]]
-        return torch.sigmoid(h)
+        for stage in self.stages():
+            z = stage(z)
+        return z
+
+
+def generator_stages(gen: nn.Module, *, field: str = "option generator") -> list:
+    """A generator as a list of callables whose composition is ``gen``: its ``stages()`` when it has one (the
+    library's :class:`ConvDecoder`), the children of an ``nn.Sequential``; otherwise a one-line error."""
+    if callable(getattr(gen, "stages", None)):
+        stages = list(gen.stages())
+    elif isinstance(gen, nn.Sequential):
+        stages = list(gen.children())
+    else:
+        raise ConfigError(f"expected a generator in stages (an nn.Sequential, or a stages() method returning the "
+                          f"callables in order), got {type(gen).__name__} ({field})")
+    expect(len(stages) >= 2, f"expected a generator of at least 2 stages, got {len(stages)} ({field})")
+    return stages
 
 
 class ConvEncoder(nn.Module):

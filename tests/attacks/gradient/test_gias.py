@@ -10,7 +10,7 @@ from leakbench.errors import ConfigError
 from leakbench.models.prior import _key, ConvDecoder, PriorConfig, learned_generator, public_images, user_generator
 
 SHAPE = (1, 8, 8)
-TINY = PriorConfig(latent=4, width=4, steps=20, batch=16, seed=0)
+TINY = PriorConfig(latent=4, width=4, steps=20, batch=16, seed=0)   # conftest's TINY_PRIOR
 
 
 class TinyGenerator(nn.Module):
@@ -37,26 +37,6 @@ class WrongShape(nn.Module):
 
     def forward(self, z):
         return torch.zeros(len(z), 1, 4, 4)
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return lb.load("digits", size=8)
-
-
-@pytest.fixture(scope="module")
-def cached(tmp_path_factory):
-    """A tiny auto generator's options (its own cache directory, trained once for the module)."""
-    folder = tmp_path_factory.mktemp("generators")
-    options = {"latent": TINY.latent, "prior_width": TINY.width, "prior_steps": TINY.steps, "cache_dir": str(folder)}
-    learned_generator(SHAPE, config=TINY, cache_dir=folder)
-    return options
-
-
-def _obs(digits, batch: int, *, seed: int = 0, labels_known: bool = True):
-    model = lb.build("cnn:4-3-1-1", input_shape=digits.shape, classes=10, act="sigmoid", seed=seed)
-    x, y = digits.batch(indices=list(range(1000 + 7 * seed, 1000 + 7 * seed + batch)))
-    return x, lb.observe(model, x, y, labels_known=labels_known)
 
 
 def test_registered_with_presets():
@@ -120,8 +100,8 @@ def test_decoder_any_size():
     assert ConvDecoder(3, (3, 10, 7))(torch.zeros(2, 3)).shape == (2, 3, 10, 7)
 
 
-def test_deterministic_for_a_seed(digits, cached):
-    _, obs = _obs(digits, 2)
+def test_deterministic_for_a_seed(observe_digits, cached):
+    _, obs = observe_digits(2)
     short = dict(latent_steps=4, generator_steps=2)  # determinism needs few steps
     runs = [lb.attack("gias", obs, preset="quick", seed=3, **short, **cached) for _ in range(2)]
     assert torch.equal(runs[0].images, runs[1].images)
@@ -129,8 +109,8 @@ def test_deterministic_for_a_seed(digits, cached):
     assert not torch.equal(runs[0].images, other.images)
 
 
-def test_objective_decreases_and_progress_is_reported(digits, cached):
-    _, obs = _obs(digits, 2)
+def test_objective_decreases_and_progress_is_reported(observe_digits, cached):
+    _, obs = observe_digits(2)
     seen = []
     rec = lb.attack("gias", obs, preset="quick", latent_steps=40, generator_steps=20, progress=lambda d, t, v: seen.append((d, t)),
                     **cached)
@@ -142,19 +122,19 @@ def test_objective_decreases_and_progress_is_reported(digits, cached):
     assert rec.trace["generator_info"]["trained"] is False   # the module's cached generator
 
 
-def test_labels_recovered_when_not_granted(digits, cached):
-    x, obs = _obs(digits, 1, labels_known=False)
+def test_labels_recovered_when_not_granted(observe_digits, cached):
+    x, obs = observe_digits(1, labels_known=False)
     rec = lb.attack("gias", obs, preset="quick", latent_steps=5, generator_steps=0, **cached)
     assert rec.labels is not None and rec.labels.shape == (1,)
     assert rec.trace["stage"] == "latent" and "generator_match" not in rec.trace
 
 
 @pytest.mark.slow
-def test_beats_grey_on_an_untrained_net_at_batch_one(digits):
+def test_beats_grey_on_an_untrained_net_at_batch_one(observe_digits):
     """B = 1, an untrained net: the gradient pins the image and the prior holds it near digits."""
     wins = 0
     for seed in range(3):
-        x, obs = _obs(digits, 1, seed=seed)
+        x, obs = observe_digits(1, seed=seed)
         rec = lb.attack("gias", obs, seed=seed, latent_steps=150, generator_steps=100, restarts=2, cache=False,
                         prior_steps=400)
         grey = lb.compare(torch.full_like(x, float(x.mean())), x, obs.labels)["psnr"]
@@ -163,13 +143,13 @@ def test_beats_grey_on_an_untrained_net_at_batch_one(digits):
     assert wins >= 2
 
 
-def test_user_generator_class(digits, tmp_path):
+def test_user_generator_class(observe_digits, tmp_path):
     weights = tmp_path / "gen.pt"
     torch.manual_seed(0)
     torch.save(TinyGenerator(6).state_dict(), weights)
     gen = user_generator(f"{__name__}:TinyGenerator", SHAPE, latent=6, weights=weights)
     assert torch.equal(gen.fc.weight, torch.load(weights, weights_only=True)["fc.weight"])
-    _, obs = _obs(digits, 2)
+    _, obs = observe_digits(2)
     rec = lb.attack("gias", obs, preset="quick", generator=f"{__name__}:TinyGenerator", generator_file=str(weights),
                     latent=6, latent_steps=10, generator_steps=5)
     assert rec.images.shape == (2, *SHAPE)

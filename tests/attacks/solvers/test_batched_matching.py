@@ -45,6 +45,11 @@ def test_restarts_and_a_local_update_stack_too():
                    iterations=8, restarts=2)
 
 
+def test_a_first_order_local_model_stacks_too():
+    _same_as_alone("inverting-gradients", _observations(2, 4, local_steps=1, local_lr=0.05, local_batch=2),
+                   preset="quick", iterations=8, local_model="first-order")
+
+
 def test_dlg_with_adam_and_soft_labels_stacked_equals_alone():
     stacked = _same_as_alone("dlg", _observations(3, 1), iterations=10, optimizer="adam", lr=0.05,
                              schedule="multistep")

@@ -77,6 +77,37 @@ def test_update_observation_is_inverted_by_simulating_local_steps():
     assert lb.compare(rec, x, y)["mse"] < 1e-3
 
 
+def test_first_order_local_model_is_every_step_at_the_received_weights():
+    """local_model="first-order": Δθ = −η Σ_s ∇L_{b_s}(θ₀), by plain autograd per minibatch; the same as the exact
+    simulation for one step, and not for two (the second step's weights differ)."""
+    from leakbench.attacks.solvers.gradient_matching import GradientMatcher
+    from leakbench.attacks.solvers.matching_settings import MatchingSettings
+
+    ds = lb.load("digits")
+    model = lb.build("cnn:3-4-2-1", input_shape=ds.shape, classes=10, act="tanh", seed=0).double()
+    x, y = ds.batch(4, seed=1)
+    x = x.double()
+    candidate = torch.rand(x.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    obs = lb.observe(model, x, y, labels_known=True, local_steps=1, local_lr=0.05, local_batch=2)
+    first = GradientMatcher(obs, MatchingSettings(local_model="first-order")).shared_of(candidate, y)
+    params = dict(model.named_parameters())
+    expected = [torch.zeros_like(p) for p in params.values()]
+    for idx in obs.local_batches:
+        loss = torch.nn.functional.cross_entropy(model(candidate[idx]), y[idx])
+        for total, g in zip(expected, torch.autograd.grad(loss, list(params.values()))):
+            total -= 0.05 * g
+    assert all(torch.allclose(a, b, atol=1e-14, rtol=1e-12) for a, b in zip(first, expected))
+    exact = GradientMatcher(obs, MatchingSettings(local_model="exact")).shared_of(candidate, y)
+    assert not all(torch.allclose(a, b, atol=1e-12) for a, b in zip(first, exact))
+    one = lb.observe(model, x, y, labels_known=True, local_steps=1, local_lr=0.05)   # one step: the same model
+    a = GradientMatcher(one, MatchingSettings(local_model="first-order")).shared_of(candidate, y)
+    b = GradientMatcher(one, MatchingSettings(local_model="exact")).shared_of(candidate, y)
+    assert all(torch.allclose(u.dense() if hasattr(u, "dense") else u, v.dense() if hasattr(v, "dense") else v,
+                              atol=1e-14) for u, v in zip(a, b))
+    with pytest.raises(lb.ConfigError, match="local_model"):
+        lb.attack("inverting-gradients", obs, preset="quick", local_model="second-order")
+
+
 # -- factorised linear layers ---------------------------------------------------------------------------------
 
 def _head_observation(*, train: bool = False, width: int = 600, spec: str = "convnet-2", **observe):

@@ -165,7 +165,8 @@ class StackedMatching:
         current, z = dict(params), None
         for idx in self._steps:
             xb, tb = (x, target) if idx is None else (x[idx], target[idx])
-            grads, z = torch.func.grad(loss_of, has_aux=True)(current, xb, tb)
+            at = params if self.s.local_model == "first-order" else current
+            grads, z = torch.func.grad(loss_of, has_aux=True)(at, xb, tb)
             current = {n: current[n] - obs.local_lr * grads[n] for n in current}
         return [current[n] - params[n] for n in self.names], z
 
@@ -244,10 +245,11 @@ class StackedMatching:
                 steps = self._steps if obs.kind == "update" else [None]
                 for idx in steps:
                     xb, tb = (x, target) if idx is None else (x[:, idx], target[:, idx])
-                    out, zb = torch.func.vmap(forward)(current, xb)
+                    at = base if s.local_model == "first-order" else current  # first order: gradients at θ₀
+                    out, zb = torch.func.vmap(forward)(at, xb)
                     z = zb
                     losses = torch.func.vmap(row_loss)(out, tb)
-                    grads = torch.autograd.grad(losses.sum(), [current[k] for k in self.names], create_graph=True)
+                    grads = torch.autograd.grad(losses.sum(), [at[k] for k in self.names], create_graph=True)
                     if obs.kind == "gradient":
                         shared = list(grads)
                     else:

@@ -18,6 +18,8 @@ STEP_UNITS = ("data", "normalised")
 SCHEDULES = ("multistep", "cosine", "none")
 INITS = ("gaussian", "uniform", "grey", "randn")
 FACTORISE = ("auto", "on", "off")
+#: how an update observation's local steps are simulated (``MatchingSettings.local_model``)
+LOCAL_MODELS = ("exact", "first-order")
 #: ``factorise="auto"`` factorises linear layers with at least this many weights whose input rows n are
 #: fewer than half of min(v, d) (measured on a bare linear layer: ×0.7–0.8 at 12–50k weights, ×1.0 at
 #: 200k, ×2–2.8 at 790k; docs/feature-attacks.md).
@@ -67,6 +69,13 @@ class MatchingSettings:
     #: batches +0.31 and +0.34 dB (held-out, convnet-32) but −0.14 dB on average, down to −0.51, on three tuning
     #: batches (convnet-16), a tie that can cost; on labels of one or two images (the mixed layout) a gain
     features_max_images: int = 0
+    #: how an update's local steps are simulated: ``exact`` — each step at the weights the previous steps reached
+    #: (Geiping et al. 2020 Sec. 5; Dimitrov et al. 2022); ``first-order`` — every step's minibatch gradient at the
+    #: received weights, Δθ ≈ −η Σ_s ∇L_{b_s}(θ₀) (the expansion to first order in η; the same for one step).  On a
+    #: trained network a candidate far from the data has a large gradient, the simulated first step moves θ far
+    #: and the exact simulation's later steps blow up, so the search sees a chaotic objective until its candidates
+    #: are close (module docstring of :mod:`.gradient_matching`)
+    local_model: str = "exact"
 
     def check(self) -> None:
         expect(self.iterations >= 1, f"expected iterations ≥ 1, got {self.iterations}")
@@ -91,7 +100,8 @@ class MatchingSettings:
         for name, value, allowed in (("distance", self.distance, DISTANCES), ("optimizer", self.optimizer, OPTIMIZERS),
                                      ("schedule", self.schedule, SCHEDULES), ("init", self.init, INITS),
                                      ("step_unit", self.step_unit, STEP_UNITS),
-                                     ("factorise", self.factorise, FACTORISE)):
+                                     ("factorise", self.factorise, FACTORISE),
+                                     ("local_model", self.local_model, LOCAL_MODELS)):
             expect(value in allowed, f"expected {name} in {allowed}, got {value!r} (option {name})")
         expect(not (self.batched_restarts and self.optimizer == "lbfgs"),
                "batched_restarts works with adam or sgd, not lbfgs (option batched_restarts)")
@@ -188,4 +198,4 @@ INVERTING_PRESETS = {
 # attack towards the grey image's level, not above it.
 INVERTING_PRESETS["trained"] = {**INVERTING_PRESETS["fast"], "tv": 0.1, "tv_growth": 0.0}
 
-__all__ = ["IG_PAPER", "INVERTING_PRESETS", "MatchingSettings", "MatchResult", "initial_images", "step_schedule", "OPTIMIZERS", "SCHEDULES", "INITS", "STEP_UNITS"]
+__all__ = ["IG_PAPER", "INVERTING_PRESETS", "MatchingSettings", "MatchResult", "initial_images", "step_schedule", "OPTIMIZERS", "SCHEDULES", "INITS", "STEP_UNITS", "LOCAL_MODELS"]
