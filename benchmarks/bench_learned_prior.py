@@ -62,8 +62,9 @@ CIFAR_POOLS = {"report": [i for i in range(500, 1000) if i % 100 >= 50],
                "tuning": [i for i in range(500) if i % 100 >= 50]}
 
 
-def _data(name: str, size: int) -> tuple[lb.ImageDataset, list[int], dict, str, str]:
-    """(dataset at ``size`` px, training indices, attack pools, the generator's ``public`` option, source line)."""
+def _data(name: str, size: int, folder: Path) -> tuple[lb.ImageDataset, list[int], dict, str, str]:
+    """(dataset at ``size`` px, training indices, attack pools, the generator's ``public`` option, source line);
+    CIFAR-10's public images are written to ``folder`` as an ``.npz``."""
     if name == "digits":
         return (lb.load("digits", size=size), list(TRAIN), {k: list(v) for k, v in POOLS.items()}, "digits",
                 f"digits {size}×{size}: trained on 0–999, generator on 0–999")
@@ -73,7 +74,6 @@ def _data(name: str, size: int) -> tuple[lb.ImageDataset, list[int], dict, str, 
     images = torch.nn.functional.interpolate(ds.images, size=(size, size), mode="bilinear", antialias=True,
                                              align_corners=False).clamp(0, 1) if size != ds.shape[-1] else ds.images
     ds = lb.ImageDataset(images.contiguous(), ds.labels, ds.classes, "cifar10")
-    folder = Path(tempfile.mkdtemp(prefix="leakbench-prior-"))
     public = folder / "cifar-public.npz"      # the generator's key hashes the images, not this path
     np.savez(public, x=ds.images[CIFAR_TRAIN].numpy(), y=ds.labels[CIFAR_TRAIN].numpy())
     return (ds, CIFAR_TRAIN, CIFAR_POOLS, str(public),
@@ -133,7 +133,8 @@ def run(*, quick: bool = False) -> None:
     data = os.environ.get("LEAKBENCH_PRIOR_DATA", "digits")
     if data not in RECIPES:
         raise SystemExit(f"LEAKBENCH_PRIOR_DATA: unknown data {data!r}; known: {', '.join(RECIPES)}")
-    ds, train, pools, public, source = _data(data, size)
+    scratch = tempfile.TemporaryDirectory(prefix="leakbench-prior-")   # removed when run returns
+    ds, train, pools, public, source = _data(data, size, Path(scratch.name))
     for name in GENERATIVE:
         options[name].setdefault("public", public)
     epochs, batch_size, lr = RECIPES[data]

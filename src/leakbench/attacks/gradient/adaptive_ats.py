@@ -11,9 +11,9 @@ idea with three stages:
 2. for every image and every sign combination s (2^m of them, m the policy's signed operations) the preimage
    x_s = argmin ‖T_s(x) − x̃‖² + α·TV(x) (Adam from a flat image at x̃'s mean); the combination of least
    objective is taken — a MAP choice under the TV prior.  Under a hybrid policy (one of several per image) the
-   candidates are every (policy, signs) pair of every policy, and the fit chooses the policy too.  The gradient depends on x only through T(x), so what
-   T discards (pixels shifted out, contrast clipped) is not identifiable and comes from the prior, and a sign that
-   two preimages explain equally well is a guess;
+   candidates are every (policy, signs) pair of every policy, and the fit chooses the policy too.  The gradient
+   depends on x only through T(x), so what T discards (pixels shifted out, contrast clipped) is not identifiable
+   and comes from the prior, and a sign that two preimages explain equally well is a guess;
 3. gradient matching of T_ŝ(x) with x the unknown (T differentiable almost everywhere), from x_ŝ, for
    ``refine`` × ``iterations`` steps: the reconstruction is of the original image, not of T(x).
 """
@@ -126,14 +126,12 @@ class TransformedMatcher(GradientMatcher):
                  signs: torch.Tensor, *, policies: tuple[tuple[int, ...], ...] | None = None,
                  choice: torch.Tensor | None = None) -> None:
         super().__init__(obs, dataclasses.replace(settings, factorise="off"))
-        self.indices, self.signs = indices, signs.to(obs.device)
-        self.policies, self.choice = policies, choice
+        self.signs = signs.to(obs.device)
+        self.policies = policies or (indices,)
+        self.choice = choice if choice is not None else torch.zeros(len(signs), dtype=torch.long)
 
     def forward(self, params, x):
-        if self.policies is not None and len(self.policies) > 1:
-            encoded = hybrid_transform(x, self.policies, self.choice, self.signs)
-        else:
-            encoded = transform(x, self.indices, self.signs)
+        encoded = hybrid_transform(x, self.policies, self.choice, self.signs)
         return functional_call(self.model, params, (encoded,), strict=False)
 
 

@@ -118,9 +118,8 @@ class GIAS(GenerativeAttack):
         "colour": {"prior_width": 16, "latent": 32, "prior_steps": 3000},
     }
 
-    def total_steps(self) -> int:
-        o = self.options
-        return o.restarts * o.latent_steps + o.generator_steps
+    def total_steps(self, gen: torch.nn.Module) -> int:
+        return super().total_steps(gen) + self.options.generator_steps
 
     def refine(self, search: Search, gen: torch.nn.Module, z_best: torch.Tensor, images: torch.Tensor,
                latent_match: float, trace: dict) -> tuple[torch.Tensor, float]:

@@ -95,32 +95,28 @@ class GIFD(GenerativeAttack):
     presets = {"quick": {"prior_steps": 300, "latent_steps": 60, "restarts": 1, "feature_steps": 20,
                          "trace_every": 10}}
 
-    def _spaces(self, gen) -> int:
+    def _spaces(self, gen) -> tuple[list, int]:
+        """The generator's stages and the last feature space searched."""
         stages = generator_stages(gen)
         last = self.options.last_stage or len(stages) - 1
         expect(last <= len(stages) - 1, f"expected last_stage ≤ {len(stages) - 1} (the generator's feature spaces), "
                f"got {last} (option last_stage)")
-        return last
+        return stages, last
 
-    def total_steps(self) -> int:
-        # an estimate until the generator is built (the library decoder's 3 spaces); ``refine`` sets the count
-        o = self.options
-        return o.restarts * o.latent_steps + o.feature_steps * (o.last_stage or 3)
+    def total_steps(self, gen: torch.nn.Module) -> int:
+        return super().total_steps(gen) + self.options.feature_steps * self._spaces(gen)[1]
 
     def refine(self, search: Search, gen: torch.nn.Module, z_best: torch.Tensor, images: torch.Tensor,
                latent_match: float, trace: dict) -> tuple[torch.Tensor, float]:
         o = self.options
-        stages = generator_stages(gen)
-        last = self._spaces(gen)
-        search.total = o.restarts * o.latent_steps + o.feature_steps * last
+        stages, last = self._spaces(gen)
         best_images, best_match, best_stage = images, latent_match, "latent"
         matches, curves = [], []
         with torch.no_grad():
             h = stages[0](z_best)
         for k in range(1, last + 1):
             anchor = h.detach()
-            flat = anchor.flatten(1)
-            radius = o.radius * flat.abs().sum(1)
+            radius = o.radius * anchor.flatten(1).abs().sum(1)
             feature = anchor.clone().requires_grad_(True)
             rest = _compose(stages[k:])
 

@@ -181,9 +181,11 @@ class GenerativeAttack(Attack):
             p.requires_grad_(False)
         return gen, info
 
-    def total_steps(self) -> int:
-        """Steps of the simulated gradient one run takes (what ``progress`` counts to)."""
-        raise NotImplementedError
+    def total_steps(self, gen: torch.nn.Module) -> int:
+        """Steps of the simulated gradient one run with generator ``gen`` takes (what ``progress`` counts to): here
+        the latent search's; a subclass adds its :meth:`refine` stage's."""
+        o = self.options
+        return o.restarts * o.latent_steps
 
     def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
         o = self.options
@@ -194,7 +196,7 @@ class GenerativeAttack(Attack):
         matcher = GradientMatcher(obs, MatchingSettings(iterations=o.latent_steps, distance=o.distance, tv=o.tv, bn=bn,
                                                         restarts=o.restarts, trace_every=o.trace_every,
                                                         local_model=o.local_model))
-        search = Search(obs, matcher, labels, total=self.total_steps(), trace_every=o.trace_every,
+        search = Search(obs, matcher, labels, total=self.total_steps(gen), trace_every=o.trace_every,
                         schedule=o.schedule, callback=callback, progress=progress)
         rng = torch.Generator(device="cpu").manual_seed(int(seed))
         z_best, images, latent_match, trace = latent_search(search, gen, o, rng)
@@ -213,5 +215,6 @@ class GenerativeAttack(Attack):
 
     def refine(self, search: Search, gen: torch.nn.Module, z_best: torch.Tensor, images: torch.Tensor,
                latent_match: float, trace: dict) -> tuple[torch.Tensor, float]:
-        """The stage after the latent search: (images, their match), the latent ones when it does not improve."""
-        raise NotImplementedError
+        """The stage after the latent search: (images, their match), the latent ones when it does not improve.
+        Here none: the latent search's images are the result (GIAS's and GIFD's second stages override this)."""
+        return images, latent_match
