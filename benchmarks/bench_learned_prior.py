@@ -1,5 +1,5 @@
-"""Learned image priors (GIAS, Jeon et al. 2021; GIFD, Fang et al. 2023) against Inverting Gradients' ``trained``
-preset on a trained ConvNet.
+"""Learned image priors (GIAS, Jeon et al. 2021; GIFD, Fang et al. 2023; GGL, Li et al. 2022) and GradInversion's
+group consistency (Yin et al. 2021) against Inverting Gradients' ``trained`` preset on a trained ConvNet.
 
 Issue 44, part 3: on a ConvNet trained to classify its inputs confidently, one step's gradient pins the images
 weakly, and pixel-space gradient matching ends near a grey image (docs/cli.md, "On a trained network").  GIAS
@@ -17,13 +17,15 @@ the same images the generator is trained on, none attacked — its accuracy on d
 undefended one-step gradients of disjoint batches, labels known (the informed eavesdropper), drawn by a seeded
 permutation from the **report pool** (digits 1 300–1 796) or, with ``LEAKBENCH_PRIOR_POOL=tuning``, the **tuning
 pool** (digits 1 000–1 299), on which the presets were chosen.  Rows: the grey image at each batch's mean (chance),
-``inverting-gradients`` preset ``trained`` (the batches stacked in one call), ``gias`` and ``gifd`` (default presets; the
-first run trains the generator, about half a minute, then it is cached).
+``inverting-gradients`` preset ``trained`` (the batches stacked in one call), ``gias``, ``gifd`` and ``ggl`` (default
+presets; the first run trains the generator, about half a minute, then it is cached), and on request ``gradinversion``
+(Inverting Gradients with GradInversion's group consistency, and its BN prior where statistics are granted).
 
 ``LEAKBENCH_PRIOR_B=4,8`` the batch sizes, ``LEAKBENCH_PRIOR_N=8`` the batches per size,
-``LEAKBENCH_PRIOR_ATTACKS=trained,gias,gifd`` which attacks, ``LEAKBENCH_PRIOR_GIAS='{"restarts": 1}'`` /
+``LEAKBENCH_PRIOR_ATTACKS=trained,gias,gifd,ggl`` which attacks (default: all but ``gradinversion``), ``LEAKBENCH_PRIOR_GIAS='{"restarts": 1}'`` /
 ``LEAKBENCH_PRIOR_GIFD='{"radius": 0.1}'`` / ``LEAKBENCH_PRIOR_TRAINED='{"local_model": "first-order"}'`` options
-(JSON, for tuning; named in the row).  ``LEAKBENCH_PRIOR_BN=1`` grants the batch's BN statistics (the client in train mode; set the attacks' ``bn`` weight
+(JSON, for tuning; named in the row; likewise ``LEAKBENCH_PRIOR_GGL``, ``LEAKBENCH_PRIOR_GRADINVERSION``).
+``LEAKBENCH_PRIOR_DEFENSE=prune:0.9`` has the client apply a defense (``ggl`` adapts to it).  ``LEAKBENCH_PRIOR_BN=1`` grants the batch's BN statistics (the client in train mode; set the attacks' ``bn`` weight
 through their options).  ``LEAKBENCH_PRIOR_LOCAL=1,0.05,2`` observes a FedAvg client's update instead of the gradient:
 ``epochs`` local epochs of minibatch SGD at ``lr`` in minibatches of ``b`` over the batch (``lb.observe``'s
 ``local_steps``, ``local_lr``, ``local_batch``); every attack simulates those steps (the issue's "B = 4 after one local
@@ -52,8 +54,10 @@ MODEL = "convnet-16"
 RECIPES = {"digits": (10, 16, 0.05), "cifar": (30, 32, 0.02)}
 TRAIN = range(0, 1000)
 #: the generative attacks compared (options per attack: ``LEAKBENCH_PRIOR_GIAS`` / ``LEAKBENCH_PRIOR_GIFD``, JSON)
-GENERATIVE = ("gias", "gifd")
-ATTACKS = ("trained", *GENERATIVE)
+GENERATIVE = ("gias", "gifd", "ggl")
+#: pixel-space matching: Inverting Gradients' ``trained`` preset, and GradInversion (its group consistency; the BN
+#: prior when ``LEAKBENCH_PRIOR_BN=1``)
+ATTACKS = ("trained", "gradinversion", *GENERATIVE)
 POOLS = {"report": range(1300, 1797), "tuning": range(1000, 1300)}
 #: CIFAR-10 (the shared 1 000 test images, 100 per class in class order): trained on, and the generator's public
 #: data, index mod 100 < 50; attacked: mod 100 ≥ 50, below 500 (tuning) or from 500 on (report)
@@ -119,15 +123,18 @@ def run(*, quick: bool = False) -> None:
     pool = os.environ.get("LEAKBENCH_PRIOR_POOL", "report")
     if pool not in POOLS:
         raise SystemExit(f"LEAKBENCH_PRIOR_POOL: unknown pool {pool!r}; known: {', '.join(POOLS)}")
-    attacks = env_names("LEAKBENCH_PRIOR_ATTACKS") or ["trained", "gias", "gifd"]
+    attacks = env_names("LEAKBENCH_PRIOR_ATTACKS") or ["trained", *GENERATIVE]
     if unknown := [a for a in attacks if a not in ATTACKS]:
         raise SystemExit(f"LEAKBENCH_PRIOR_ATTACKS: unknown {', '.join(unknown)}; known: {', '.join(ATTACKS)}")
     options = {name: json.loads(os.environ.get(f"LEAKBENCH_PRIOR_{name.upper()}", "{}")) for name in ATTACKS}
     local = _local()
     # the informed eavesdropper with BN statistics: the client trains in train mode, its batch statistics granted
     bn = {"train": True, "bn_stats": True} if os.environ.get("LEAKBENCH_PRIOR_BN") == "1" else {}
+    # a defense the client applies (a spec, e.g. "topk:0.1"); ggl adapts to it through its transform T
+    defense = os.environ.get("LEAKBENCH_PRIOR_DEFENSE", "").strip()
     quick_options = {"trained": {"iterations": 50}, "gias": {"latent_steps": 30, "generator_steps": 20},
-                     "gifd": {"latent_steps": 30, "feature_steps": 7}} if quick else {}
+                     "gifd": {"latent_steps": 30, "feature_steps": 7}, "ggl": {"evaluations": 100},
+                     "gradinversion": {"iterations": 50}} if quick else {}
 
     start = time.perf_counter()
     data = os.environ.get("LEAKBENCH_PRIOR_DATA", "digits")
@@ -149,7 +156,8 @@ def run(*, quick: bool = False) -> None:
     rows = []
     for B in sizes:
         pairs = [ds.batch(indices=idx) for idx in batches(pools, pool, B, count)]
-        observations = [lb.observe(model, x, y, labels_known=True, **local, **bn) for x, y in pairs]
+        observations = [lb.observe(model, x, y, labels_known=True, **local, **bn, defense=defense or None, seed=b)
+                        for b, (x, y) in enumerate(pairs)]
         grey = [lb.compare(torch.full_like(x, float(x.mean())), x, y)["psnr"] for x, y in pairs]
         rows.append([B, "grey (chance)", " / ".join(f"{g:.2f}" for g in grey), "+0.00", f"0 of {count}", "–", "–"])
         seconds: dict[str, float] = {}
@@ -176,6 +184,7 @@ def run(*, quick: bool = False) -> None:
     table(f"Learned prior on a trained {MODEL} ({data} {size}×{size}, accuracy {acc:.2f}): PSNR over grey (dB), "
           f"{count} held-out batches per B ({pool} pool), labels known",
           ["B", "attack", "over grey per batch", "mean", "above grey", "s / batch", "s ratio to trained"], rows,
-          f"observed: {_describe(local)}{', BN statistics granted (train mode)' if bn else ''}; {source} ({'2' if quick else epochs} epochs SGD, lr {lr}, batch "
+          f"observed: {_describe(local)}{', BN statistics granted (train mode)' if bn else ''}"
+          f"{f', defense {defense}' if defense else ''}; {source} ({'2' if quick else epochs} epochs SGD, lr {lr}, batch "
           f"{batch_size}); attacked pool {pool} (indices {min(pools[pool])}–{max(pools[pool])}); "
           f"{time.perf_counter() - start:.0f} s on {torch.get_num_threads()} thread(s).")

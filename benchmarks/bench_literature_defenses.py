@@ -10,14 +10,19 @@ paired interval holds 0 as a tie.  Utility: test accuracy after a short training
 mean ± sd over training seeds, beside the undefended model's.
 
 The attacked network is the freshly initialised one (round 0 of training, accuracy at chance ≈ 0.1): the table's
-accuracies belong to the utility runs, not to the attacked model.
+accuracies belong to the utility runs, not to the attacked model.  ``LEAKBENCH_LIT_TRAINED=E`` attacks instead the
+same network trained for E epochs without a defense on the utility split (batch 16, lr 0.1, seed 0; its held-out
+accuracy on the tuning split in the table's note): a later round of training, with each defense applied to the
+attacked round only (PRECODE's bottleneck is then inserted untrained into the trained network, as at round 0).  On
+CIFAR-10 it splits by index mod 100 so that the model sees every class (:func:`_data`); the utility runs then train
+on those 500 images too.
 
 Splits: digits — attack batches from indices 1300–1796, the grey level and the InstaHide attacker's prior mean
 pixel from 1000–1299 (tuning), utility trained on 0–999 (a quarter held out for accuracy); CIFAR-10 (the
 1000-image test file) — attack batches from 500–999, tuning pixels from 0–499, utility on 0–499.
 ``LEAKBENCH_LIT_DATA=digits`` (or ``cifar``) runs one dataset; ``LEAKBENCH_LIT_ITERATIONS`` sets the attack budget
 (120 by default: the machine this was measured on had 2 shared cores); ``LEAKBENCH_LIT_SPECS=precode:256,ats:3-1-7``
-(specs joined by commas; ``none`` is always run) runs a subset of the rows; ``LEAKBENCH_LIT_BATCH`` sets B (2).
+(specs joined by commas; ``none`` is always run) runs a subset of the rows; ``LEAKBENCH_LIT_BATCH`` sets B (2), ``LEAKBENCH_LIT_DRAWS`` the batch draws per row (3).
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ import time
 import torch
 
 import leakbench as lb
-from leakbench.evaluation.training.utility import utility_seeds
+from leakbench.evaluation.training.utility import loss_and_accuracy, train_model, utility_seeds
 
 from .common import benchmark_images, console, table
 
@@ -67,11 +72,17 @@ def verdict(diffs: list[float], above: str, below: str) -> str:
     return above if mean > 0 else below
 
 
-def _data(name: str):
-    """(dataset, attack pool, tuning indices, utility indices, source)."""
+def _data(name: str, trained: bool = False):
+    """(dataset, attack pool, tuning indices, utility indices, source).  For a trained attacked model on CIFAR-10
+    (100 test images per class, in class order) the split is by index mod 100 instead, so that the model trains on
+    every class: attacked from 500 on with mod 100 ≥ 50, tuning below 500 with mod 100 ≥ 50, trained on mod 100 < 50
+    (the split of bench_learned_prior)."""
     if name == "cifar":
         ds, source = benchmark_images(1000)
         n = len(ds.labels)
+        if trained:
+            return (ds, [i for i in range(n // 2, n) if i % 100 >= 50], [i for i in range(n // 2) if i % 100 >= 50],
+                    [i for i in range(n) if i % 100 < 50], source)
         return ds, list(range(n // 2, n)), list(range(n // 2)), list(range(n // 2)), source
     ds = lb.load("digits")
     return ds, list(range(1300, len(ds.labels))), list(range(1000, 1300)), list(range(1000)), "sklearn digits 8×8"
@@ -116,6 +127,9 @@ def run(quick: bool = False) -> None:
 def _run(name: str, quick: bool) -> None:
     model_spec, act, batch, draws, epochs = SETUPS[name]
     batch = int(os.environ.get("LEAKBENCH_LIT_BATCH", batch))
+    draws = int(os.environ.get("LEAKBENCH_LIT_DRAWS", draws))
+    if batch < 1 or draws < 1:
+        raise SystemExit(f"LEAKBENCH_LIT_BATCH and LEAKBENCH_LIT_DRAWS: expected ≥ 1, got {batch} and {draws}")
     iterations, seeds = (60, [0]) if quick else (int(os.environ.get("LEAKBENCH_LIT_ITERATIONS", "120")), [0, 1])
     specs = QUICK_SPECS if quick else SPECS
     chosen = [s.strip() for s in os.environ.get("LEAKBENCH_LIT_SPECS", "").split(",") if s.strip()]
@@ -128,9 +142,19 @@ def _run(name: str, quick: bool) -> None:
                 joined.append(piece)
         specs = ["none"] + [s for s in joined if s != "none"]
     draws = 1 if quick else draws
-    ds, pool, tuning, train_idx, source = _data(name)
+    trained = int(os.environ.get("LEAKBENCH_LIT_TRAINED", "0"))
+    if trained < 0:
+        raise SystemExit(f"LEAKBENCH_LIT_TRAINED: expected epochs ≥ 0, got {trained}")
+    ds, pool, tuning, train_idx, source = _data(name, trained > 0)
     grey = prior = float(ds.images[tuning].mean())
     model = lb.build(model_spec, input_shape=ds.shape, classes=ds.num_classes, act=act, seed=0)
+    if trained:
+        model = train_model(model, ds.subset(train_idx), epochs=trained, batch_size=16, lr=0.1, seed=0).model.eval()
+    # accuracy on images the attacked model never trained on (the tuning split: every class)
+    attacked_acc = loss_and_accuracy(model, ds.images[tuning], ds.labels[tuning])[1]
+    attacked = (f"trained {trained} epochs undefended (held-out accuracy {attacked_acc:.3f})" if trained
+                else f"freshly initialised (accuracy {attacked_acc:.3f})")
+    console.print(f"[dim]{name}: attacked {model_spec} {attacked}[/dim]")
     start = time.perf_counter()
     cells = {}
     for spec in specs:
@@ -172,7 +196,7 @@ def _run(name: str, quick: bool) -> None:
     table(f"Literature defenses with their adaptive attacks — {name}",
           ["defense", "strongest attack", "PSNR", "SSIM", "n", "grey PSNR", "Δ vs grey", "IG (plain) PSNR",
            "adaptive PSNR (vs plain)", "test acc", "Δ acc"], rows,
-          note=(f"{source}; {model_spec} act={act}, freshly initialised (accuracy ≈ 0.1) for the attacks; B={batch}, "
+          note=(f"{source}; {model_spec} act={act}, {attacked} for the attacks; B={batch}, "
                 f"{draws} draws from the report split, labels known, preset fast, {iterations} iterations "
                 f"({t_attack:.0f} s); ± = 95 % t-interval half-width; 'tie' = interval holds 0.  Utility: "
                 f"{epochs} epochs, batch 16, lr 0.1, seeds {seeds}, 25 % of the utility split held out "

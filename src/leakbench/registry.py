@@ -20,6 +20,14 @@ from .errors import ConfigError
 T = TypeVar("T")
 
 
+
+def closest(name: str, names) -> str | None:
+    """The known name a typo most likely meant: among difflib's close matches, one with the same letters first
+    (two letters swapped: 'dgl' means 'dlg', not 'ggl'), else the closest."""
+    close = difflib.get_close_matches(name, list(names), n=3)
+    swapped = [c for c in close if sorted(c) == sorted(name)]
+    return (swapped or close or [None])[0]
+
 class Registry(Generic[T]):
     """Map names to factories (classes or functions) of one kind of component."""
 
@@ -74,8 +82,8 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            close = difflib.get_close_matches(name, self._items, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
+            close = closest(name, self._items)
+            hint = f" Did you mean {close!r}?" if close else ""
             raise ConfigError(
                 f"unknown {self.kind} {name!r}.{hint} Known {self.kind}{'es' if self.kind.endswith('s') else 's'}: "
                 f"{', '.join(self.names())}"

@@ -62,6 +62,11 @@ RECORDED = {
     ("gias", "colour"): (0, "917072565d60"),
     ("gifd", "default"): (0, "6dd6da524e02"),
     ("gifd", "quick"): (0, "8f71f7560149"),
+    ("ggl", "default"): (0, "860c86b8105a"),
+    ("ggl", "quick"): (0, "44db12950dc0"),
+    ("ggl", "adam"): (0, "2c0e8110acc9"),
+    ("gradinversion", "default"): (0, "375a417f2bec"),
+    ("gradinversion", "quick"): (0, "a236def9608c"),
     ("liu2024", "default"): (0, "bbccc1b2a002"),
     ("liu2024", "paper"): (0, "cb504b7e2b6d"),
     ("liu2024", "quick"): (0, "90d039691465"),
@@ -92,7 +97,7 @@ RECORDED = {
 #: options added after the presets were recorded, with the value at which they change nothing: left out of
 #: the digest at that value, so adding an inert option does not revise every preset.
 INERT = {"features": 0.0, "feature_phase": 0.0, "features_from": 2, "features_labels": "all", "features_max_images": 0,
-         "local_model": "exact"}
+         "local_model": "exact", "group": 0.0, "group_every": 50, "group_from": 0.25}
 
 
 def _digest(name: str, preset: str) -> str:

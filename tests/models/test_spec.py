@@ -1,8 +1,6 @@
 """Spec parsing, build options, round trips, errors and summaries."""
 from __future__ import annotations
 
-import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +23,6 @@ from leakbench.models import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 
 
 @pytest.mark.parametrize(
@@ -225,11 +222,3 @@ def test_count_parameters_trainable_only():
     model.first.weight.requires_grad_(False)
     assert count_parameters(model) == 20 + 5 + 10
     assert count_parameters(model, trainable_only=True) == 15
-
-
-def test_docs_example_runs():
-    text = DOC.read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert blocks, "docs/models.md has no python example"
-    for block in blocks:
-        exec(compile(block, str(DOC), "exec"), {})

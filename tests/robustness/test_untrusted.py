@@ -297,6 +297,8 @@ def test_untrusted_traceback_ctrl_c_during_start_up_exits_130(w, entry):
     assert [line for line in err.splitlines() if line.strip()] == ["interrupted"]
 
 
+@pytest.mark.slow  # ~15 s: `make test-slow`; tests/evaluation/running/test_processes.py keeps a killed sweep's
+# workers and its resume in the default suite
 def test_untrusted_work_workers_die_with_a_parent_killed_while_they_start(w, tmp_path):
     spec = _long_spec(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "leakbench.cli", "evaluate", str(spec), "--db",

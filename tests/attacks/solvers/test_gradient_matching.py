@@ -35,6 +35,8 @@ def test_idlg_preset_uses_recovered_label():
     assert lb.compare(rec, x, y)["mse"] < 1e-4
 
 
+@pytest.mark.slow  # ~17 s on 2 threads: `make test-slow`; the default suite keeps DLG's digit recovery and the local-update
+# inversion below, and benchmarks/bench_inverting.py measures the photo quality
 def test_inverting_gradients_reaches_20db_on_photo():
     """Inverting Gradients on a small ConvNet with a 32×32 photo reaches ≥ 20 dB PSNR at the quick budget."""
     ds = lb.load("photos", size=32)
@@ -53,7 +55,7 @@ def test_inverting_gradients_reaches_20db_on_photo():
     assert rec.images.min() >= 0 and rec.images.max() <= 1  # box constraint
 
 
-@pytest.mark.slow  # ~10 s: `make test-slow` (test_inverting_gradients_reaches_20db_on_photo stays; the batch-size effect is in the benchmarks)
+@pytest.mark.slow  # ~10 s: `make test-slow` (the batch-size effect is in the benchmarks)
 def test_inverting_gradients_degrades_with_batch_size():
     """The same budget rebuilds one image better than each of four (the known batch-size effect)."""
     ds = lb.load("photos", size=32)

@@ -83,7 +83,7 @@ def test_the_learned_prior_preset_attacks_digits_its_prior_never_saw():
     spec = load_spec(preset_path("learned-prior"))
     (data,) = spec.datasets
     assert data.name == "digits" and data.options["offset"] >= PUBLIC_DIGITS.stop   # the prior trains on 0–999
-    assert {a.name for a in spec.attacks} == {"inverting-gradients", "gias", "gifd"}
+    assert {a.name for a in spec.attacks} == {"inverting-gradients", "gias", "gifd", "ggl"}
     trials = plan(spec)
     attack = [t for t in trials if t.kind == "attack"]
     assert {t.model_key for t in attack} == {"convnet", "convnet-fl · round 1", "convnet-fl · round 5"}
@@ -91,16 +91,17 @@ def test_the_learned_prior_preset_attacks_digits_its_prior_never_saw():
 
 
 def test_a_generative_attack_runs_as_a_sweep_trial(tmp_path, monkeypatch):
-    """One gias trial and one gifd trial of the learned-prior preset, at test budgets: both finish with scores."""
+    """One gias, gifd and ggl trial each of the learned-prior preset, at test budgets: all finish with scores."""
     monkeypatch.setenv("LEAKBENCH_CACHE", str(tmp_path))   # the generator is trained and cached here
     spec = load_spec(preset_path("learned-prior")).model_dump()
     spec["datasets"][0]["options"]["size"] = 8
     spec["models"] = [{"spec": "cnn:3-8-1-1,3-8-2-1", "act": "tanh", "label": "cnn", "training": {"epochs": 1}}]
     spec["attacks"] = [{"name": "gias", "preset": "quick", "options": {"latent_steps": 20, "generator_steps": 5}},
-                       {"name": "gifd", "preset": "quick", "options": {"latent_steps": 20, "feature_steps": 5}}]
+                       {"name": "gifd", "preset": "quick", "options": {"latent_steps": 20, "feature_steps": 5}},
+                       {"name": "ggl", "preset": "quick", "options": {"evaluations": 40}}]
     spec["include"], spec["utility"], spec["defenses"], spec["batch_sizes"], spec["images"] = [], None, ["none"], [4], 4
     trials = plan(load_spec(spec))
-    assert sorted(t.attack for t in trials) == ["gias", "gifd"]
+    assert sorted(t.attack for t in trials) == ["ggl", "gias", "gifd"]
     for trial in trials:
         result = run_trial(trial, cache_dir=tmp_path)
         assert result.status == "done", result.error

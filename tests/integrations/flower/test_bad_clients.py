@@ -22,6 +22,10 @@ import leakbench as lb  # noqa: E402
 from leakbench.evaluation.store import Store  # noqa: E402
 from leakbench.integrations.flower import AuditStrategy  # noqa: E402
 
+#: a second Flower simulation (~25 s): `make test-slow`.  The default suite keeps test_simulation.py (a simulation
+#: audited round by round) and test_untrusted.py (the audit's budgets and undecidable gates, in-process)
+pytestmark = pytest.mark.slow
+
 CLIENTS, ROUNDS, LR = 5, 2, 0.1
 NAN, LIAR, BLOWN = 2, 3, 4
 

@@ -42,8 +42,6 @@ it would be read from.
 from __future__ import annotations
 
 import abc
-
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -52,22 +50,11 @@ from ...defenses.literature import representation_layer
 from ...errors import expect
 from ...threat import Observation
 from ..base import Reconstruction, register
-from ..solvers.gradient_matching import GradientMatcher
+from ..solvers.gradient_matching import GradientMatcher, MaskedMatcher
 from ..solvers.adaptive_base import MATCH_PRESETS, AdaptiveAttack
 from ..solvers.matching_settings import MatchingSettings
 from ..labels import recover_labels
 from ..solvers.objectives import total_variation
-
-class MaskedMatcher(GradientMatcher):
-    """Gradient matching with the simulated gradient multiplied entry-wise by fixed 0/1 masks."""
-
-    def __init__(self, obs: Observation, settings: MatchingSettings, masks: list[torch.Tensor]) -> None:
-        super().__init__(obs, dataclasses.replace(settings, factorise="off"))
-        self.masks = [m.to(obs.device, obs.dtype) for m in masks]
-
-    def shared_of(self, x, target):
-        return [g * m for g, m in zip(super().shared_of(x, target), self.masks)]
-
 
 class _Masked(AdaptiveAttack):
     Options = MatchingSettings

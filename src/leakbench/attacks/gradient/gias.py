@@ -38,6 +38,7 @@ import torch
 from torch.func import functional_call
 
 from ...errors import expect
+from ...threat import Observation
 from ..base import register
 from ..solvers.generative import GenerativeAttack, GenerativeOptions, Search
 
@@ -118,8 +119,8 @@ class GIAS(GenerativeAttack):
         "colour": {"prior_width": 16, "latent": 32, "prior_steps": 3000},
     }
 
-    def total_steps(self, gen: torch.nn.Module) -> int:
-        return super().total_steps(gen) + self.options.generator_steps
+    def total_steps(self, gen: torch.nn.Module, obs: Observation) -> int:
+        return super().total_steps(gen, obs) + self.options.generator_steps
 
     def refine(self, search: Search, gen: torch.nn.Module, z_best: torch.Tensor, images: torch.Tensor,
                latent_match: float, trace: dict) -> tuple[torch.Tensor, float]:

@@ -33,6 +33,7 @@ import torch
 
 from ...errors import expect
 from ...models.prior import generator_stages
+from ...threat import Observation
 from ..base import register
 from ..solvers.generative import GenerativeAttack, GenerativeOptions, Search
 
@@ -103,8 +104,8 @@ class GIFD(GenerativeAttack):
                f"got {last} (option last_stage)")
         return stages, last
 
-    def total_steps(self, gen: torch.nn.Module) -> int:
-        return super().total_steps(gen) + self.options.feature_steps * self._spaces(gen)[1]
+    def total_steps(self, gen: torch.nn.Module, obs: Observation) -> int:
+        return super().total_steps(gen, obs) + self.options.feature_steps * self._spaces(gen)[1]
 
     def refine(self, search: Search, gen: torch.nn.Module, z_best: torch.Tensor, images: torch.Tensor,
                latent_match: float, trace: dict) -> tuple[torch.Tensor, float]:

@@ -24,6 +24,8 @@ it with breaching's Inverting Gradients at B = 1, 4 and 8.)
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ...threat import Observation
 from ..base import Attack, Reconstruction, register
 from ..labels import recover_labels
@@ -64,3 +66,38 @@ class InvertingGradients(Attack):
 
         return [r if isinstance(r, Exception) else Reconstruction(images=r.images, labels=r.labels, trace=r.trace)
                 for r in solve_observations(observations, seeds, prepare, progress=progress)]
+
+
+#: GradInversion's settings (Yin et al. 2021): Inverting Gradients' ``trained`` preset (the strong TV prior for
+#: trained networks, the output-layer features) with four groups pulled towards their consensus and the BN prior
+#: (used only when the observation grants the batch's statistics; α_BN 0.01 as ``gias``'s tuned BN weight on
+#: CIFAR-10).  α_group chosen on the tuning pool of ``benchmarks/bench_learned_prior.py`` (CIFAR-10 16 × 16,
+#: convnet-16 at accuracy 0.35, B = 4, labels and BN statistics, four batches, dB over grey): 0 (the best of four
+#: independent restarts) −0.97, 0.01 −1.26 (the term ~15× weaker than TV's per pixel: no effect), 1.0 +0.15, higher
+#: than 0 on 4 of 4 batches.  The report-pool rows are in docs/cli.md.
+GRADINVERSION_PRESETS = {
+    "default": {**INVERTING_PRESETS["trained"], "restarts": 4, "group": 1.0, "bn": 0.01},
+    "quick": {**INVERTING_PRESETS["quick"], "restarts": 2, "group": 1.0, "bn": 0.01, "iterations": 100},
+}
+
+
+@register
+class GradInversion(InvertingGradients):
+    """GradInversion (Yin et al. CVPR 2021): gradient matching with fidelity priors (TV, BN statistics) and the group
+    consistency of G jointly optimised runs (:mod:`~leakbench.attacks.solvers.group_matching`).  Labels are
+    granted or recovered from the output layer (the paper's batch label restoration, :mod:`..labels`)."""
+
+    name = "gradinversion"
+    tags = ("gradient", "update", "labels", "bn-stats")
+    preset_revisions = {}
+    presets = GRADINVERSION_PRESETS
+
+    run_batch = Attack.run_batch    # one problem at a time: a problem's groups are already optimised together
+
+    def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
+        """The BN prior where the observation grants the batch's statistics, else off (said in the trace)."""
+        settings = self.options if obs.bn_stats is not None else dataclasses.replace(self.options, bn=0.0)
+        labels = recover_labels(obs, seed=seed)
+        result = GradientMatcher(obs, settings).run(labels, seed=seed, callback=callback, progress=progress)
+        result.trace["bn_prior"] = settings.bn if settings.bn else "off: the observation grants no BN statistics"
+        return Reconstruction(images=result.images, labels=result.labels, trace=result.trace)

@@ -60,6 +60,8 @@ def batch_refusal(matcher: GradientMatcher) -> str | None:
                 "stacked problems would share steps, so it runs one problem at a time")
     if matcher.use_bn:
         return "the batch-norm prior is not stacked: it runs one problem at a time"
+    if s.group > 0:
+        return "group consistency couples a problem's restarts: it runs one problem at a time"
     if obs.kind not in ("gradient", "update"):
         return f"an observation of kind {obs.kind!r} holds no gradient to match"
     return None

@@ -94,6 +94,11 @@ class Search:
         with torch.enable_grad():
             return float(self.matcher.objective(x, self.labels)[1].detach())
 
+    def report(self, x: torch.Tensor, value: float, steps: int = 1) -> None:
+        """Count ``steps`` steps of the simulated gradient, the current images ``x`` at match ``value``."""
+        for _ in range(steps):
+            self._report(x, value)
+
     def _report(self, x: torch.Tensor, value: float) -> None:
         self.done += 1
         if self.callback is not None and (self.done % self.trace_every == 0 or self.done == self.total):
@@ -127,16 +132,20 @@ class Search:
         return curve
 
 
-def latent_search(search: Search, gen: torch.nn.Module, o: GenerativeOptions, rng: torch.Generator
-                  ) -> tuple[torch.Tensor, torch.Tensor, float, dict]:
-    """Stage 1: one code per image, ``o.restarts`` random starts z ~ N(0, I), the best gradient match kept:
-    (codes, images, match, trace)."""
+def latent_search(search: Search, gen: torch.nn.Module, o: GenerativeOptions, rng: torch.Generator, *,
+                  prior=None) -> tuple[torch.Tensor, torch.Tensor, float, dict]:
+    """Stage 1: one code per image, ``o.restarts`` random starts z ~ N(0, I), Adam on the gradient match plus the
+    latent prior (``prior(z)``; default λ_z·mean_i ‖z_i‖²), the best gradient match kept: (codes, images, match,
+    trace)."""
     obs = search.obs
+    if prior is None and o.latent_prior:
+        def prior(z):
+            return o.latent_prior * z.pow(2).sum(1).mean()
     finals, curves, best = [], [], (math.inf, None)
     for _ in range(o.restarts):
         z = torch.randn((obs.batch_size, o.latent), generator=rng).to(obs.device, obs.dtype).requires_grad_(True)
         curve = search.descend([z], lambda z=z: search.box(gen(z)), o.latent_steps, o.latent_lr,
-                               (lambda z=z: o.latent_prior * z.pow(2).sum(1).mean()) if o.latent_prior else None)
+                               (lambda z=z: prior(z)) if prior is not None else None)
         with torch.no_grad():
             x = search.box(gen(z))
         finals.append(search.match_of(x))
@@ -181,11 +190,20 @@ class GenerativeAttack(Attack):
             p.requires_grad_(False)
         return gen, info
 
-    def total_steps(self, gen: torch.nn.Module) -> int:
-        """Steps of the simulated gradient one run with generator ``gen`` takes (what ``progress`` counts to): here
-        the latent search's; a subclass adds its :meth:`refine` stage's."""
+    def total_steps(self, gen: torch.nn.Module, obs: Observation) -> int:
+        """Steps of the simulated gradient one run with generator ``gen`` on ``obs`` takes (what ``progress`` counts
+        to): here the latent search's; a subclass adds its :meth:`refine` stage's."""
         o = self.options
         return o.restarts * o.latent_steps
+
+    def matcher(self, obs: Observation, settings: MatchingSettings) -> GradientMatcher:
+        """The gradient-matching engine of every stage (a defense-aware subclass may transform its gradient)."""
+        return GradientMatcher(obs, settings)
+
+    def first_stage(self, search: Search, gen: torch.nn.Module, rng: torch.Generator
+                    ) -> tuple[torch.Tensor, torch.Tensor, float, dict]:
+        """Stage 1, the search over codes: (codes, images, match, trace); here :func:`latent_search`."""
+        return latent_search(search, gen, self.options, rng)
 
     def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
         o = self.options
@@ -193,13 +211,13 @@ class GenerativeAttack(Attack):
         labels = recover_labels(obs, seed=seed)
         gen, info = self._generator(obs, progress)
         bn = o.bn if obs.bn_stats is not None else 0.0
-        matcher = GradientMatcher(obs, MatchingSettings(iterations=o.latent_steps, distance=o.distance, tv=o.tv, bn=bn,
-                                                        restarts=o.restarts, trace_every=o.trace_every,
-                                                        local_model=o.local_model))
-        search = Search(obs, matcher, labels, total=self.total_steps(gen), trace_every=o.trace_every,
+        matcher = self.matcher(obs, MatchingSettings(iterations=o.latent_steps, distance=o.distance, tv=o.tv, bn=bn,
+                                                     restarts=o.restarts, trace_every=o.trace_every,
+                                                     local_model=o.local_model))
+        search = Search(obs, matcher, labels, total=self.total_steps(gen, obs), trace_every=o.trace_every,
                         schedule=o.schedule, callback=callback, progress=progress)
         rng = torch.Generator(device="cpu").manual_seed(int(seed))
-        z_best, images, latent_match, trace = latent_search(search, gen, o, rng)
+        z_best, images, latent_match, trace = self.first_stage(search, gen, rng)
         images, final = self.refine(search, gen, z_best, images, latent_match, trace)
         grey = torch.full_like(images, sum(obs.data_range) / 2)
         grey_match = search.match_of(grey)

@@ -44,6 +44,7 @@ from ...errors import ConfigError, expect
 from ...losses import get_loss
 from ...progress import keep_here
 from ...threat import Observation
+from .group_matching import run_grouped
 from .last_layer import LastLayerInputs, last_layer_inputs
 from .matching_settings import FACTORISE_MIN, MatchingSettings, MatchResult, initial_images, step_schedule
 from .objectives import GradientDistance, LinearFactors, bn_statistics, layer_weights, total_variation
@@ -336,6 +337,14 @@ class GradientMatcher:
     def targets(self, labels: torch.Tensor, label_logits: torch.Tensor | None) -> torch.Tensor:
         return torch.softmax(label_logits, dim=-1) if label_logits is not None else labels
 
+    def apply_step(self, x: torch.Tensor, grad: torch.Tensor, opt: torch.optim.Optimizer, sched) -> None:
+        """One optimiser step on ``x`` from ``grad`` (its sign with ``signed``), then the box and the schedule."""
+        x.grad = grad.sign() if self.s.signed else grad
+        opt.step()
+        self._clamp(x)
+        if sched is not None:
+            sched.step()
+
     def _clamp(self, x: torch.Tensor) -> None:
         if self.s.box:
             with torch.no_grad():
@@ -354,7 +363,9 @@ class GradientMatcher:
             expect(tuple(init.shape) == shape, f"expected init of shape {shape}, got {tuple(init.shape)}")
         start = time.perf_counter()
         feature_entry = self._prepare_features(labels)
-        if s.batched_restarts and s.restarts > 1 and not s.soft_labels:
+        if s.group > 0:
+            result = run_grouped(self, labels, gen, shape, init, callback, progress)
+        elif s.batched_restarts and s.restarts > 1 and not s.soft_labels:
             result = self._run_batched(labels, gen, shape, init, callback, progress)
         else:
             result = self._run_sequential(labels, gen, shape, init, callback, progress)
@@ -503,11 +514,7 @@ class GradientMatcher:
         matches = None
         for step in range(s.iterations):
             grad, matches = self._batched_objective(xs.detach(), labels)
-            xs.grad = grad.sign() if s.signed else grad
-            opt.step()
-            self._clamp(xs)
-            if sched is not None:
-                sched.step()
+            self.apply_step(xs, grad, opt, sched)
             if step % s.trace_every == 0 or step == s.iterations - 1:
                 values = matches.detach().tolist()
                 curve.append(values)
@@ -525,4 +532,16 @@ class GradientMatcher:
         return MatchResult(images=xs[best_r].detach().clone(), labels=labels, trace=trace)
 
 
-__all__ = ["GradientMatcher"]
+
+class MaskedMatcher(GradientMatcher):
+    """Gradient matching with the simulated gradient multiplied entry-wise by fixed 0/1 masks."""
+
+    def __init__(self, obs: Observation, settings: MatchingSettings, masks: list[torch.Tensor]) -> None:
+        super().__init__(obs, dataclasses.replace(settings, factorise="off"))
+        self.masks = [m.to(obs.device, obs.dtype) for m in masks]
+
+    def shared_of(self, x, target):
+        return [g * m for g, m in zip(super().shared_of(x, target), self.masks)]
+
+
+__all__ = ["GradientMatcher", "MaskedMatcher"]

@@ -76,6 +76,12 @@ class MatchingSettings:
     #: and the exact simulation's later steps blow up, so the search sees a chaotic objective until its candidates
     #: are close (module docstring of :mod:`.gradient_matching`)
     local_model: str = "exact"
+    #: α_group of GradInversion's group consistency (:mod:`.group_matching`; 0: off): the ``restarts`` runs are
+    #: optimised jointly, each pulled towards their pixel-wise mean, refreshed every ``group_every`` steps from
+    #: ``group_from`` of the run on
+    group: float = 0.0
+    group_every: int = 50
+    group_from: float = 0.25
 
     def check(self) -> None:
         expect(self.iterations >= 1, f"expected iterations ≥ 1, got {self.iterations}")
@@ -103,6 +109,15 @@ class MatchingSettings:
                                      ("factorise", self.factorise, FACTORISE),
                                      ("local_model", self.local_model, LOCAL_MODELS)):
             expect(value in allowed, f"expected {name} in {allowed}, got {value!r} (option {name})")
+        expect(math.isfinite(self.group) and self.group >= 0, f"expected group ≥ 0, got {self.group} (option group)")
+        expect(isinstance(self.group_every, int) and self.group_every >= 1,
+               f"expected an integer group_every ≥ 1, got {self.group_every!r} (option group_every)")
+        expect(0 <= self.group_from < 1, f"expected 0 ≤ group_from < 1, got {self.group_from} (option group_from)")
+        if self.group > 0:
+            expect(self.restarts >= 2, f"option group needs restarts ≥ 2 (the groups whose consensus is formed), "
+                   f"got restarts={self.restarts}")
+            expect(self.optimizer != "lbfgs" and not self.batched_restarts and not self.soft_labels,
+                   "option group works with adam or sgd, batched_restarts=False and soft_labels=False")
         expect(not (self.batched_restarts and self.optimizer == "lbfgs"),
                "batched_restarts works with adam or sgd, not lbfgs (option batched_restarts)")
 

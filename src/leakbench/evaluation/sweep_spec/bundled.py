@@ -5,7 +5,7 @@
 Table 4's grids and budgets) for a GPU or a Ray cluster: ``leakbench evaluate --preset liu2024``;
 ``malicious`` is the malicious server's active attacks (trap weights, class fishing, the imprint block) under
 secure aggregation and FedAvg local epochs, with the client's check of every shipped model;
-``learned-prior`` is the generative attacks (``gias``, ``gifd``) against pixel-space matching on a ConvNet trained
+``learned-prior`` is the generative attacks (``gias``, ``gifd``, ``ggl``) against pixel-space matching on a ConvNet trained
 on digits the image prior never saw, centrally and along a FedAvg run.
 """
 from __future__ import annotations
