@@ -175,7 +175,7 @@ class GenerativeAttack(Attack):
             return [f"{self.name} generates images C×H×W, the observation's inputs have shape {tuple(obs.input_shape)}"]
         return []
 
-    def _generator(self, obs: Observation, progress) -> tuple[torch.nn.Module, dict]:
+    def _generator(self, obs: Observation) -> tuple[torch.nn.Module, dict]:
         o = self.options
         if o.generator == "auto":
             config = PriorConfig(latent=o.latent, width=o.prior_width, steps=o.prior_steps, seed=o.prior_seed)
@@ -209,7 +209,7 @@ class GenerativeAttack(Attack):
         o = self.options
         start = time.perf_counter()
         labels = recover_labels(obs, seed=seed)
-        gen, info = self._generator(obs, progress)
+        gen, info = self._generator(obs)
         bn = o.bn if obs.bn_stats is not None else 0.0
         matcher = self.matcher(obs, MatchingSettings(iterations=o.latent_steps, distance=o.distance, tv=o.tv, bn=bn,
                                                      restarts=o.restarts, trace_every=o.trace_every,
