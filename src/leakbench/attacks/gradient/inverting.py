@@ -54,9 +54,14 @@ class InvertingGradients(Attack):
             reasons.append("the TV prior needs image inputs C×H×W; set tv=0 for vector data")
         return reasons
 
+    def settings_for(self, obs: Observation) -> MatchingSettings:
+        """The matching settings this observation is solved with (here the options as given)."""
+        return self.options
+
     def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
         labels = recover_labels(obs, seed=seed)
-        result = GradientMatcher(obs, self.options).run(labels, seed=seed, callback=callback, progress=progress)
+        result = GradientMatcher(obs, self.settings_for(obs)).run(labels, seed=seed, callback=callback,
+                                                                  progress=progress)
         return Reconstruction(images=result.images, labels=result.labels, trace=result.trace)
 
     def run_batch(self, observations, seeds, *, progress=None) -> list[Reconstruction | Exception]:
@@ -94,10 +99,12 @@ class GradInversion(InvertingGradients):
 
     run_batch = Attack.run_batch    # one problem at a time: a problem's groups are already optimised together
 
+    def settings_for(self, obs: Observation) -> MatchingSettings:
+        """The BN prior where the observation grants the batch's statistics, else off."""
+        return self.options if obs.bn_stats is not None else dataclasses.replace(self.options, bn=0.0)
+
     def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
-        """The BN prior where the observation grants the batch's statistics, else off (said in the trace)."""
-        settings = self.options if obs.bn_stats is not None else dataclasses.replace(self.options, bn=0.0)
-        labels = recover_labels(obs, seed=seed)
-        result = GradientMatcher(obs, settings).run(labels, seed=seed, callback=callback, progress=progress)
-        result.trace["bn_prior"] = settings.bn if settings.bn else "off: the observation grants no BN statistics"
-        return Reconstruction(images=result.images, labels=result.labels, trace=result.trace)
+        rec = super().run(obs, seed=seed, callback=callback, progress=progress)
+        bn = self.settings_for(obs).bn
+        rec.trace["bn_prior"] = bn if bn else "off: the observation grants no BN statistics"
+        return rec
