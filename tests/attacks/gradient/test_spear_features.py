@@ -38,9 +38,9 @@ def test_a_batch_of_32_is_recovered_exactly_and_certified(digits):
 
 
 def test_no_sample_is_certified_wrongly_when_the_layer_is_too_narrow(digits):
-    # 256 neurons for 32 non-negative, similar feature vectors: most share every neuron with another
+    # 128 neurons for 32 non-negative, similar feature vectors: most share every neuron with another
     x, y = digits.batch(32, seed=3)
-    rec = lb.attack("spear-features", lb.observe(_net(width=256), x, y), preset="quick")
+    rec = lb.attack("spear-features", lb.observe(_net(width=128), x, y), preset="quick")
     err, certified = _matched_errors(rec, x)
     assert 0 < int(certified.sum()) < 32
     assert float(err[certified].max()) < 1e-4
@@ -69,3 +69,15 @@ def test_bad_options_are_one_line(digits):
     for options, field in (({"steps": -1}, "steps"), ({"lr": 0.0}, "lr"), ({"image_tol": 2.0}, "image_tol")):
         with pytest.raises(lb.ConfigError, match=f"option {field}"):
             lb.attack("spear-features", obs, **options)
+
+
+def test_samples_sharing_every_neuron_are_told_apart_on_the_whole_gradient(digits):
+    # 256 neurons for 32 similar feature vectors: peeling stalls after 9 (the rest share every neuron with another),
+    # and SPEAR's kernels shared by several samples, split by the rows exclusive to one of them within the kernel,
+    # give the other 23 (before: 8 of 32 certified), certified and exact
+    x, y = digits.batch(32, seed=3)
+    rec = lb.attack("spear-features", lb.observe(_net(width=256), x, y), preset="quick")
+    err, certified = _matched_errors(rec, x)
+    assert bool(certified.all()) and float(err.max()) < 1e-5, (int(certified.sum()), float(err.max()))
+    first = rec.trace["passes"][0]
+    assert first["peeled"] < 32 and first["peeled"] + first["spear"] == 32

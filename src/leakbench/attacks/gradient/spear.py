@@ -31,6 +31,15 @@ span of those taken (a mixture comes after both of its samples: it has fewer zer
 fewer than B are found, the missing columns are completed with the best rejected proposals, the batch
 X̂ = Q̂⁻¹R solved, and its rows become new candidate inputs (``rounds`` times).
 
+Shared kernels (ours).  On similar images a candidate's most negative rows are often inactive for several samples
+at once: the kernel of L there is a-dimensional (2 ≤ a ≤ ``SPLIT``), span{q_i : i inactive on every picked row},
+and SPEAR's filter rejects it.  Restricted to that kernel V, L V is the layer gradient of those a samples alone
+(the dual rows of every other sample vanish on V), so Pan et al.'s exclusivity only has to hold among the a:
+rows active for one of them alone are parallel, one group per sample, and each q_i is the kernel of the other
+groups (:func:`~leakbench.attacks.solvers.sparse_span.separate`).  Those proposals pass the same filter, refinement
+and selection as the others, and a proposal must vanish on more rows than it was read from (plus the dead ones
+and r/8): a kernel of rows that do not span vanishes on little more.
+
 SPEAR's certificates (per sample, :func:`~leakbench.attacks.solvers.sparse_span.certify`): the recovered x̂_i's own
 activation pattern reproduces the zero pattern of δ̂_i (SPEAR's sparsity matching), and Δ̂ᵀX̂ reproduces
 ∂L/∂W on the rows where i is active and Δ̂ᵀ1 reproduces ∂L/∂b (relative ``tol``).  With all B columns of
@@ -74,6 +83,13 @@ squares with the unknown rest, [Δ̂_Fᵀ S][X_F; Y] = ∂L/∂W, Δ̂_F recompu
 errors do not pile up in the rows later passes read.  From the first provisional subtraction on nothing is
 certified on its own (a re-solve at global round-off still left one sample 6e-4 off at B = 128): the batch is
 certified only by the joint certificate once all B are found.
+
+The whole gradient (ours).  When peeling and SPEAR on the residual stall with samples missing, the residual
+carries the error of provisional subtractions and its zeros are no longer exact; the whole gradient's are.  SPEAR
+then runs once more on the whole gradient (``trace["complete"]``, a budget of its own ``seconds``), every sample
+found so far proposing first (its own direction, and the kernels it shares with the similar samples still
+missing).  With all B directions X = Q⁻¹R/s is exact, and the batch is kept only under the joint certificate.
+Re-solves of the found samples (``_refine_found``) hold the certified ones fixed.
 
 Limits, said in ``trace``: ``rank`` and ``rank_deficient`` (SPEAR alone would stop there), ``passes`` (how many
 each pass peeled and SPEAR certified), ``unrecovered`` (samples that share every neuron with another and sit
@@ -123,6 +139,11 @@ __all__ = ["Spear", "SpearOptions"]
 
 #: rows of L whose kernel is proposed, as multiples of the rank (Theorem 3.3 needs ≥ B − 1 of them).
 ROW_FACTORS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+#: kernels shared by up to this many samples are split into their samples (``sparse_span.separate``).
+SPLIT = 16
+#: on the whole gradient (exact zeros) also 1.25 B rows, first: more kernels of few samples (measured on a digits-like
+#: B = 256 gradient: 176 of 256 directions from 1.25 B rows against 150 from 1.5 B)
+WHOLE_FACTORS = (1.25,) + ROW_FACTORS
 #: at most this many rows per kernel (bounds the cost at large B: K candidates × rows × B²).
 MAX_ROWS = 512
 #: scales at which a completed (not yet exact) sample is re-proposed, both signs.
@@ -156,8 +177,9 @@ class Spear(Attack):
     tags = ("gradient", "update")
     Options = SpearOptions
     presets = {"quick": {"rounds": 2}}
-    preset_revisions = {"default": 2, "quick": 2}  # 1: peeling, precision-gated certificates, option seconds;
-    # 2: updates of several local steps (replay certificate), an update's storage round-off in the row bounds
+    preset_revisions = {"default": 3, "quick": 3}  # 1: peeling, precision-gated certificates, option seconds;
+    # 2: updates of several local steps (replay certificate), an update's storage round-off in the row bounds;
+    # 3: shared kernels split, SPEAR on the whole gradient when the residual stalls
 
     def requirements(self, obs: Observation) -> list[str]:
         reasons = analytic_reasons(obs, attack=self.name, batch_one=False, several_steps=True)
@@ -261,7 +283,35 @@ class Spear(Attack):
                 scale = self._scale_from(grads, x_hat[found], labels, deltas[found])
                 trace["scale"] = scale
             estimates = None
+        if res.count < batch and spanned and grads is not None and scale is not None:
+            res, estimates = self._complete(obs, grad_w, grad_b, weight, bias, res, estimates, grads,
+                                            (rcond, zero_tol, null_tol, tol), trace)
         return self._assemble(obs, chain, res, estimates, grads, trace)
+
+    def _complete(self, obs: Observation, grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor, res: Residual, estimates, grads: SampleGradients,
+                  tolerances: tuple[float, float, float, float], trace: dict):
+        """SPEAR on the whole gradient once peeling and the residual's SPEAR stall (ours): the residual carries the
+        error of provisional subtractions (its zeros are no longer exact), the whole gradient does not.  Every
+        sample found so far proposes its own direction (the kernel of L on the rows it leaves inactive) and, with the
+        gradient's rows, the kernels shared with the similar samples still missing, which
+        :func:`~leakbench.attacks.solvers.sparse_span.separate` tells apart.  With all B directions X = Q⁻¹R/s, and the
+        batch is kept only under the joint certificate (:meth:`_joint`); otherwise nothing changes."""
+        batch = obs.batch_size
+        lo, hi = obs.data_range
+        self._deadline = time.perf_counter() + self.options.seconds if self.options.seconds else float("inf")
+        x_hat, deltas, _, _, info = self._factorise(grad_w, grad_b, weight, bias, batch, tolerances, obs.device,
+                                                    hi - lo, extra=torch.stack(res.inputs) if res.count else None,
+                                                    factors=WHOLE_FACTORS)
+        trace["complete"] = {k: v for k, v in info.items() if not isinstance(v, list)}
+        if x_hat is None or info.get("found", 0) < batch:
+            return res, estimates
+        fresh = Residual.start(grad_w, grad_b, res.eps, 0.0, res.floor)   # spanned: σ_{B+1} is round-off
+        trial = self._joint(fresh, grads, (x_hat, deltas), obs, trace)
+        if trial.count == batch and all(trial.certified):
+            trial.how = ["spear (whole gradient)"] * batch
+            return trial, None
+        return res, estimates
 
     def _run_local(self, obs: Observation, chain, grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor,
                    bias: torch.Tensor, tolerances: tuple[float, float, float, float], trace: dict) -> Reconstruction:
@@ -322,33 +372,41 @@ class Spear(Attack):
         the original one): with Δ_F fixed, [Δ_Fᵀ S] (m×(k+r), full column rank) times [X_F; Y] = ∂L/∂W is linear
         and its least-squares solution gives X_F exactly once Δ_F and S are exact; Δ_F is recomputed from X_F
         and the labels and S from the new residual, a few times.  Kept only when the fit reproduces ∂L/∂W better
-        than before; the residual's bounds are then those of round-off.  Returns the relative misfit."""
-        x = torch.stack(res.inputs)
-        labels = torch.tensor(res.labels, dtype=torch.long, device=x.device)
-        deltas = torch.stack(res.deltas)
-        r = batch - x.shape[0]
+        than before; the residual's bounds are then those of round-off.  Certified samples are held fixed (their
+        contribution is known): a fit at round-off of the whole gradient moved them by up to 1e-5 (relative) on a
+        narrow layer, which a later exact step (the features' inversion of ``spear-features``) does not survive.
+        Returns the relative misfit."""
+        x_all = torch.stack(res.inputs)
+        labels_all = torch.tensor(res.labels, dtype=torch.long, device=x_all.device)
+        deltas_all = torch.stack(res.deltas)
+        free = ~torch.tensor(res.certified, dtype=torch.bool, device=x_all.device)
+        target = grad_w - deltas_all[~free].T @ x_all[~free]
+        x, deltas, labels = x_all[free], deltas_all[free], labels_all[free]
+        r = batch - x_all.shape[0]
         norm = float(grad_w.norm().clamp_min(torch.finfo(grad_w.dtype).tiny))
-        best = float((grad_w - deltas.T @ x).norm())
+        best = float((target - deltas.T @ x).norm())
         kept = None
-        for _ in range(steps):
-            resid = grad_w - deltas.T @ x
+        for _ in range(steps if x.shape[0] else 0):
+            resid = target - deltas.T @ x
             span = left @ torch.linalg.svd(left.T @ resid, full_matrices=False)[0][:, :r]
             system = torch.cat([deltas.T, span], 1)
             try:
-                solved = lstsq(system, grad_w)
+                solved = lstsq(system, target)
             except (RuntimeError, torch.linalg.LinAlgError):
                 break
             trial = solved[:x.shape[0]]
             if not bool(torch.isfinite(trial).all()):
                 break
             trial_deltas = scale * grads(trial, labels)
-            fit = float((grad_w - torch.cat([trial_deltas.T, span], 1) @ torch.cat([trial, solved[x.shape[0]:]])).norm())
+            fit = float((target - torch.cat([trial_deltas.T, span], 1) @ torch.cat([trial, solved[x.shape[0]:]])).norm())
             if not fit < best:
                 break
             best, x, deltas = fit, trial, trial_deltas
-            kept = float((grad_w - deltas.T @ x).norm())
+            kept = float((target - deltas.T @ x).norm())
         if kept is None or best / norm > REFINED * res.eps:
             return best / norm        # not at round-off: a found sample is off (or a pattern flipped); keep the state
+        x_all[free], deltas_all[free] = x, deltas
+        x, deltas = x_all, deltas_all
         res.inputs, res.deltas = list(x), list(deltas)
         res.grad_w, res.grad_b = grad_w - deltas.T @ x, grad_b - deltas.sum(0)
         # every found sample is now exact to the gradient's round-off: the bounds of a subtraction at that precision
@@ -491,7 +549,8 @@ class Spear(Attack):
         res.grad_w, res.grad_b = target_w - deltas.T @ x, target_b - deltas.sum(0)
 
     def _factorise(self, grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                   batch: int, tolerances: tuple[float, float, float, float], device, width: float = 1.0
+                   batch: int, tolerances: tuple[float, float, float, float], device, width: float = 1.0,
+                   extra: torch.Tensor | None = None, factors: tuple[float, ...] = ROW_FACTORS
                    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, dict]:
         """SPEAR's Algorithm 1 on a (residual) gradient of ``batch`` samples: the estimates X̂ (rank×n), their δ̂,
         which pass SPEAR's pattern certificate and which of those are also precise (estimated max-abs error
@@ -514,22 +573,29 @@ class Spear(Attack):
             return None, None, none, none, info
         left, right = dec.left, dec.right
         live = ~exact_zeros(grad_w.norm(dim=1, keepdim=True), zero_tol)[:, 0]   # neurons some sample activates
+        dead = int((~live).sum())
         found = torch.zeros(rank, 0, dtype=torch.float64, device=device)
         spare = torch.zeros(rank, 0, dtype=torch.float64, device=device)
         inputs = row_inputs(grad_w, grad_b, live, o.candidates)
+        if extra is not None:   # samples already found (approximately) propose first
+            inputs = torch.cat([extra.reshape(extra.shape[0], -1).to(inputs), inputs])
         selected = found
         # a rank-deficient batch has no exact columns to complete or repair: one pass finds the samples outside
         # every dependency (if any), further rounds would only spend time
         last = o.rounds if rank == batch else 0
         for round_ in range(last + 1):
             info["rounds"] = round_ + 1
-            for factor in ROW_FACTORS:  # fewest rows first; stop as soon as B directions are selected
+            for factor in factors:  # fewest rows first; stop as soon as B directions are selected
                 rows = min(max(int(factor * rank), rank - 1), int(live.sum()), MAX_ROWS)
                 if rows < max(rank - 1, 1):
                     continue
-                q, ok = directions_from_inputs(left, weight, bias, inputs, rows=rows, null_tol=null_tol, live=live)
-                exact, _, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank))
-                keep = ok & single
+                q, ok = directions_from_inputs(left, weight, bias, inputs, rows=rows, null_tol=null_tol, live=live,
+                                               split=SPLIT)
+                exact, zeros, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank))
+                # SPEAR's sparsity filter: a sample's kernel vanishes on its whole zero set, beyond the rows it was
+                # read from; a kernel of rows that do not span (few rows, each active for few samples) vanishes on
+                # little more than those rows and the dead ones
+                keep = ok & single & (zeros >= rows + dead + max(4, rank // 8))
                 found = torch.cat([found, exact[:, keep]], 1)
                 found = found[:, unique_columns(found)]
                 spare = torch.cat([spare, q[:, ~keep]], 1)
@@ -560,6 +626,10 @@ class Spear(Attack):
             grid = SCALES.to(redo)[torch.linspace(0, len(SCALES) - 1, max(2, min(len(SCALES), o.candidates //
                                                                                  max(1, redo.shape[0])))).long()]
             inputs = (grid[:, None, None] * redo[None]).reshape(-1, redo.shape[1])[: o.candidates]
+            if extra is not None and disagree is None:
+                # on the whole gradient the selected samples' rows propose too: X̂_F = X_F + A X_U is near X_F, and
+                # its kernels are shared with the similar samples still missing
+                inputs = torch.cat([solved[: selected.shape[1]], inputs])
             inputs = inputs[torch.isfinite(inputs).all(1)]
         info["found"] = int(selected.shape[1])
         q_full = complete_basis(left, selected, spare)

@@ -25,7 +25,7 @@ import torch
 
 from .linalg import lstsq
 
-__all__ = ["Decomposition", "decompose", "directions_from_inputs", "exact_zeros", "refine", "unique_columns",
+__all__ = ["Decomposition", "decompose", "directions_from_inputs", "separate", "exact_zeros", "refine", "unique_columns",
            "scales", "certify", "Certificate", "strays"]
 
 
@@ -61,20 +61,22 @@ def exact_zeros(values: torch.Tensor, tol: float) -> torch.Tensor:
 
 
 def directions_from_inputs(left: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, inputs: torch.Tensor, *,
-                           rows: int, null_tol: float, live: torch.Tensor | None = None, chunk: int = 64
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+                           rows: int, null_tol: float, live: torch.Tensor | None = None, chunk: int = 64,
+                           split: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel directions of L on the ``rows`` rows where each candidate input is most surely inactive.
 
     ``left`` is L (m×r), ``weight``/``bias`` the layer (m×n, m), ``inputs`` the candidates (K×n).  A candidate
     near a true sample x_i is inactive with a wide margin on rows of sample i's zero set Z_i, whose kernel in L
     is q_i alone (Theorem: q_i ⊥ L_j for j ∈ Z_i).  Returns directions (r×K, unit) and whether each kernel is
     one-dimensional (σ_r ≤ ``null_tol``·σ_1 < σ_{r−1}/100); rows outside ``live`` (neurons no sample
-    activates: zero, or noise only) are never picked.
+    activates: zero, or noise only) are never picked.  A kernel of dimension 2 … ``split`` (several similar
+    samples inactive on every picked row) is told apart by :func:`separate`; its directions are appended (flagged
+    one-dimensional: their own kernel is checked by :func:`refine`).
     """
     r = left.shape[1]
     norms = weight.norm(dim=1).clamp_min(torch.finfo(weight.dtype).tiny)
     dead = left.norm(dim=1) == 0 if live is None else ~live
-    out, ok = [], []
+    out, ok, extra = [], [], []
     for start in range(0, inputs.shape[0], chunk):
         part = inputs[start:start + chunk]
         margin = (part @ weight.T + bias) / norms
@@ -86,7 +88,62 @@ def directions_from_inputs(left: torch.Tensor, weight: torch.Tensor, bias: torch
         out.append(evecs[:, :, 0])
         top = sv[:, -1].clamp_min(torch.finfo(sv.dtype).tiny)
         ok.append((sv[:, 0] <= null_tol * top) & (sv[:, 1] > 100 * sv[:, 0]) if r >= 2 else sv[:, 0] > 0)
-    return torch.cat(out).T, torch.cat(ok)
+        if split >= 2 and r > 2:
+            dims = (sv <= null_tol * top[:, None]).sum(1)
+            above = sv.gather(1, dims.clamp(max=r - 1)[:, None])[:, 0]
+            below = sv.gather(1, (dims - 1).clamp(min=0)[:, None])[:, 0]
+            shared = (dims >= 2) & (dims <= split) & (above > 100 * below)
+            for c in shared.nonzero().flatten().tolist():
+                found = separate(left, evecs[c, :, : int(dims[c])], ~dead)
+                if found is not None:
+                    extra.append(found)
+    directions = torch.cat(out).T
+    if not extra:
+        return directions, torch.cat(ok)
+    more = torch.cat(extra, 1)
+    return (torch.cat([directions, more], 1),
+            torch.cat(ok + [torch.ones(more.shape[1], dtype=torch.bool, device=left.device)]))
+
+
+#: rows of a shared kernel whose directions agree to this (1 − |cos|) belong to one sample alone.
+SAME_ROW = 1e-9
+#: a sample is told apart only by a group of at least this many rows exclusive to it within the kernel.
+GROUP_ROWS = 3
+
+
+def separate(left: torch.Tensor, basis: torch.Tensor, live: torch.Tensor) -> torch.Tensor | None:
+    """The samples of a shared kernel told apart: directions of L's kernel V (r×a) on rows several samples leave
+    inactive (ours).
+
+    Each row j of L V is Σ_i δ_ij (Q⁻¹)_i V over the samples i active on j, and (Q⁻¹)_i V = 0 for a sample outside
+    the kernel, so L V is the layer gradient of the a kernel samples alone.  Exclusivity (Pan et al. 2022) then
+    only has to hold among those a: a row active for one of them alone is parallel to that sample's dual row,
+    and the many such rows of each sample (similar images still differ on hundreds of neurons) form a group of
+    rows equal up to scale.  With one group per sample, sample k's direction is the kernel of the other groups'
+    directions, V c_k.  None when fewer than a groups of ``GROUP_ROWS`` rows are found.
+    """
+    a = basis.shape[1]
+    rows = (left @ basis)[live]
+    norms = rows.norm(dim=1)
+    rows = rows[norms > 1e-6 * norms.amax().clamp_min(torch.finfo(rows.dtype).tiny)]
+    unit = rows / rows.norm(dim=1, keepdim=True)
+    same = (unit @ unit.T).abs() > 1 - SAME_ROW
+    size = same.sum(1)
+    taken = torch.zeros(unit.shape[0], dtype=torch.bool, device=unit.device)
+    groups = []
+    for j in size.argsort(descending=True).tolist():
+        if int(size[j]) < GROUP_ROWS or len(groups) == a:
+            break
+        if not taken[j]:
+            groups.append(unit[j])
+            taken |= same[j]
+    if len(groups) < a:
+        return None
+    duals = torch.stack(groups)                                          # a×a, one row direction per sample
+    others = duals[None].expand(a, a, a).masked_fill(torch.eye(a, dtype=torch.bool, device=duals.device)[:, :, None],
+                                                     0.0)               # for each k: the other samples' rows
+    coeffs = torch.linalg.eigh(others.transpose(1, 2) @ others)[1][:, :, 0]   # a×a: c_k ⊥ every other group
+    return basis @ coeffs.T
 
 
 def refine(left: torch.Tensor, directions: torch.Tensor, *, zero_tol: float, null_tol: float, stray: int = 1

@@ -24,7 +24,8 @@ class SpearOptions:
     candidates: int = 1024
     #: rounds of completing Q with the best rejected proposals and re-proposing from the solved batch.
     rounds: int = 4
-    #: wall-clock budget in seconds for SPEAR's rounds (0 = none); peeling passes are not cut.
+    #: wall-clock budget in seconds for SPEAR's rounds, and again for its pass on the whole gradient (0 = none);
+    #: peeling passes are not cut.
     seconds: float = 60.0
 
     def check(self) -> None:
