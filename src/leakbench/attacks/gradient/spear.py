@@ -130,34 +130,15 @@ from ..solvers.local_replay import replay_certificate
 from ..solvers.spear_options import SpearOptions
 from ..solvers.peeling import (UPDATE_ULPS, Residual, SampleGradients, candidate_scale, peel_pass, residual_span,
                                update_floor)
-from ..solvers.spear_search import (complete_basis, pattern_disagreements, repair_directions,
-                                    row_inputs, sample_precision, select_directions)
-from ..solvers.sparse_span import (certify, decompose, directions_from_inputs, exact_zeros, refine, scales, strays,
-                                   unique_columns)
+from ..solvers.spear_factorise import PRECISION, WHOLE_FACTORS, factorise
 
 __all__ = ["Spear", "SpearOptions"]
 
-#: rows of L whose kernel is proposed, as multiples of the rank (Theorem 3.3 needs ≥ B − 1 of them).
-ROW_FACTORS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
-#: kernels shared by up to this many samples are split into their samples (``sparse_span.separate``).
-SPLIT = 16
-#: on the whole gradient (exact zeros) also 1.25 B rows, first: more kernels of few samples (measured on a digits-like
-#: B = 256 gradient: 176 of 256 directions from 1.25 B rows against 150 from 1.5 B)
-WHOLE_FACTORS = (1.25,) + ROW_FACTORS
-#: at most this many rows per kernel (bounds the cost at large B: K candidates × rows × B²).
-MAX_ROWS = 512
-#: scales at which a completed (not yet exact) sample is re-proposed, both signs.
-SCALES = torch.cat([torch.logspace(-0.7, 0.7, 15), -torch.logspace(-0.7, 0.7, 15)]).double()
 #: ulps of the observation's dtype a peeled row's round-off bound starts at.
 PEEL_ULPS = 4.0
-#: a SPEAR sample is certified only when its estimated max-abs error is below this fraction of the data range
-#: (the estimate runs ~10× above the measured error of exact samples, and far below that of imprecise ones).
-PRECISION = 1e-4
 #: on an update of several local steps a sample is certified only when its precision estimate is this many times
 #: below ``PRECISION`` (the estimate reached 1.2× the true error there; on one-step gradients it runs ~10× above)
 LOCAL_HEADROOM = 3.0
-#: a zero of a noised gradient is below this many times its noise level (σ_{B+1}/σ_1 of ∂L/∂W).
-NOISE_ZEROS = 10.0
 #: the found samples' joint re-solve is kept when it reproduces ∂L/∂W to this many times the round-off bound.
 REFINED = 30.0
 
@@ -259,8 +240,9 @@ class Spear(Attack):
                 progress(res.count, batch, float(remaining))
             if remaining == 0:
                 break
-            x_hat, deltas, found, precise, info = self._factorise(
-                res.grad_w, res.grad_b, weight, bias, remaining, (rcond, zero_tol, null_tol, tol), obs.device, hi - lo)
+            x_hat, deltas, found, precise, info = factorise(
+                res.grad_w, res.grad_b, weight, bias, remaining, (rcond, zero_tol, null_tol, tol), obs.device, hi - lo,
+                options=o, deadline=self._deadline)
             trace["passes"][-1].update({"spear": int((found & precise).sum()) if x_hat is not None else 0, **info})
             trace["rounds"] += info.get("rounds", 0)
             if x_hat is None:
@@ -300,9 +282,10 @@ class Spear(Attack):
         batch = obs.batch_size
         lo, hi = obs.data_range
         self._deadline = time.perf_counter() + self.options.seconds if self.options.seconds else float("inf")
-        x_hat, deltas, _, _, info = self._factorise(grad_w, grad_b, weight, bias, batch, tolerances, obs.device,
-                                                    hi - lo, extra=torch.stack(res.inputs) if res.count else None,
-                                                    factors=WHOLE_FACTORS)
+        x_hat, deltas, _, _, info = factorise(grad_w, grad_b, weight, bias, batch, tolerances, obs.device, hi - lo,
+                                              options=self.options, deadline=self._deadline,
+                                              extra=torch.stack(res.inputs) if res.count else None,
+                                              factors=WHOLE_FACTORS)
         trace["complete"] = {k: v for k, v in info.items() if not isinstance(v, list)}
         if x_hat is None or info.get("found", 0) < batch:
             return res, estimates
@@ -322,8 +305,8 @@ class Spear(Attack):
         images = torch.full((batch, n), (lo + hi) / 2, dtype=torch.float64, device=obs.device)
         labels = torch.zeros(batch, dtype=torch.long, device=obs.device)
         grads = self._sample_gradients(obs, chain)
-        x_hat, deltas, _, _, info = self._factorise(grad_w, grad_b, weight, bias, batch, tolerances, obs.device,
-                                                    hi - lo)
+        x_hat, deltas, _, _, info = factorise(grad_w, grad_b, weight, bias, batch, tolerances, obs.device, hi - lo,
+                                              options=self.options, deadline=self._deadline)
         # on updates the precision estimate ran at up to 1.2× the true error (trained mlp:1000, 5 and 20 steps),
         # not ~10× above it as on gradients: the certificate asks for headroom
         precise = torch.tensor(info.get("precision", []), dtype=torch.float64, device=obs.device) <= \
@@ -547,109 +530,6 @@ class Spear(Attack):
             best, x, deltas = residual, trial, trial_deltas
         res.inputs, res.deltas = list(x), list(deltas)
         res.grad_w, res.grad_b = target_w - deltas.T @ x, target_b - deltas.sum(0)
-
-    def _factorise(self, grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                   batch: int, tolerances: tuple[float, float, float, float], device, width: float = 1.0,
-                   extra: torch.Tensor | None = None, factors: tuple[float, ...] = ROW_FACTORS
-                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, dict]:
-        """SPEAR's Algorithm 1 on a (residual) gradient of ``batch`` samples: the estimates X̂ (rank×n), their δ̂,
-        which pass SPEAR's pattern certificate and which of those are also precise (estimated max-abs error
-        ≤ ``PRECISION``·``width``), or None when the gradient is zero or the directions are singular."""
-        o = self.options
-        rcond, zero_tol, null_tol, tol = tolerances
-        dec = decompose(grad_w, batch, rcond)
-        rank = dec.rank
-        info: dict = {"rank": rank, "batch": batch, "rounds": 0}
-        if dec.spectrum.numel() > batch and float(dec.spectrum[0]) > 0:
-            # a noised gradient's zeros sit at the noise level: the first singular value past B measures it
-            noise = float(dec.spectrum[batch] / dec.spectrum[0])
-            zero_tol, null_tol = max(zero_tol, NOISE_ZEROS * noise), max(null_tol, NOISE_ZEROS * noise)
-        info["zero_tol"] = zero_tol
-        none = torch.zeros(0, dtype=torch.bool, device=device)
-        if rank < batch:
-            info["rank_deficient"] = (f"∂L/∂W has rank {rank} < batch {batch}: the inputs are linearly dependent, "
-                                      "so samples inside a dependency cannot be separated (Theorem 3.2 needs rank B)")
-        if rank == 0:
-            return None, None, none, none, info
-        left, right = dec.left, dec.right
-        live = ~exact_zeros(grad_w.norm(dim=1, keepdim=True), zero_tol)[:, 0]   # neurons some sample activates
-        dead = int((~live).sum())
-        found = torch.zeros(rank, 0, dtype=torch.float64, device=device)
-        spare = torch.zeros(rank, 0, dtype=torch.float64, device=device)
-        inputs = row_inputs(grad_w, grad_b, live, o.candidates)
-        if extra is not None:   # samples already found (approximately) propose first
-            inputs = torch.cat([extra.reshape(extra.shape[0], -1).to(inputs), inputs])
-        selected = found
-        # a rank-deficient batch has no exact columns to complete or repair: one pass finds the samples outside
-        # every dependency (if any), further rounds would only spend time
-        last = o.rounds if rank == batch else 0
-        for round_ in range(last + 1):
-            info["rounds"] = round_ + 1
-            for factor in factors:  # fewest rows first; stop as soon as B directions are selected
-                rows = min(max(int(factor * rank), rank - 1), int(live.sum()), MAX_ROWS)
-                if rows < max(rank - 1, 1):
-                    continue
-                q, ok = directions_from_inputs(left, weight, bias, inputs, rows=rows, null_tol=null_tol, live=live,
-                                               split=SPLIT)
-                exact, zeros, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank))
-                # SPEAR's sparsity filter: a sample's kernel vanishes on its whole zero set, beyond the rows it was
-                # read from; a kernel of rows that do not span (few rows, each active for few samples) vanishes on
-                # little more than those rows and the dead ones
-                keep = ok & single & (zeros >= rows + dead + max(4, rank // 8))
-                found = torch.cat([found, exact[:, keep]], 1)
-                found = found[:, unique_columns(found)]
-                spare = torch.cat([spare, q[:, ~keep]], 1)
-                if selected.shape[1] < rank:  # once B are selected, new directions only enter by repair swaps
-                    selected = select_directions(left, found, zero_tol)
-                if selected.shape[1] >= rank and round_ == 0:  # later rounds have few candidates: try every k
-                    break
-                if time.perf_counter() > self._deadline:
-                    info["time_budget"] = f"stopped after {o.seconds:g} s (option seconds)"
-                    break
-            spare = spare[:, exact_zeros(left @ spare, 1e-3).sum(0).argsort(descending=True)[: 4 * rank]]
-            disagree = None
-            if selected.shape[1] >= rank and rank == batch:
-                selected, swapped = repair_directions(left, right, weight, bias, grad_b, selected, found, zero_tol)
-                info["swaps"] = info.get("swaps", 0) + swapped
-                disagree = pattern_disagreements(left, right, weight, bias, grad_b, selected, zero_tol)
-            missing = rank - selected.shape[1] if disagree is None else int((disagree > 0).sum())
-            if missing == 0 or round_ == last or "time_budget" in info:
-                break
-            completed = complete_basis(left, selected, spare)
-            s, _ = scales(left, completed, grad_b)
-            solved = torch.linalg.solve(completed, right) / s[:, None]
-            # rows of Q̂⁻¹ for the completed columns lie in the span of the missing samples' dual vectors (exactly
-            # so when one is missing), those of disagreeing samples near their sample; the scale of either rests on
-            # wrong columns: try each at a grid of scales
-            redo = solved[selected.shape[1]:] if disagree is None else solved[disagree > 0]
-            # at most ``candidates`` proposals: fewer scales (evenly spread over both signs) for many samples
-            grid = SCALES.to(redo)[torch.linspace(0, len(SCALES) - 1, max(2, min(len(SCALES), o.candidates //
-                                                                                 max(1, redo.shape[0])))).long()]
-            inputs = (grid[:, None, None] * redo[None]).reshape(-1, redo.shape[1])[: o.candidates]
-            if extra is not None and disagree is None:
-                # on the whole gradient the selected samples' rows propose too: X̂_F = X_F + A X_U is near X_F, and
-                # its kernels are shared with the similar samples still missing
-                inputs = torch.cat([solved[: selected.shape[1]], inputs])
-            inputs = inputs[torch.isfinite(inputs).all(1)]
-        info["found"] = int(selected.shape[1])
-        q_full = complete_basis(left, selected, spare)
-        s, bias_fit = scales(left, q_full, grad_b)
-        x_hat = torch.linalg.solve(q_full, right) / s[:, None]
-        deltas = (left @ q_full * s[None, :]).T
-        info["bias_residual"] = bias_fit
-        if not torch.isfinite(x_hat).all():
-            info["failed"] = "the selected directions were singular; nothing certified"
-            return None, None, none, none, info
-        cert = certify(x_hat, deltas, weight, bias, grad_w, grad_b, zero_tol=zero_tol, tol=tol)
-        exact = cert.certified & (torch.arange(rank, device=device) < selected.shape[1])
-        # precision: X̂ = Q̂⁻¹R/s amplifies R's error (σ_{B+1} of the gradient, its noise or round-off) by row i of
-        # Q̂⁻¹, and Q̂'s own error shows as the change of X̂ when every direction is re-solved from half of its
-        # zero rows (even and odd rows apart); a sample is exact only to the larger of the two
-        precision = sample_precision(left, right, grad_b, q_full, selected.shape[1], s, dec, batch, zero_tol)
-        info["precision"] = precision.tolist()
-        info["imprecise"] = int((exact & ~(precision <= PRECISION * width)).sum())
-        info.update({"pattern_mismatch": cert.pattern_mismatch.tolist(), "sample_residual": cert.residual.tolist()})
-        return x_hat, deltas, exact, precision <= PRECISION * width, info
 
     @staticmethod
     def _result(obs: Observation, images: torch.Tensor, certified: torch.Tensor, labels, trace: dict

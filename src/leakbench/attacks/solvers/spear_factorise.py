@@ -1,0 +1,141 @@
+"""SPEAR's Algorithm 1 on one (residual or whole) gradient (Dimitrov et al., NeurIPS 2024): proposals from
+candidate inputs (kernels of L on their most negative rows, shared kernels split), refinement, the sparsity filter,
+greedy selection and repair, rounds that re-propose from the solved batch, then X̂ = Q̂⁻¹R/s with SPEAR's
+pattern certificate and the precision estimate.  The attack (:mod:`leakbench.attacks.gradient.spear`) drives it
+between peeling passes; the algebra is in :mod:`.sparse_span` and :mod:`.spear_search`."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .sparse_span import (certify, decompose, directions_from_inputs, exact_zeros, refine, scales, strays,
+                          unique_columns)
+from .spear_options import SpearOptions
+from .spear_search import (complete_basis, pattern_disagreements, repair_directions, row_inputs, sample_precision,
+                           select_directions)
+
+__all__ = ["factorise", "PRECISION", "ROW_FACTORS", "WHOLE_FACTORS", "SPLIT"]
+
+#: rows of L whose kernel is proposed, as multiples of the rank (Theorem 3.3 needs ≥ B − 1 of them).
+ROW_FACTORS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+#: kernels shared by up to this many samples are split into their samples (``sparse_span.separate``).
+SPLIT = 16
+#: on the whole gradient (exact zeros) also 1.25 B rows, first: more kernels of few samples (measured on a digits-like
+#: B = 256 gradient: 176 of 256 directions from 1.25 B rows against 150 from 1.5 B)
+WHOLE_FACTORS = (1.25,) + ROW_FACTORS
+#: at most this many rows per kernel (bounds the cost at large B: K candidates × rows × B²).
+MAX_ROWS = 512
+#: scales at which a completed (not yet exact) sample is re-proposed, both signs.
+SCALES = torch.cat([torch.logspace(-0.7, 0.7, 15), -torch.logspace(-0.7, 0.7, 15)]).double()
+#: a SPEAR sample is certified only when its estimated max-abs error is below this fraction of the data range
+#: (the estimate runs ~10× above the measured error of exact samples, and far below that of imprecise ones).
+PRECISION = 1e-4
+#: a zero of a noised gradient is below this many times its noise level (σ_{B+1}/σ_1 of ∂L/∂W).
+NOISE_ZEROS = 10.0
+
+def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, batch: int,
+              tolerances: tuple[float, float, float, float], device, width: float = 1.0, *, options: SpearOptions,
+              deadline: float = float("inf"), extra: torch.Tensor | None = None,
+              factors: tuple[float, ...] = ROW_FACTORS
+              ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, dict]:
+    """SPEAR's Algorithm 1 on a (residual) gradient of ``batch`` samples: the estimates X̂ (rank×n), their δ̂,
+    which pass SPEAR's pattern certificate and which of those are also precise (estimated max-abs error
+    ≤ ``PRECISION``·``width``), or None when the gradient is zero or the directions are singular.  ``extra``:
+    candidate inputs proposed before the gradient's rows (and, with them, the solved rows of the selected directions
+    in later rounds); ``deadline``: ``time.perf_counter()`` after which no further row factor is tried."""
+    o = options
+    rcond, zero_tol, null_tol, tol = tolerances
+    dec = decompose(grad_w, batch, rcond)
+    rank = dec.rank
+    info: dict = {"rank": rank, "batch": batch, "rounds": 0}
+    if dec.spectrum.numel() > batch and float(dec.spectrum[0]) > 0:
+        # a noised gradient's zeros sit at the noise level: the first singular value past B measures it
+        noise = float(dec.spectrum[batch] / dec.spectrum[0])
+        zero_tol, null_tol = max(zero_tol, NOISE_ZEROS * noise), max(null_tol, NOISE_ZEROS * noise)
+    info["zero_tol"] = zero_tol
+    none = torch.zeros(0, dtype=torch.bool, device=device)
+    if rank < batch:
+        info["rank_deficient"] = (f"∂L/∂W has rank {rank} < batch {batch}: the inputs are linearly dependent, "
+                                  "so samples inside a dependency cannot be separated (Theorem 3.2 needs rank B)")
+    if rank == 0:
+        return None, None, none, none, info
+    left, right = dec.left, dec.right
+    live = ~exact_zeros(grad_w.norm(dim=1, keepdim=True), zero_tol)[:, 0]   # neurons some sample activates
+    dead = int((~live).sum())
+    found = torch.zeros(rank, 0, dtype=torch.float64, device=device)
+    spare = torch.zeros(rank, 0, dtype=torch.float64, device=device)
+    inputs = row_inputs(grad_w, grad_b, live, o.candidates)
+    if extra is not None:   # samples already found (approximately) propose first
+        inputs = torch.cat([extra.reshape(extra.shape[0], -1).to(inputs), inputs])
+    selected = found
+    # a rank-deficient batch has no exact columns to complete or repair: one pass finds the samples outside
+    # every dependency (if any), further rounds would only spend time
+    last = o.rounds if rank == batch else 0
+    for round_ in range(last + 1):
+        info["rounds"] = round_ + 1
+        for factor in factors:  # fewest rows first; stop as soon as B directions are selected
+            rows = min(max(int(factor * rank), rank - 1), int(live.sum()), MAX_ROWS)
+            if rows < max(rank - 1, 1):
+                continue
+            q, ok = directions_from_inputs(left, weight, bias, inputs, rows=rows, null_tol=null_tol, live=live,
+                                           split=SPLIT)
+            exact, zeros, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank))
+            # SPEAR's sparsity filter: a sample's kernel vanishes on its whole zero set, beyond the rows it was
+            # read from; a kernel of rows that do not span (few rows, each active for few samples) vanishes on
+            # little more than those rows and the dead ones
+            keep = ok & single & (zeros >= rows + dead + max(4, rank // 8))
+            found = torch.cat([found, exact[:, keep]], 1)
+            found = found[:, unique_columns(found)]
+            spare = torch.cat([spare, q[:, ~keep]], 1)
+            if selected.shape[1] < rank:  # once B are selected, new directions only enter by repair swaps
+                selected = select_directions(left, found, zero_tol)
+            if selected.shape[1] >= rank and round_ == 0:  # later rounds have few candidates: try every k
+                break
+            if time.perf_counter() > deadline:
+                info["time_budget"] = f"stopped after {o.seconds:g} s (option seconds)"
+                break
+        spare = spare[:, exact_zeros(left @ spare, 1e-3).sum(0).argsort(descending=True)[: 4 * rank]]
+        disagree = None
+        if selected.shape[1] >= rank and rank == batch:
+            selected, swapped = repair_directions(left, right, weight, bias, grad_b, selected, found, zero_tol)
+            info["swaps"] = info.get("swaps", 0) + swapped
+            disagree = pattern_disagreements(left, right, weight, bias, grad_b, selected, zero_tol)
+        missing = rank - selected.shape[1] if disagree is None else int((disagree > 0).sum())
+        if missing == 0 or round_ == last or "time_budget" in info:
+            break
+        completed = complete_basis(left, selected, spare)
+        s, _ = scales(left, completed, grad_b)
+        solved = torch.linalg.solve(completed, right) / s[:, None]
+        # rows of Q̂⁻¹ for the completed columns lie in the span of the missing samples' dual vectors (exactly
+        # so when one is missing), those of disagreeing samples near their sample; the scale of either rests on
+        # wrong columns: try each at a grid of scales
+        redo = solved[selected.shape[1]:] if disagree is None else solved[disagree > 0]
+        # at most ``candidates`` proposals: fewer scales (evenly spread over both signs) for many samples
+        grid = SCALES.to(redo)[torch.linspace(0, len(SCALES) - 1, max(2, min(len(SCALES), o.candidates //
+                                                                             max(1, redo.shape[0])))).long()]
+        inputs = (grid[:, None, None] * redo[None]).reshape(-1, redo.shape[1])[: o.candidates]
+        if extra is not None and disagree is None:
+            # on the whole gradient the selected samples' rows propose too: X̂_F = X_F + A X_U is near X_F, and
+            # its kernels are shared with the similar samples still missing
+            inputs = torch.cat([solved[: selected.shape[1]], inputs])
+        inputs = inputs[torch.isfinite(inputs).all(1)]
+    info["found"] = int(selected.shape[1])
+    q_full = complete_basis(left, selected, spare)
+    s, bias_fit = scales(left, q_full, grad_b)
+    x_hat = torch.linalg.solve(q_full, right) / s[:, None]
+    deltas = (left @ q_full * s[None, :]).T
+    info["bias_residual"] = bias_fit
+    if not torch.isfinite(x_hat).all():
+        info["failed"] = "the selected directions were singular; nothing certified"
+        return None, None, none, none, info
+    cert = certify(x_hat, deltas, weight, bias, grad_w, grad_b, zero_tol=zero_tol, tol=tol)
+    exact = cert.certified & (torch.arange(rank, device=device) < selected.shape[1])
+    # precision: X̂ = Q̂⁻¹R/s amplifies R's error (σ_{B+1} of the gradient, its noise or round-off) by row i of
+    # Q̂⁻¹, and Q̂'s own error shows as the change of X̂ when every direction is re-solved from half of its
+    # zero rows (even and odd rows apart); a sample is exact only to the larger of the two
+    precision = sample_precision(left, right, grad_b, q_full, selected.shape[1], s, dec, batch, zero_tol)
+    info["precision"] = precision.tolist()
+    info["imprecise"] = int((exact & ~(precision <= PRECISION * width)).sum())
+    info.update({"pattern_mismatch": cert.pattern_mismatch.tolist(), "sample_residual": cert.residual.tolist()})
+    return x_hat, deltas, exact, precision <= PRECISION * width, info
