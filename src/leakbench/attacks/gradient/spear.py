@@ -32,8 +32,8 @@ fewer than B are found, the missing columns are completed with the best rejected
 X̂ = Q̂⁻¹R solved, and its rows become new candidate inputs (``rounds`` times).
 
 Shared kernels (ours).  On similar images a candidate's most negative rows are often inactive for several samples
-at once: the kernel of L there is a-dimensional (2 ≤ a ≤ ``SPLIT``), span{q_i : i inactive on every picked row},
-and SPEAR's filter rejects it.  Restricted to that kernel V, L V is the layer gradient of those a samples alone
+at once: the kernel of L there is a-dimensional (2 ≤ a ≤ ``spear_factorise.SPLIT``), span{q_i : i inactive on
+every picked row}, and SPEAR's filter rejects it.  Restricted to that kernel V, L V is the layer gradient of those a samples alone
 (the dual rows of every other sample vanish on V), so Pan et al.'s exclusivity only has to hold among the a:
 rows active for one of them alone are parallel, one group per sample, and each q_i is the kernel of the other
 groups (:func:`~leakbench.attacks.solvers.sparse_span.separate`).  Those proposals pass the same filter, refinement
