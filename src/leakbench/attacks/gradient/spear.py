@@ -33,8 +33,8 @@ X̂ = Q̂⁻¹R solved, and its rows become new candidate inputs (``rounds`` tim
 
 Shared kernels (ours).  On similar images a candidate's most negative rows are often inactive for several samples
 at once: the kernel of L there is a-dimensional (2 ≤ a ≤ ``spear_factorise.SPLIT``), span{q_i : i inactive on
-every picked row}, and SPEAR's filter rejects it.  Restricted to that kernel V, L V is the layer gradient of those a samples alone
-(the dual rows of every other sample vanish on V), so Pan et al.'s exclusivity only has to hold among the a:
+every picked row}, and SPEAR's filter rejects it.  Restricted to that kernel V, L V is the layer gradient of
+those a samples alone (the dual rows of every other sample vanish on V), so Pan et al.'s exclusivity only has to hold among the a:
 rows active for one of them alone are parallel, one group per sample, and each q_i is the kernel of the other
 groups (:func:`~leakbench.attacks.solvers.sparse_span.separate`).  Those proposals pass the same filter, refinement
 and selection as the others, and a proposal must vanish on more rows than it was read from (plus the dead ones
@@ -150,6 +150,11 @@ def _tolerances(o: SpearOptions, dtype: torch.dtype) -> tuple[float, float, floa
             o.tol or max(30 * eps, 1e-9))
 
 
+def _deadline(seconds: float) -> float:
+    """``time.perf_counter()`` after which SPEAR's rounds stop (option ``seconds``; 0 = none)."""
+    return time.perf_counter() + seconds if seconds else float("inf")
+
+
 @register
 class Spear(Attack):
     """SPEAR: exact batch recovery from a ReLU linear layer's low-rank, sparse weight gradient (+ certificates)."""
@@ -190,7 +195,7 @@ class Spear(Attack):
     def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
         o = self.options
         rcond, zero_tol, null_tol, tol = _tolerances(o, obs.dtype)
-        self._deadline = time.perf_counter() + o.seconds if o.seconds else float("inf")
+        self._deadline = _deadline(o.seconds)
         chain = layer_chain(obs.model, obs.input_shape)
         first = chain.blocks[0]
         grad_w, grad_b = layer_gradients(obs, first.layer, obs.gradients, param_index(obs))
@@ -281,7 +286,7 @@ class Spear(Attack):
         batch is kept only under the joint certificate (:meth:`_joint`); otherwise nothing changes."""
         batch = obs.batch_size
         lo, hi = obs.data_range
-        self._deadline = time.perf_counter() + self.options.seconds if self.options.seconds else float("inf")
+        self._deadline = _deadline(self.options.seconds)
         x_hat, deltas, _, _, info = factorise(grad_w, grad_b, weight, bias, batch, tolerances, obs.device, hi - lo,
                                               options=self.options, deadline=self._deadline,
                                               extra=torch.stack(res.inputs) if res.count else None,
