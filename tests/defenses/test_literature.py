@@ -191,3 +191,41 @@ def test_topk_pickles_without_its_memory():
     defense([torch.randn(10, generator=gen)], generator=gen)
     copy = pickle.loads(pickle.dumps(defense))
     assert copy.spec == "topk:0.2" and copy.residual(gen) is None and defense.residual(gen) is not None
+
+
+def test_topk_keeps_one_memory_per_client_under_secure_aggregation():
+    from leakbench.defenses.base import client_scope
+
+    defense = parse("topk:0.1")
+    gen = _gen()
+    g0, g1 = [torch.randn(40, generator=_gen(1))], [torch.randn(40, generator=_gen(2))]
+    with client_scope(0):
+        s0 = defense(g0, generator=gen)
+    with client_scope(1):
+        s1 = defense(g1, generator=gen)
+    # the second client of the same observation starts from e_0 = 0: it sends the top-k of its own gradient
+    assert torch.equal(s1[0], topk_sparsify(g1, 0.1)[0])
+    assert torch.equal(defense.residual(gen, client=1)[0], g1[0] - s1[0])
+    assert torch.equal(defense.residual(gen)[0], g0[0] - s0[0])
+
+
+def test_topk_under_secagg_sends_each_clients_own_top_k(monkeypatch):
+    from leakbench.defenses import pipeline
+
+    data = lb.load("digits")
+    model = lb.build("mlp:16", input_shape=data.shape, classes=10, seed=0)
+    x, y = data.batch(2, seed=0)
+    seen: list = []
+    real = pipeline.client_round
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(pipeline, "client_round", spy)
+    lb.observe(model, x, y, defense="secagg:3", population=data, seed=0)      # the clients' own gradients
+    raw, seen[:] = list(seen), []
+    lb.observe(model, x, y, defense="topk:0.05+secagg:3", population=data, seed=0)   # top-k draws nothing
+    assert len(raw) == len(seen) == 3
+    for own, sent in zip(raw, seen):   # no client sends part of another client's residual
+        assert all(torch.equal(a, b) for a, b in zip(topk_sparsify(own, 0.05), sent))

@@ -15,6 +15,8 @@ plan, and both :func:`leakbench.observe` and the utility training go through it.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 import math
@@ -29,6 +31,27 @@ from ..registry import Registry
 
 DEFENSES: Registry[Defense] = Registry("defense")
 STAGES = ("shared", "model", "step", "round", "aggregate")
+
+#: the client whose round is being computed: 0 the attacked client, 1 … L − 1 the others under ``secagg:L``.
+#: A shared-stage defense that keeps state per client run (top-k's error-feedback memory) keys it by this and the
+#: generator, since all clients of one observation draw from the same generator.
+_CLIENT: contextvars.ContextVar[int] = contextvars.ContextVar("leakbench_client", default=0)
+
+
+def current_client() -> int:
+    """The index of the client whose shared tensors are being computed (0 outside :func:`client_scope`)."""
+    return _CLIENT.get()
+
+
+@contextlib.contextmanager
+def client_scope(index: int):
+    """Within this block :func:`current_client` is ``index``."""
+    token = _CLIENT.set(int(index))
+    try:
+        yield
+    finally:
+        _CLIENT.reset(token)
+
 
 #: ``gradient(model, params, x, y, loss_fn, generator) -> list[Tensor]``: one step's gradient, in ``params`` order.
 GradientFn = Callable[..., list[torch.Tensor]]

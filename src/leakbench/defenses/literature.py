@@ -17,8 +17,9 @@
   magnitude over the whole gradient, at least one) and keeps e_{t+1} = p_t − Δ_t.  The learning
   rate is applied by the server, so the memory holds gradient units (γ = 1 in Alg. 2).  The residual
   belongs to one client's run: it is kept per random stream (one per :func:`~.pipeline.share`
-  caller's generator: one per training run, per seed, per observation), so a fresh observation
-  starts from e_0 = 0 and utility training carries it from step to step.  ``ef=false`` is plain top-k.
+  caller's generator: one per training run, per seed, per observation) and per client under
+  ``secagg:L`` (the L clients of one observation share its generator, each keeps its own e_t), so a fresh
+  observation starts from e_0 = 0 and utility training carries it from step to step.  ``ef=false`` is plain top-k.
 - ``mixup:α`` — MixUp (Zhang, Cisse, Dauphin & Lopez-Paz, ICLR 2018, eq. 1): x̃ = λ x_i + (1 − λ) x_j,
   ỹ = λ y_i + (1 − λ) y_j with λ ~ Beta(α, α), one λ per step and j = π(i) for a random permutation π
   of the step's batch (the authors' code); the loss is λ ℓ(f(x̃), y) + (1 − λ) ℓ(f(x̃), y_π), which is
@@ -50,7 +51,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import ConfigError
-from .base import ClientPlan, Defense, check_fraction, check_positive, register
+from .base import ClientPlan, Defense, check_fraction, check_positive, current_client, register
 from .gradient import _flat, _unflat
 
 
@@ -187,17 +188,20 @@ class TopK(Defense):
         self.__dict__.update(state)
         self._memory = weakref.WeakKeyDictionary()
 
-    def residual(self, generator: torch.Generator) -> list[torch.Tensor] | None:
-        """e_t of the client run drawing from ``generator`` (None before its first round)."""
-        return self._memory.get(generator)
+    def residual(self, generator: torch.Generator, client: int = 0) -> list[torch.Tensor] | None:
+        """e_t of the client run drawing from ``generator`` (None before its first round); ``client``: its index
+        under secure aggregation (the clients of one observation share a generator, not a memory)."""
+        return self._memory.get(generator, {}).get(client)
 
     def apply_gradients(self, grads, *, generator):
         if not self.ef:
             return topk_sparsify(grads, self.k)
-        old = self._memory.get(generator)
+        memory = self._memory.setdefault(generator, {})
+        client = current_client()
+        old = memory.get(client)
         if old is not None and [tuple(e.shape) for e in old] != [tuple(g.shape) for g in grads]:
             old = None  # another model's round on the same stream: its own memory
-        sent, self._memory[generator] = error_feedback(grads, old, self.k)
+        sent, memory[client] = error_feedback(grads, old, self.k)
         return sent
 
     def describe(self) -> dict[str, Any]:

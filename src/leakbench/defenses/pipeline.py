@@ -30,7 +30,7 @@ from torch.func import functional_call
 
 from ..errors import ConfigError
 from ..models.loki import client_parameters
-from .base import ClientPlan, Defense, parse, parts_of
+from .base import ClientPlan, Defense, client_scope, parse, parts_of
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -117,11 +117,12 @@ def extend_model(defense: str | Defense | None, model: nn.Module, *, seed: int =
 
 def client_round(plan: ClientPlan, model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
                  y: torch.Tensor, loss_fn: LossFn, generator: torch.Generator,
-                 schedule: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+                 schedule: list[torch.Tensor] | None = None, *, client: int = 0) -> list[torch.Tensor]:
     """One client's shared tensors: its gradient or update, then the per-client shared-stage defenses.
 
     With local epochs, ``schedule`` (filled in when given as an empty list) receives the minibatch index
-    sets the client stepped on, in order."""
+    sets the client stepped on, in order.  ``client``: its index among the aggregated clients (0: the attacked
+    one), which per-client defense state is kept under (:func:`~.base.current_client`)."""
     gradient = plan.gradient or mean_gradient
     with contextlib.ExitStack() as stack:
         for wrapper in plan.wrappers:
@@ -140,8 +141,9 @@ def client_round(plan: ClientPlan, model: nn.Module, params: dict[str, torch.Ten
             shared = [current[n] - params[n] for n in params]
             if schedule is not None:
                 schedule.extend(steps)
-    for d in plan.before:
-        shared = d.apply_gradients(shared, generator=generator)
+    with client_scope(client):
+        for d in plan.before:
+            shared = d.apply_gradients(shared, generator=generator)
     return shared
 
 
@@ -206,7 +208,7 @@ def share(defense: str | Defense | None, model: nn.Module, params: dict[str, tor
         for index, (xo, yo) in enumerate(other_batches(plan.population, plan.clients - 1, int(x.shape[0]), like_x=x,
                                                        like_y=y, generator=generator), start=1):
             outputs.append(client_round(plan, model, client_parameters(model, params, index), xo, yo, loss_fn,
-                                        generator))
+                                        generator, client=index))
             xs.append(xo)
             ys.append(yo)
         sizes = torch.tensor([float(b.shape[0]) for b in xs])
