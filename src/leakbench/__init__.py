@@ -26,12 +26,12 @@ from .evaluation.training.utility import utility  # noqa: E402
 from .metrics import compare  # noqa: E402
 from .models import MODELS, build  # noqa: E402
 from .models.targets import train_target  # noqa: E402
-from .threat import Observation, observe, observe_weights  # noqa: E402
+from .threat import Observation, observe, observe_weights, requery  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "load", "build", "observe", "observe_weights", "attack", "compare", "evaluate", "utility", "train_target",
+    "load", "build", "observe", "observe_weights", "requery", "attack", "compare", "evaluate", "utility", "train_target",
     "inspect",
     "analysis",
     "ImageDataset", "Observation", "Reconstruction",

@@ -325,6 +325,22 @@ def observe(
 OBSERVE_COPIES = 5
 
 
+def requery(x: torch.Tensor, y: torch.Tensor, *, seed: int = 0, **options):
+    """The client as a callable, for a server that queries it again (multi-round attacks: ``fishing-rounds``).
+
+    Each call ``query(model)`` observes the same batch ``(x, y)`` under the model the server ships, with
+    :func:`observe`'s ``options`` (defense, local steps, …); call k draws its randomness (a defense's noise, the
+    other clients' batches) from its own seed, derived from ``seed`` and k, as a client's next round would.  Set it
+    as ``obs.extras["query"]`` of the first round's observation."""
+    calls = [0]
+
+    def query(model: nn.Module) -> Observation:
+        calls[0] += 1
+        return observe(model, x, y, seed=(int(seed) * 1_000_003 + calls[0]) % (2 ** 62), **options)
+
+    return query
+
+
 def _check_memory(model: nn.Module, x: torch.Tensor) -> None:
     """Refuse, before any copy, a model whose copies in :func:`observe` exceed the memory this process has left."""
     params = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -425,7 +441,7 @@ def _batch_norm_stats(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Ten
     return stats
 
 
-__all__ = ["KINDS", "Observation", "observe"]
+__all__ = ["KINDS", "Observation", "observe", "requery"]
 
 
 def observe_weights(

@@ -80,6 +80,8 @@ RECORDED = {
     ("trap-weights", "quick"): (0, "eda4dd399502"),
     ("fishing", "default"): (2, "72ee18e59ec7"),
     ("fishing", "quick"): (2, "087fa793fde8"),
+    ("fishing-rounds", "default"): (0, "0dc6992ed4f5"),
+    ("fishing-rounds", "quick"): (0, "fc2abe755b69"),
     ("spear", "default"): (3, "76e3a0554a0c"),
     ("spear", "quick"): (3, "83e96857769b"),
     ("spear-features", "default"): (2, "d227a48f62f8"),

@@ -27,7 +27,8 @@ from torch import nn
 from ..errors import ConfigError
 from .malicious import _copy_attributes, _head, _input_shape, _param_device, _public
 
-__all__ = ["TrapBlock", "trap_weights", "first_linear", "trap_rows", "trap_scales", "fishing", "feature_fishing"]
+__all__ = ["TrapBlock", "trap_weights", "first_linear", "trap_rows", "trap_scales", "fishing", "feature_fishing",
+           "refished"]
 
 
 # --------------------------------------------------------------------------- trap weights (Boenisch et al.)
@@ -399,5 +400,50 @@ def feature_fishing(model: nn.Module, *, target: int, quantile: float | None, fe
     shipped.fishing_target = int(target)
     shipped.fishing_head = name
     shipped.fishing_feature, shipped.fishing_threshold, shipped.fishing_quantile = j, tau, float(quantile)
+    shipped.fishing_spread, shipped.fishing_scale = spread if spread > 0 else 1.0, scale
+    shipped.fishing_candidates = _candidate_features(phi_all, j, tau, shipped.fishing_spread)
     _copy_attributes(model, shipped, shape)
     return shipped
+
+
+#: the features recorded for the multi-round search, beside the shipped one
+CANDIDATES = 8
+
+
+def _candidate_features(phi: torch.Tensor, first: int, tau: float, spread: float) -> list[tuple[int, float, float]]:
+    """(feature, centre, spread) of the shipped feature, then of the ``CANDIDATES`` features the most public samples
+    (all classes) hold above the feature's minimum (a sample at a ReLU feature's zero sends no gradient through it),
+    widest spread first among equals: where the multi-round search (``fishing-rounds``) looks next."""
+    active = (phi > phi.min(0).values).double().mean(0)
+    spreads = phi.std(0)
+    order = sorted(range(phi.shape[1]), key=lambda k: (-float(active[k]), -float(spreads[k])))
+    out = [(int(first), float(tau), float(spread))]
+    for k in order:
+        if len(out) > CANDIDATES:
+            break
+        if k != first and float(spreads[k]) > 0:
+            out.append((int(k), float(phi[:, k].median()), float(spreads[k])))
+    return out
+
+
+def refished(shipped: nn.Module, threshold: float, scale: float | None = None, feature: int | None = None) -> nn.Module:
+    """A copy of a feature-fishing model (:func:`feature_fishing`) with its threshold moved to ``threshold`` and,
+    when given, its multiplier m to ``scale`` and the fished feature to ``feature``: p_target = σ(m·(φ_j − τ)) for
+    every sample.  The server's next query in the multi-round variant (Wen et al. 2022, Sec. 3.2; ``fishing-rounds``)."""
+    if getattr(shipped, "fishing_feature", None) is None:
+        raise ConfigError("refished needs a feature-fishing model (leakbench.models.active.feature_fishing or "
+                          "fishing(..., quantile=q)) (argument shipped)")
+    if not math.isfinite(float(threshold)) or (scale is not None and not (math.isfinite(scale) and scale > 0)):
+        raise ConfigError(f"expected a finite threshold and a scale > 0, got {threshold!r} and {scale!r}")
+    out = copy.deepcopy(shipped)
+    head = dict(out.named_modules())[out.fishing_head]
+    m = float(out.fishing_scale if scale is None else scale)
+    target, j = int(out.fishing_target), int(out.fishing_feature if feature is None else feature)
+    if not 0 <= j < head.in_features:
+        raise ConfigError(f"expected feature an index in 0..{head.in_features - 1}, got {feature!r} (argument feature)")
+    with torch.no_grad():
+        head.weight[target].zero_()
+        head.weight[target, j] = m
+        head.bias[target] = -m * float(threshold) + math.log(max(head.out_features - 1, 1))
+    out.fishing_threshold, out.fishing_scale, out.fishing_feature = float(threshold), m, j
+    return out

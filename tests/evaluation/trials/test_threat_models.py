@@ -293,6 +293,25 @@ def test_fishing_on_a_cnn_in_a_sweep_inverts_the_fished_gradient(tmp_path):
     sweep.store.close()
 
 
+def test_fishing_rounds_in_a_sweep_queries_the_client_again(tmp_path):
+    """A malicious-server trial hands the attack its client (``obs.extras["query"]``): ``fishing-rounds`` re-queries
+    it at thresholds of its choosing and reads single digits exactly; under secure aggregation it refuses (n/a)."""
+    spec = {"datasets": [DIGITS],
+            "models": [{"spec": "mlp:200", "act": "relu", "label": "rounds",
+                        "server": {"fishing": {"target": 1, "quantile": 0.5}}}],
+            "batch_sizes": [16], "images": 16, "seeds": [0], "attacks": ["fishing-rounds"],
+            "defenses": ["none", "secagg:2"]}
+    sweep = Sweep(load_spec(spec), tmp_path / "r.db", workers=1)
+    sweep.run(progress=False)
+    rows = {r["defense"]: r for r in sweep.store.rows(kind="attack")}
+    done = rows["none"]
+    assert done["status"] == "done" and done["metrics"]["client_check"] == 1.0
+    assert done["metrics"]["targets"] >= 8   # the claimed slots are what the trial scores
+    assert sum(m < 1e-10 for m in done["per_sample"]["mse"]) >= 8                   # read exactly
+    assert rows["secagg:2"]["status"] == "n/a" and "secure aggregation" in rows["secagg:2"]["error"]
+    sweep.store.close()
+
+
 def test_loki_in_a_sweep_sends_each_secagg_client_its_own_model(tmp_path):
     """``loki: {bins: K}`` takes L from ``secagg:L``; under the secure sum the target's digits are read exactly."""
     from leakbench.models.loki import LokiBlock

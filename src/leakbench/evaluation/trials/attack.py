@@ -38,7 +38,7 @@ def run_attack(spec: TrialSpec, obs, clock: Clock) -> Any:
 
 
 def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
-    from ...threat import observe
+    from ...threat import observe, requery
     from ..sweep_spec.modality import pair_refusal
 
     reason = pair_refusal(spec.dataset, spec.model, spec.attack)
@@ -55,6 +55,9 @@ def attack_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
     x, y = x.to(device), y.to(device)
     # the dataset is the population other clients draw from (secure aggregation needs one)
     obs = observe(model, x, y, defense=observed_defense(spec), seed=spec.seed, population=data, **spec.threat)
+    if spec.server:  # a malicious server may query the same client again, fresh randomness each round (fishing-rounds)
+        obs.extras["query"] = requery(x, y, defense=observed_defense(spec), seed=spec.seed, population=data,
+                                      **spec.threat)
     clock.lap("observe")
     result = _attacked(spec, obs, x, y, data, clock)
     if result.status == "done":  # an update too small to carry anything is said to be that (:mod:`.strongest`)
