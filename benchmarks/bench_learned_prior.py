@@ -46,7 +46,7 @@ import leakbench as lb
 from leakbench.attacks import attack_batch
 from leakbench.evaluation.training.utility import loss_and_accuracy, train_model
 
-from .common import benchmark_images, console, env_ints, env_names, table
+from .common import benchmark_images, console, env_ints, env_names, resized, table
 
 MODEL = "convnet-16"
 #: (epochs, batch, lr) of plain SGD per dataset: bench_trained_layouts' recipes (CIFAR-10's 500 training images need
@@ -75,9 +75,7 @@ def _data(name: str, size: int, folder: Path) -> tuple[lb.ImageDataset, list[int
     ds, source = benchmark_images(1000)
     if not source.startswith("CIFAR"):
         raise SystemExit(f"LEAKBENCH_PRIOR_DATA=cifar needs ../shared/data/cifar10-test-1000.npz ({source})")
-    images = torch.nn.functional.interpolate(ds.images, size=(size, size), mode="bilinear", antialias=True,
-                                             align_corners=False).clamp(0, 1) if size != ds.shape[-1] else ds.images
-    ds = lb.ImageDataset(images.contiguous(), ds.labels, ds.classes, "cifar10")
+    ds = resized(ds, size)
     public = folder / "cifar-public.npz"      # the generator's key hashes the images, not this path
     np.savez(public, x=ds.images[CIFAR_TRAIN].numpy(), y=ds.labels[CIFAR_TRAIN].numpy())
     return (ds, CIFAR_TRAIN, CIFAR_POOLS, str(public),

@@ -40,6 +40,15 @@ def benchmark_images(count: int, *, seed: int = 0) -> tuple[lb.ImageDataset, str
     return ds, source
 
 
+def resized(ds: lb.ImageDataset, size: int) -> lb.ImageDataset:
+    """``ds`` at ``size`` × ``size`` px (bilinear, antialiased, clamped to [0, 1]); ``ds`` itself at its own size."""
+    if size == ds.shape[-1]:
+        return ds
+    images = torch.nn.functional.interpolate(ds.images, size=(size, size), mode="bilinear", antialias=True,
+                                             align_corners=False).clamp(0, 1)
+    return lb.ImageDataset(images.contiguous(), ds.labels, ds.classes, ds.name)
+
+
 def public_images(ds: lb.ImageDataset, x: torch.Tensor, count: int) -> torch.Tensor:
     """``count`` images of ``ds`` (the last ones) that are not in the batch ``x``: the server's public data."""
     flat = ds.images.reshape(len(ds.images), -1)

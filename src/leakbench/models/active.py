@@ -323,9 +323,11 @@ def feature_fishing(model: nn.Module, *, target: int, quantile: float | None, fe
     the median feature's), chosen on the even-numbered public samples and τ then placed on the odd-numbered ones.  The authors' reference code takes the feature with the largest target-class mean instead;
     ours minimises the leak the one-logit construction has, from the same public samples.
 
-    Not here: the paper's multi-round variant (a binary search on τ over several queries of the same client, the
-    single sample's gradient the difference of two rounds) — the library observes one round per trial.
-    ``shipped.fishing_feature``, ``fishing_threshold`` and ``fishing_quantile`` record the choice.
+    The paper's multi-round variant (a search on τ over several queries of the same client, a single sample's
+    gradient the difference of two rounds) is the attack ``fishing-rounds``, which moves τ with :func:`refished`
+    and looks next at ``shipped.fishing_candidates`` (features most public samples keep above their minimum).
+    ``shipped.fishing_feature``, ``fishing_threshold``, ``fishing_quantile``, ``fishing_spread`` (σ_j) and
+    ``fishing_scale`` (m) record the choice.
     """
     shape = _input_shape(model, input_shape)
     _check_margin(margin)

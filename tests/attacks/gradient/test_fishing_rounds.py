@@ -99,3 +99,10 @@ def test_under_noise_no_count_is_an_integer_and_it_says_so(digits):
     obs.extras["query"] = lb.requery(x, y, defense="noise:0.01", seed=0)
     with pytest.raises(NothingRecovered, match="integral counts|isolated no sample"):
         lb.attack("fishing-rounds", obs, rounds=12)
+
+
+def test_a_client_that_answers_garbage_is_named(digits):
+    obs, _ = _fished(digits, "mlp:64", batch=range(1300, 1308))
+    obs.extras["query"] = lambda model: {"not": "an observation"}
+    with pytest.raises(ConfigError, match="extras\\['query'\\]"):
+        lb.attack("fishing-rounds", obs, rounds=8)

@@ -173,6 +173,6 @@ def test_the_malicious_preset_plans_every_server_move_under_each_defense():
     spec = load_spec(preset_path("malicious"))
     assert {m.server.move[0] for m in spec.models} == {"trap_weights", "fishing", "imprint", "loki"}
     trials = [t for t in plan(spec) if t.kind == "attack"]
-    # 7 (model, attack) pairs × 3 defenses × 3 batches of 64
-    assert len(trials) == 7 * 3 * 3 and {t.threat_model for t in trials} == {"malicious-server"}
+    # 8 (model, attack) pairs × 3 defenses × 3 batches of 64
+    assert len(trials) == 8 * 3 * 3 and {t.threat_model for t in trials} == {"malicious-server"}
     assert {t.defense for t in trials} == {"none", "secagg:4", "local:1,0.05,16"}

@@ -31,8 +31,8 @@ whose target gradient passes only for target-class samples with feature φ_j bel
 apply (the gradient below the head is then m·(p_t − 1[y = t])·∇φ_j; the matching read-out simulates candidates
 with p_t pinned at ≈ 0, the side the fished sample passed on, so that a candidate above the threshold is not
 left without a gradient), and n̂ counts the passing target samples minus the other-class samples above the
-threshold (the construction's leak).  Not here: the paper's
-multi-round binary search on the threshold (one round per observation in this library).
+threshold (the construction's leak).  The paper's multi-round search on the threshold is
+:mod:`leakbench.attacks.gradient.fishing_rounds`.
 """
 from __future__ import annotations
 

@@ -44,6 +44,8 @@ __all__ = ["FishingRounds", "FishingRoundsOptions", "read_single"]
 MAX_ROUNDS = 256
 #: samples within SOFT/m of τ have p_target neither 0 nor 1 (e^(−SOFT) ≈ 2e-9): intervals narrower are not split
 SOFT = 20.0
+#: the most numbers the kept rounds may hold (rounds × shared tensors below the head; 1 GiB of float32)
+MAX_KEPT = 2 ** 28
 #: a certified slot: rows agree to this fraction of the data range
 EXACT = 1e-4
 
@@ -54,7 +56,7 @@ class FishingRoundsOptions(FishingOptions):
 
     #: rounds the server may query the client (the shipped model's included), at most 256
     rounds: int = 96
-    #: m·σ_j of the later rounds' heads: samples closer than ~10·σ_j/sharpness along φ_j are not split
+    #: m·σ_j of the later rounds' heads: samples closer than ~20·σ_j/sharpness along φ_j are not split
     sharpness: float = 1e5
     #: samples to isolate before stopping (None: all of the batch)
     want: int | None = None
@@ -118,9 +120,10 @@ class FishingRounds(FishedAttack):
             return ["fishing-rounds reads differences of rounds; under secure aggregation the other clients' "
                     "batches change from round to round, so no difference isolates one sample (loki is the "
                     "malicious-server attack for secure aggregation)"]
-        if obs.kind == "update" and obs.local_steps > 1:
+        steps = len(obs.local_batches) if obs.local_batches else obs.local_steps
+        if obs.kind == "update" and steps > 1:
             return [f"fishing-rounds reads one sample's gradient from a difference of rounds; an update of "
-                    f"{obs.local_steps} local steps is not the sum of its samples' updates"]
+                    f"{steps} local steps is not the sum of its samples' updates"]
         return super().requirements(obs)
 
     def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:
@@ -141,6 +144,11 @@ class FishingRounds(FishedAttack):
         want = total if o.want is None else min(o.want, total)
         used = [1]   # the shipped round
 
+        kept = sum(obs.shared[i].numel() for i in keep)
+        expect(kept * o.rounds <= MAX_KEPT,
+               f"fishing-rounds keeps every round's {kept} shared numbers below the head: {o.rounds} rounds would "
+               f"hold {kept * o.rounds}, above {MAX_KEPT} (option rounds; the rows read-out keeps the first layer only)")
+
         def body(observed: Observation) -> list[torch.Tensor]:
             grads = observed.gradients
             return [grads[i] for i in keep]
@@ -155,6 +163,9 @@ class FishingRounds(FishedAttack):
 
             def ask(tau: float, j=j, scale=scale):
                 observed = query(refished(model, tau, scale, feature=j))
+                expect(isinstance(observed, Observation) and observed.param_names == obs.param_names,
+                       "expected obs.extras['query'] to return the observation of the same client under the shipped "
+                       f"model, got {type(observed).__name__} (leakbench.threat.requery builds one)")
                 used[0] += 1
                 if progress is not None:
                     progress(used[0], o.rounds, 0.0)

@@ -97,7 +97,9 @@ def isolate(ask: Callable[[float], tuple[float, Sequence[torch.Tensor]]], *, sta
             break
     good = sorted({id(p): p for p in points if p.integral}.values(), key=lambda p: p.threshold)
     if len(good) < 2 or _count(good[-1]) - _count(good[0]) < 1:
-        notes.append("no two rounds with integral counts bracket any sample (budget or feature spread too small)")
+        off = max((abs(r.count - round(r.count)) for r in rounds), default=0.0)
+        notes.append(f"no two rounds with integral counts bracket a sample (counts up to {off:.2g} off an integer: "
+                     "noise on the shared gradient, or too few rounds for the feature's spread)")
         return Search([], rounds, None, notes)
     bracket = (good[0].threshold, good[-1].threshold)
     if _count(good[-1]) - _count(good[0]) < total:

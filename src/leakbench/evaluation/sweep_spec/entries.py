@@ -77,7 +77,8 @@ class ServerEntry(_Strict):
     :func:`~leakbench.models.active.trap_weights`; without ``rate`` or ``scale`` each row fires for
     1/(B·L) of the public images, B the batch and L the clients of ``secagg:L``); ``fishing: {target: c}``
     is Wen et al.'s class fishing (:func:`~leakbench.models.active.fishing`; ``quantile: q`` and optionally
-    ``feature: j`` make it feature fishing, its threshold placed on the labelled public samples); ``loki: {bins: K}`` sends every
+    ``feature: j`` make it feature fishing, its threshold placed on the labelled public samples, which
+    ``fishing-rounds`` re-queries over several rounds); ``loki: {bins: K}`` sends every
     client of ``secagg:L`` its own LOKI model (Zhao et al. 2024, :func:`~leakbench.models.loki.loki`; L from
     the defense).  ``public``: images the
     server holds (drawn from the dataset, never one of the attacked images) to place the imprint bins at
