@@ -13,7 +13,8 @@
    "one s" is the paper's single scale factor (tuned on the public images), "per-row s" our calibration.
 2. **Class fishing** (Wen et al., ICML 2022) read from the honest first layer: the target class's samples.
 3. **The client's check** (``lb.inspect``) on the library's own malicious models — trap weights (first layer and
-   block), imprint block, random head, class fishing, LOKI (the model one client receives), over architectures, seeds and options, in a first round
+   block), imprint block, random head, class and feature fishing (and a later round of ``fishing-rounds``: another
+   feature, threshold and sharpness), LOKI (the model one client receives), over architectures, seeds and options, in a first round
    (no model held before) and in a later round (the honest model held before) — and on honest models: fresh
    initialisations of every family and init, checkpoints of SGD runs (digits, CIFAR-10) and of FedAvg runs
    (:mod:`leakbench.evaluation.training.federated`), each inspected against the previous checkpoint, always with the
@@ -40,7 +41,7 @@ from leakbench.evaluation.training.federated import Run
 from leakbench.evaluation.sweep_spec.federated import FederatedEntry
 from leakbench.metrics import match
 from leakbench.defenses.pipeline import other_batches
-from leakbench.models.active import fishing, trap_rows, trap_scales, trap_weights
+from leakbench.models.active import fishing, refished, trap_rows, trap_scales, trap_weights
 from leakbench.models.loki import loki as loki_model
 from leakbench.models.malicious import imprint, random_head
 
@@ -227,6 +228,17 @@ def _malicious(quick: bool):
         before = _honest(ds, (mlps + cnns)[seed % 7], seed)
         return before, fishing(before, target=seed % ds.num_classes, calibration=_split(ds)[0])
 
+    def feature_fished(ds, seed):  # the threshold placed on labelled public images (a class they hold)
+        before = _honest(ds, (mlps + cnns)[seed % 7], seed)
+        labels = ds.labels[len(ds.images) - PUBLIC:]
+        return before, fishing(before, target=int(labels[seed % len(labels)]), quantile=[0.15, 0.33, 0.5][seed % 3],
+                               calibration=(_split(ds)[0], labels))
+
+    def refished_(ds, seed):  # a later round of fishing-rounds: another feature, threshold and sharpness
+        before, shipped = feature_fished(ds, seed)
+        j, centre, spread = shipped.fishing_candidates[seed % len(shipped.fishing_candidates)]
+        return before, refished(shipped, centre + spread * (seed % 5 - 2) / 2, 1e5 / spread, feature=j)
+
     def lokied(ds, seed):  # the model client (seed mod L) receives: its own kernels
         before = _honest(ds, (mlps + cnns)[seed % 7], seed)
         shipped = loki_model(before, clients=[2, 4, 8][seed % 3], bins=[64, 256][seed % 2], calibration=_split(ds)[0],
@@ -241,7 +253,8 @@ def _malicious(quick: bool):
         return before, adaptive_trap(before, _split(ds)[0], [1 / 32, 1 / 64][seed % 2], seed)
 
     return [("trap weights (first layer)", trap), ("trap block (K neurons)", trap_block), ("imprint block", imprinted),
-            ("random head", head), ("class fishing", fished), ("LOKI (one client's model)", lokied),
+            ("random head", head), ("class fishing", fished), ("feature fishing", feature_fished),
+            ("fishing-rounds' later round", refished_), ("LOKI (one client's model)", lokied),
             ("adaptive trap (Bernoulli signs)", adaptive)]
 
 
