@@ -74,9 +74,10 @@ def test_bad_options_are_one_line(digits):
 def test_samples_sharing_every_neuron_are_told_apart_on_the_whole_gradient(digits):
     # 256 neurons for 32 similar feature vectors: peeling stalls after 9 (the rest share every neuron with another),
     # and SPEAR's kernels shared by several samples, split by the rows exclusive to one of them within the kernel,
-    # give the other 23 (before: 8 of 32 certified), certified and exact
+    # give the other 23 (before: 8 of 32 certified), certified and exact.  Four rounds: quick's two found 30 of the 32
+    # directions on one machine and all 32 on another (the round-off of a different MKL code path), four find all
     x, y = digits.batch(32, seed=3)
-    rec = lb.attack("spear-features", lb.observe(_net(width=256), x, y), preset="quick")
+    rec = lb.attack("spear-features", lb.observe(_net(width=256), x, y), preset="quick", rounds=4)
     err, certified = _matched_errors(rec, x)
     assert bool(certified.all()) and float(err.max()) < 1e-5, (int(certified.sum()), float(err.max()))
     first = rec.trace["passes"][0]

@@ -46,7 +46,8 @@ def test_exact_sentences_at_batch_one(data, shipped):
         rec = lb.attack("text-imprint", lb.observe(shipped, x, y))
         s = text_scores(rec.images, x, **kw(data))
         assert s["exact"] == 1.0 and rec.trace["exact"] == [True] and rec.trace["blend_bins"] == 0
-        assert rec.trace["max_lone_distance"] < 1e-4
+        # float32 round-off of eq. (1), relative to ‖z‖: 1.06e-4 measured on one machine, below 1e-4 on another
+        assert rec.trace["max_lone_distance"] < 1e-3
         assert unigram_chance(x, unigram, **kw(data))["exact"] == 0.0
 
 

@@ -175,11 +175,11 @@ class GGL(GenerativeAttack):
         shape = (obs.batch_size, o.latent)
         lam = self._population(obs)
         generations = max(1, o.evaluations // lam)
-        finals, curves, best = [], [], (math.inf, None)
+        finals, curves, objectives, best = [], [], [], (math.inf, None)
         for r in range(o.restarts):
             start = torch.zeros(shape) if r == 0 else torch.randn(shape, generator=rng)
             es = CMAES(start, o.sigma, population=lam, generator=rng)
-            curve, run_best = [], (math.inf, None)
+            curve, run_best, objective = [], (math.inf, None), []
             for g in range(generations):
                 codes = es.ask().reshape(lam, *shape).to(obs.device, obs.dtype)
                 values, matches, images = self._score(search, gen, codes)
@@ -189,6 +189,7 @@ class GGL(GenerativeAttack):
                     run_best = (float(values[k]), codes[k].clone(), float(matches[k]))
                 if g % max(1, o.trace_every // lam) == 0 or g == generations - 1:
                     curve.append(float(matches[k]))
+                    objective.append(float(values[k]))
                 search.report(images[k], float(matches[k]), lam)
             if run_best[1] is None:
                 continue
@@ -196,6 +197,7 @@ class GGL(GenerativeAttack):
                 match = search.match_of(search.box(gen(run_best[1])))
             finals.append(match)
             curves.append(curve)
+            objectives.append((objective, run_best[0]))
             if best[1] is None or match < best[0]:
                 best = (match, run_best[1])
         expect(best[1] is not None, "ggl: every CMA-ES candidate's objective was NaN (a non-finite gradient): "
@@ -203,7 +205,10 @@ class GGL(GenerativeAttack):
         match, z_best = best
         with torch.no_grad():
             images = search.box(gen(z_best))
-        trace = {"latent_loss": curves[finals.index(match)], "restart_losses": finals, "latent_match": match,
+        chosen = finals.index(match)
+        # the search keeps the code of least objective (gradient match + KL prior); its match is re-evaluated alone
+        trace = {"latent_loss": curves[chosen], "restart_losses": finals, "latent_match": match,
+                 "latent_objective": objectives[chosen][0], "objective_best": objectives[chosen][1],
                  "stage": "latent", "optimizer": "cma", "population": lam, "generations": generations}
         return z_best, images, match, trace
 

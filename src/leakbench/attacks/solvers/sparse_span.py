@@ -87,7 +87,10 @@ def directions_from_inputs(left: torch.Tensor, weight: torch.Tensor, bias: torch
         sv = evals.clamp_min(0).sqrt()
         out.append(evecs[:, :, 0])
         top = sv[:, -1].clamp_min(torch.finfo(sv.dtype).tiny)
-        ok.append((sv[:, 0] <= null_tol * top) & (sv[:, 1] > 100 * sv[:, 0]) if r >= 2 else sv[:, 0] > 0)
+        # one-dimensional: σ_r at the null level and σ_{r−1} above that level as well as 100 σ_r (two singular values
+        # both at round-off are a kernel of two dimensions, whatever their ratio)
+        ok.append((sv[:, 0] <= null_tol * top) & (sv[:, 1] > torch.maximum(100 * sv[:, 0], null_tol * top))
+                  if r >= 2 else sv[:, 0] > 0)
         if split >= 2 and r > 2:
             dims = (sv <= null_tol * top[:, None]).sum(1)
             above = sv.gather(1, dims.clamp(max=r - 1)[:, None])[:, 0]
