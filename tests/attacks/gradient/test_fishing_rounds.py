@@ -82,6 +82,10 @@ def test_it_says_what_it_needs(digits):
     aggregated.extras["query"] = lb.requery(x, y, defense="secagg:2", population=digits)
     with pytest.raises(UnsupportedThreatModel, match="secure aggregation"):
         lb.attack("fishing-rounds", aggregated)
+    update = lb.observe(shipped, x, y, defense="local:1,0.1")
+    update.extras["query"] = lb.requery(x, y, defense="local:1,0.1")
+    with pytest.raises(UnsupportedThreatModel, match="FedSGD gradients"):
+        lb.attack("fishing-rounds", update)
 
 
 def test_the_matching_read_out_inverts_each_difference_on_a_convnet(digits):

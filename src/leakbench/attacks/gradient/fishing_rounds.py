@@ -21,7 +21,8 @@ Threat model (the paper's cross-silo setting): the client holds the same batch i
 ship a new head each round; ``Observation.extras["query"]`` is that client — a callable taking the shipped model
 and returning the next round's observation (sweeps attach it for malicious-server trials, fresh noise each round;
 :func:`leakbench.threat.requery` builds one).  Under secure aggregation the other clients' batches change from
-round to round, so differences do not isolate a sample: refused, with the reason (LOKI is the attack there).
+round to round, so differences do not isolate a sample: refused, with the reason (LOKI is the attack there); so are
+updates (FedAvg), whose float32 parameters hold the sharp head's large bias too coarsely for an integral count.
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ class FishingRounds(FishedAttack):
     """Wen et al.'s multi-round feature fishing: single samples from differences of rounds at chosen thresholds."""
 
     name = "fishing-rounds"
-    tags = ("gradient", "update", "modified-model", "rounds")
+    tags = ("gradient", "modified-model", "rounds")
     Options = FishingRoundsOptions
     preset_revisions = {"default": 0, "quick": 0}
     presets = {"quick": {"engine": "quick", "rounds": 24}}
@@ -120,10 +121,12 @@ class FishingRounds(FishedAttack):
             return ["fishing-rounds reads differences of rounds; under secure aggregation the other clients' "
                     "batches change from round to round, so no difference isolates one sample (loki is the "
                     "malicious-server attack for secure aggregation)"]
-        steps = len(obs.local_batches) if obs.local_batches else obs.local_steps
-        if obs.kind == "update" and steps > 1:
-            return [f"fishing-rounds reads one sample's gradient from a difference of rounds; an update of "
-                    f"{steps} local steps is not the sum of its samples' updates"]
+        if obs.kind == "update":
+            steps = len(obs.local_batches) if obs.local_batches else obs.local_steps
+            return ["fishing-rounds counts samples from the head's bias gradient to 1e-4; an update holds that bias "
+                    "(−m·τ, ~1e5 for a sharp head) in float32 to ~1e-2 of a step, so no count is an integer"
+                    + (f", and {steps} local steps are not the sum of the samples' updates" if steps > 1 else "")
+                    + " (it reads FedSGD gradients)"]
         return super().requirements(obs)
 
     def run(self, obs, *, seed=0, callback=None, progress=None) -> Reconstruction:

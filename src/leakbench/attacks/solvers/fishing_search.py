@@ -98,8 +98,10 @@ def isolate(ask: Callable[[float], tuple[float, Sequence[torch.Tensor]]], *, sta
     good = sorted({id(p): p for p in points if p.integral}.values(), key=lambda p: p.threshold)
     if len(good) < 2 or _count(good[-1]) - _count(good[0]) < 1:
         off = max((abs(r.count - round(r.count)) for r in rounds), default=0.0)
-        notes.append(f"no two rounds with integral counts bracket a sample (counts up to {off:.2g} off an integer: "
-                     "noise on the shared gradient, or too few rounds for the feature's spread)")
+        span = max((r.count for r in rounds), default=0.0) - min((r.count for r in rounds), default=0.0)
+        notes.append(f"no two rounds with integral counts bracket a sample (the counts span {span:.2g} and sit up to "
+                     f"{off:.2g} off an integer: noise or clipping on the shared gradient, or too few rounds for the "
+                     "feature's spread)")
         return Search([], rounds, None, notes)
     bracket = (good[0].threshold, good[-1].threshold)
     if _count(good[-1]) - _count(good[0]) < total:
