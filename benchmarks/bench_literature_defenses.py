@@ -47,7 +47,7 @@ QUICK_SPECS = ["none", "noise:0.1", "soteria:0.8", "topk:0.01", "mixup:1", "inst
 #: (model, act, batch, draws, utility epochs, attack iterations, image size in px (None: the dataset's own)).
 #: CIFAR-10 runs at 16 × 16 on the digits' stride-1 CNN with 500 iterations: at 32 × 32 on
 #: ``cnn:3-8-2-1,3-16-2-1`` (two stride-2 layers) the attack matched the gradient to a cosine distance of 1e-5 and
-#: still stayed at the grey image's PSNR on three tuning batches (+0.5 … −0.3 dB; 120 or 500 iterations alike):
+#: still stayed at the grey image's PSNR on three tuning batches (−0.2 / +0.8 / +0.8 dB at 500 iterations):
 #: that network's gradient does not pin a 32 × 32 batch of two.  At 16 × 16 the stride-1 CNN was +1.2 / +3.3 / +3.6
 #: dB above grey on the same tuning batches (B = 2), and exact at B = 1 (51 dB).
 SETUPS = {"digits": ("cnn:3-8-1-1,3-8-2-1", "tanh", 2, 3, 3, 120, None),
