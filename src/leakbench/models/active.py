@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from .malicious import _copy_attributes, _head, _input_shape, _param_device, _public
 
 __all__ = ["TrapBlock", "trap_weights", "first_linear", "trap_rows", "trap_scales", "fishing", "feature_fishing",
-           "refished"]
+           "refished", "head_inputs"]
 
 
 # --------------------------------------------------------------------------- trap weights (Boenisch et al.)
@@ -353,19 +353,7 @@ def feature_fishing(model: nn.Module, *, target: int, quantile: float | None, fe
     if int(mine.sum()) < 4:
         raise ConfigError(f"feature fishing needs at least 4 public samples of class {target} to place its "
                           f"threshold, got {int(mine.sum())} (argument calibration)")
-    device, dtype = _param_device(shipped)
-    seen: list[torch.Tensor] = []
-    handle = head.register_forward_hook(lambda m, i, o: seen.append(i[0].detach().reshape(i[0].shape[0], -1)))
-    was = shipped.training
-    shipped.eval()
-    try:
-        with torch.no_grad():
-            for s in range(0, images.shape[0], 256):
-                shipped(images[s:s + 256].to(device, dtype))
-    finally:
-        handle.remove()
-        shipped.train(was)
-    phi_all = torch.cat(seen).double().cpu()
+    phi_all = head_inputs(shipped, name, images)
     mine = mine.cpu()
     phi = phi_all[mine]
     if feature in (None, "auto"):
@@ -426,6 +414,25 @@ def _candidate_features(phi: torch.Tensor, first: int, tau: float, spread: float
         if k != first and float(spreads[k]) > 0:
             out.append((int(k), float(phi[:, k].median()), float(spreads[k])))
     return out
+
+
+def head_inputs(model: nn.Module, head: str, images: torch.Tensor, *, chunk: int = 256) -> torch.Tensor:
+    """The input φ of ``model``'s layer ``head`` for each of ``images`` (N × width, float64 on the CPU), in eval
+    mode and without gradients, ``chunk`` images at a time; the model's mode is restored."""
+    layer = dict(model.named_modules())[head]
+    device, dtype = _param_device(model)
+    seen: list[torch.Tensor] = []
+    handle = layer.register_forward_hook(lambda m, i, o: seen.append(i[0].detach().reshape(i[0].shape[0], -1)))
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for s in range(0, images.shape[0], chunk):
+                model(images[s:s + chunk].to(device, dtype))
+    finally:
+        handle.remove()
+        model.train(was)
+    return torch.cat(seen).double().cpu()
 
 
 def refished(shipped: nn.Module, threshold: float, scale: float | None = None, feature: int | None = None) -> nn.Module:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from ...errors import NothingRecovered, expect
-from ...models.active import refished
+from ...models.active import head_inputs, refished
 from ...threat import Observation
 from ..base import Reconstruction, register
 from ..solvers.fishing_base import FishedAttack, FishingOptions, fished_count, invert_fished, per_client
@@ -179,8 +179,9 @@ class FishingRounds(FishedAttack):
             first = (Round(centre, fished_count(obs, head, target), body(obs))
                      if j == shipped[0] and float(getattr(model, "fishing_scale", 0.0)) * width >= o.sharpness
                      else None)
-            positions = (_positions(model, head, torch.stack([x for x, _ in reads]).reshape(-1, *obs.input_shape),
-                                    j) if reads else None)
+            # where the samples already read sit along this feature (the server knows its model)
+            positions = (head_inputs(model, head, torch.stack([x for x, _ in reads]).reshape(-1, *obs.input_shape))[:, j]
+                         if reads else None)
             inside = None if positions is None else (
                 lambda a, b, pos=positions: int(((pos >= a) & (pos < b)).sum()))
             search = isolate(ask, start=centre, spread=width, total=total, budget=left, want=want - len(singles),
@@ -235,20 +236,3 @@ class FishingRounds(FishedAttack):
             trace["match"] = notes[0] if notes else ""
         return Reconstruction(images=images.detach(), confidence=confidence, trace=trace)
 
-
-def _positions(model: torch.nn.Module, head: str, images: torch.Tensor, feature: int) -> torch.Tensor:
-    """φ_feature of the head's input for ``images`` (N × input shape: the samples already read), on a frozen copy in
-    eval mode."""
-    import copy
-
-    probe = copy.deepcopy(model).eval()
-    seen: list[torch.Tensor] = []
-    handle = dict(probe.named_modules())[head].register_forward_hook(
-        lambda m, i, out: seen.append(i[0].detach().reshape(i[0].shape[0], -1)))
-    try:
-        with torch.no_grad():
-            p = next(probe.parameters())
-            probe(images.to(p.device, p.dtype))
-    finally:
-        handle.remove()
-    return seen[0][:, feature].double().cpu()

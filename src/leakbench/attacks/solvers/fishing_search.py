@@ -95,7 +95,7 @@ def isolate(ask: Callable[[float], tuple[float, Sequence[torch.Tensor]]], *, sta
             break
         if low.integral and high.integral and _count(high) - _count(low) >= total:
             break
-    good = sorted({id(p): p for p in points if p.integral}.values(), key=lambda p: p.threshold)
+    good = sorted((p for p in points if p.integral), key=lambda p: p.threshold)
     if len(good) < 2 or _count(good[-1]) - _count(good[0]) < 1:
         off = max((abs(r.count - round(r.count)) for r in rounds), default=0.0)
         span = max((r.count for r in rounds), default=0.0) - min((r.count for r in rounds), default=0.0)
