@@ -146,7 +146,7 @@ def test_demo_runs_the_bundled_sweep_spec():
     from leakbench.evaluation import load_spec
 
     spec = load_spec(demo_spec_path())
-    assert spec.name == "demo" and spec.batch_sizes == [1, 4, 8]
+    assert spec.name == "demo" and spec.batch_sizes == [1, 4, 8, 64]
 
 
 def test_demo_rejects_bad_workers(tmp_path):

@@ -39,7 +39,7 @@ def demo_command(
     spec: Annotated[Path | None, typer.Option(help="Run this sweep spec instead of the bundled one.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar; print only the report path.")] = False,
 ) -> None:
-    """Every threat model on bundled 32×32 photos (B = 1, 4, 8): results.db, report/index.html."""
+    """Every threat model on bundled 32×32 photos (B = 1, 4, 8; 64 on a wide MLP): results.db, report/index.html."""
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
     if workers < 1:
         raise ConfigError(f"expected --workers ≥ 1, got {workers}")

@@ -213,13 +213,24 @@ def test_the_joint_re_solve_reproduces_the_observed_first_layer_gradient(joint):
 def test_a_batch_only_partly_recovered_certifies_no_sample_wrongly():
     # B = 96 on mlp:700: most samples share every neuron with another; what is certified is exact, the samples
     # peeled provisionally and never closed by the joint certificate stay uncertified, and the trace says why
+    # (without the next layer's directions, which recover this batch whole: the test below)
     model, x, y, obs = _warped("mlp:700", 96, seed=3)
-    rec = lb.attack("spear", obs, rounds=0, seconds=5)
+    rec = lb.attack("spear", obs, rounds=0, seconds=5, next_layer=False)
     err, certified, _ = _matched_errors(rec, x, y)
     assert 0 < int(certified.sum()) < 96 and "unrecovered" in rec.trace
     assert (err[certified] < 1e-4).all(), err[certified].max()        # PRECISION of the data range
     assert rec.trace["joint_residual"] > 30 * torch.finfo(torch.float32).eps   # the joint certificate refused
     assert int((err > 1e-4).sum()) > 0                                 # so there was something to refuse
+
+
+def test_the_next_layers_structure_recovers_the_batch_that_shared_kernels_leave_partial():
+    # the same B = 96 batch: g_i = D_i ⊙ W₂ᵀv_i gives every direction from the gradient's rows (measured: 96 of 96
+    # certified in 6 s, against 15 in 41 s without it at seconds=20); each certificate is checked against the truth
+    model, x, y, obs = _warped("mlp:700", 96, seed=3)
+    rec = lb.attack("spear", obs, seconds=20)
+    err, certified, _ = _matched_errors(rec, x, y)
+    assert int(certified.sum()) == 96 and (err < 1e-4).all(), (int(certified.sum()), float(err.max()))
+    assert sum(p.get("next_layer", 0) for p in rec.trace["passes"]) > 0
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ def test_the_demo_is_a_real_evaluation():
     assert [(d.name, d.options.get("size")) for d in spec.datasets] == [("photos", 32)]
     # trained models, not untrained toys: one epoch, or FedAvg rounds attacked along training
     assert all(m.training.epochs >= 1 or (m.federated and max(m.federated.rounds) >= 5) for m in spec.models)
-    assert spec.batch_sizes == [1, 4, 8]
+    assert spec.batch_sizes == [1, 4, 8, 64]
     assert FAMILIES <= {d.split(":")[0] for d in spec.defense_specs()}
     assert {"inverting-gradients", "liu2024", "robbing-the-fed", "cocktail-party"} <= {a.name for a in spec.attacks}
     trials = plan(spec)
@@ -35,7 +35,11 @@ def test_the_demo_is_a_real_evaluation():
     # DP-SGD at a setting that guarantees something: single-digit ε after the demo's one epoch
     assert all(float(d.split(":")[1].split(",")[1]) >= 1.0 for d in spec.defense_specs() if d.startswith("dpsgd"))
     utility = {(t.model_key, t.batch_size) for t in trials if t.kind == "utility" and "federated" not in t.training}
-    assert {b for _, b in utility} == {1, 4, 8}
+    assert {b for _, b in utility} == {1, 4, 8, 64}
+    # B = 64 is the large-batch cell's alone: SPEAR on an MLP wide enough (≥ 2B neurons), priced at that B
+    large = [t for t in trials if t.batch_size == 64]
+    assert {t.model_key for t in large} == {"mlp-wide"} and {t.attack for t in large if t.kind == "attack"} >= {"spear"}
+    assert {b for k, b in utility if k == "mlp-wide"} == {64}
     # membership with reference models against the demo CNN, on enough points to measure TPR at 1 % FPR
     cnn = next(m for m in spec.models if m.key == "cnn")
     ref = next(e for e in spec.membership if e.reference)

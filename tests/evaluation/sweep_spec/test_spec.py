@@ -68,7 +68,7 @@ def test_bundled_demo_spec_is_valid():
     from leakbench.cli.demo import demo_spec_path
 
     spec = load_spec(demo_spec_path())  # its plan is checked in test_presets.py (planning it takes seconds)
-    assert spec.batch_sizes == [1, 4, 8]
+    assert spec.batch_sizes == [1, 4, 8, 64]
     assert {a.name for a in spec.attacks} <= set(ATTACKS.names())
 
 

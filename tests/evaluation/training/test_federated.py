@@ -195,7 +195,6 @@ def test_plan_has_utility_clients_and_public_trials_per_round():
 
 
 @pytest.mark.parametrize("change, field", [
-    ({"batch_sizes": [16]}, "federated.public"),
     ({"models": [{"spec": "mlp:16", "training": {"epochs": 2}, "federated": FED}]}, "training.epochs"),
     (with_fed(rounds=[-1]), "rounds"),
     (with_fed(partition="skewed"), "partition"),
@@ -206,6 +205,19 @@ def test_a_bad_federated_spec_is_one_line_naming_the_fix(change, field):
     with pytest.raises(ConfigError, match=field) as err:
         load_spec({**SPEC, **change})
     assert "\n" not in str(err.value)
+
+
+def test_the_public_client_must_hold_every_batch_attacked_on_the_federated_model():
+    """federated.public bounds the batch sizes attacked on that model, after the include/exclude rules: a batch
+    size planned only for another model is fine."""
+    with pytest.raises(ConfigError, match=r"models\[0\]\.federated\.public.*B = 16") as err:
+        plan(load_spec({**SPEC, "batch_sizes": [2, 16]}))
+    assert "\n" not in str(err.value)
+    other = {**SPEC, "models": [*SPEC["models"], {"spec": "mlp:8", "label": "wide"}], "batch_sizes": [2, 16],
+             "exclude": [{"model": "mlp:16", "batch_size": 16}]}
+    trials = plan(load_spec(other))
+    assert {t.batch_size for t in trials if t.kind == "attack" and t.model_key == "wide"} == {2, 16}
+    assert {t.batch_size for t in trials if t.kind == "attack" and t.model_key != "wide"} == {2}
 
 
 def test_utility_applies_to_the_other_models_and_a_local_defense_sets_the_clients_training(data):

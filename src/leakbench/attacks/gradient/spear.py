@@ -91,6 +91,14 @@ found so far proposing first (its own direction, and the kernels it shares with 
 missing).  With all B directions X = Q⁻¹R/s is exact, and the batch is kept only under the joint certificate.
 Re-solves of the found samples (``_refine_found``) hold the certified ones fixed.
 
+The next layer (ours; option ``next_layer``).  When a linear layer W₂ follows the attacked ReLU layer, a sample's
+column of ∂L/∂Z is g_i = D_i ⊙ W₂ᵀv_i (v_i = ∂L/∂z₂, m₂ numbers): every neuron satisfies L_j q = 0 or
+L_j q = W₂[:, j]ᵀv.  :mod:`~leakbench.attacks.solvers.next_layer` solves that from the candidates' activation
+patterns, re-assigning each neuron to the equation it fits until the pattern is stable, first without the least
+certain neurons; it proposes before SPEAR's row subsets in every factorisation (whenever m ≥ 2(B + m₂)), and its
+directions pass the same refinement, sparsity filter and certificates.  Measured on digits-like batches where the
+kernels of similar samples stall (docs/analytic.md).
+
 Limits, said in ``trace``: ``rank`` and ``rank_deficient`` (SPEAR alone would stop there), ``passes`` (how many
 each pass peeled and SPEAR certified), ``unrecovered`` (samples that share every neuron with another and sit
 inside a linear dependency: neither route separates them; they come back as SPEAR's least-squares estimates,
@@ -150,6 +158,13 @@ def _tolerances(o: SpearOptions, dtype: torch.dtype) -> tuple[float, float, floa
             o.tol or max(30 * eps, 1e-9))
 
 
+def _next_weight(chain) -> torch.Tensor | None:
+    """W₂ of a linear layer right after the attacked ReLU layer (its outputs reach W₂ only through the ReLU)."""
+    if len(chain.blocks) < 2 or chain.blocks[0].act != "relu" or chain.blocks[1].kind != "linear":
+        return None
+    return chain.blocks[1].layer.weight.detach()
+
+
 def _deadline(seconds: float) -> float:
     """``time.perf_counter()`` after which SPEAR's rounds stop (option ``seconds``; 0 = none)."""
     return time.perf_counter() + seconds if seconds else float("inf")
@@ -163,9 +178,10 @@ class Spear(Attack):
     tags = ("gradient", "update")
     Options = SpearOptions
     presets = {"quick": {"rounds": 2}}
-    preset_revisions = {"default": 3, "quick": 3}  # 1: peeling, precision-gated certificates, option seconds;
+    preset_revisions = {"default": 4, "quick": 4}  # 1: peeling, precision-gated certificates, option seconds;
     # 2: updates of several local steps (replay certificate), an update's storage round-off in the row bounds;
-    # 3: shared kernels split, SPEAR on the whole gradient when the residual stalls
+    # 3: shared kernels split, SPEAR on the whole gradient when the residual stalls; 4: directions from the next
+    # linear layer's structure (option next_layer)
 
     def requirements(self, obs: Observation) -> list[str]:
         reasons = analytic_reasons(obs, attack=self.name, batch_one=False, several_steps=True)
@@ -198,6 +214,7 @@ class Spear(Attack):
         self._deadline = _deadline(o.seconds)
         chain = layer_chain(obs.model, obs.input_shape)
         first = chain.blocks[0]
+        self._next_weight = _next_weight(chain) if o.next_layer else None
         grad_w, grad_b = layer_gradients(obs, first.layer, obs.gradients, param_index(obs))
         weight = first.layer.weight.detach().double()
         bias = first.layer.bias.detach().double()
@@ -247,7 +264,7 @@ class Spear(Attack):
                 break
             x_hat, deltas, found, precise, info = factorise(
                 res.grad_w, res.grad_b, weight, bias, remaining, (rcond, zero_tol, null_tol, tol), obs.device, hi - lo,
-                options=o, deadline=self._deadline)
+                options=o, deadline=self._deadline, next_weight=self._next_weight)
             trace["passes"][-1].update({"spear": int((found & precise).sum()) if x_hat is not None else 0, **info})
             trace["rounds"] += info.get("rounds", 0)
             if x_hat is None:
@@ -290,7 +307,7 @@ class Spear(Attack):
         x_hat, deltas, _, _, info = factorise(grad_w, grad_b, weight, bias, batch, tolerances, obs.device, hi - lo,
                                               options=self.options, deadline=self._deadline,
                                               extra=torch.stack(res.inputs) if res.count else None,
-                                              factors=WHOLE_FACTORS)
+                                              factors=WHOLE_FACTORS, next_weight=self._next_weight)
         trace["complete"] = {k: v for k, v in info.items() if not isinstance(v, list)}
         if x_hat is None or info.get("found", 0) < batch:
             return res, estimates

@@ -11,6 +11,7 @@ import torch
 
 from .sparse_span import (certify, decompose, directions_from_inputs, exact_zeros, refine, scales, strays,
                           unique_columns)
+from .next_layer import DROPS, next_layer_directions, usable
 from .spear_options import SpearOptions
 from .spear_search import (complete_basis, pattern_disagreements, repair_directions, row_inputs, sample_precision,
                            select_directions)
@@ -33,17 +34,21 @@ SCALES = torch.cat([torch.logspace(-0.7, 0.7, 15), -torch.logspace(-0.7, 0.7, 15
 PRECISION = 1e-4
 #: a zero of a noised gradient is below this many times its noise level (σ_{B+1}/σ_1 of ∂L/∂W).
 NOISE_ZEROS = 10.0
+#: the next layer's directions are sought only on gradients whose σ_{B+1}/σ_1 is below this (round-off, not noise)
+QUIET = 1e-5
 
 def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, batch: int,
               tolerances: tuple[float, float, float, float], device, width: float = 1.0, *, options: SpearOptions,
               deadline: float = float("inf"), extra: torch.Tensor | None = None,
-              factors: tuple[float, ...] = ROW_FACTORS
+              factors: tuple[float, ...] = ROW_FACTORS, next_weight: torch.Tensor | None = None
               ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor, dict]:
     """SPEAR's Algorithm 1 on a (residual) gradient of ``batch`` samples: the estimates X̂ (rank×n), their δ̂,
     which pass SPEAR's pattern certificate and which of those are also precise (estimated max-abs error
     ≤ ``PRECISION``·``width``), or None when the gradient is zero or the directions are singular.  ``extra``:
     candidate inputs proposed before the gradient's rows (and, with them, the solved rows of the selected directions
-    in later rounds); ``deadline``: ``time.perf_counter()`` after which no further row factor is tried."""
+    in later rounds); ``deadline``: ``time.perf_counter()`` after which no further row factor is tried;
+    ``next_weight``: the weight W₂ of the linear layer after this ReLU layer, whose structure proposes more
+    directions where SPEAR's kernels stall (:mod:`.next_layer`)."""
     o = options
     rcond, zero_tol, null_tol, tol = tolerances
     dec = decompose(grad_w, batch, rcond)
@@ -54,6 +59,8 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
         noise = float(dec.spectrum[batch] / dec.spectrum[0])
         zero_tol, null_tol = max(zero_tol, NOISE_ZEROS * noise), max(null_tol, NOISE_ZEROS * noise)
     info["zero_tol"] = zero_tol
+    # exact zeros (σ_{B+1} at round-off): the next layer's equations hold to round-off, not to a noise level
+    quiet = dec.spectrum.numel() <= batch or float(dec.spectrum[batch]) <= QUIET * float(dec.spectrum[0])
     none = torch.zeros(0, dtype=torch.bool, device=device)
     if rank < batch:
         info["rank_deficient"] = (f"∂L/∂W has rank {rank} < batch {batch}: the inputs are linearly dependent, "
@@ -74,6 +81,12 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
     last = o.rounds if rank == batch else 0
     for round_ in range(last + 1):
         info["rounds"] = round_ + 1
+        if next_weight is not None and selected.shape[1] < rank and rank == batch and quiet and \
+                usable(int(live.sum()), rank, next_weight.shape[0]) and time.perf_counter() <= deadline:
+            # first (ours): the next layer's structure proposes from the same candidates; at large B it finds in
+            # seconds what the kernels' row subsets find in minutes, and what it leaves the kernels still try
+            found, selected = _next_layer_pass(left, weight, bias, next_weight, inputs, found, selected, rank, dead,
+                                               (zero_tol, null_tol), deadline, info)
         for factor in factors:  # fewest rows first; stop as soon as B directions are selected
             rows = min(max(int(factor * rank), rank - 1), int(live.sum()), MAX_ROWS)
             if rows < max(rank - 1, 1):
@@ -139,3 +152,25 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
     info["imprecise"] = int((exact & ~(precision <= PRECISION * width)).sum())
     info.update({"pattern_mismatch": cert.pattern_mismatch.tolist(), "sample_residual": cert.residual.tolist()})
     return x_hat, deltas, exact, precision <= PRECISION * width, info
+
+
+def _next_layer_pass(left, weight, bias, next_weight, inputs, found, selected, rank: int, dead: int,
+                     tolerances: tuple[float, float], deadline: float, info: dict):
+    """Directions from :mod:`.next_layer`, the neurons' certainty cut at each fraction in turn until B are selected;
+    each judged by SPEAR's refinement and sparsity filter like a kernel's."""
+    zero_tol, null_tol = tolerances
+    began = time.perf_counter()
+    if deadline != float("inf"):   # half of what is left: the kernels still get theirs (CIFAR-10, B = 256: the last
+        deadline = began + (deadline - began) / 2    # two directions came only from them)
+    for drop in DROPS:
+        q = next_layer_directions(left, weight, bias, next_weight, inputs, drops=(drop,), deadline=deadline)
+        exact, zeros, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank))
+        keep = single & (zeros >= rank - 1 + dead + max(4, rank // 8))
+        found = torch.cat([found, exact[:, keep]], 1)
+        found = found[:, unique_columns(found)]
+        before, selected = selected.shape[1], select_directions(left, found, zero_tol)
+        info["next_layer"] = info.get("next_layer", 0) + selected.shape[1] - before
+        if selected.shape[1] >= rank or time.perf_counter() > deadline:
+            break
+    info["next_layer_seconds"] = info.get("next_layer_seconds", 0.0) + time.perf_counter() - began
+    return found, selected

@@ -27,6 +27,9 @@ class SpearOptions:
     #: wall-clock budget in seconds for SPEAR's rounds, and again for its pass on the whole gradient (0 = none);
     #: peeling passes are not cut.
     seconds: float = 60.0
+    #: where SPEAR's kernels stall and a linear layer follows the ReLU layer, also propose directions that fit that
+    #: layer's structure, g_i = D_i ⊙ W₂ᵀv_i (:mod:`.next_layer`; ours, not the paper's)
+    next_layer: bool = True
 
     def check(self) -> None:
         for name in ("rcond", "zero_tol", "null_tol", "tol"):
@@ -35,3 +38,5 @@ class SpearOptions:
         expect(self.candidates >= 1, f"expected candidates ≥ 1, got {self.candidates} (option candidates)")
         expect(self.rounds >= 0, f"expected rounds ≥ 0, got {self.rounds} (option rounds)")
         expect(self.seconds >= 0, f"expected seconds ≥ 0 (0 = no limit), got {self.seconds} (option seconds)")
+        expect(isinstance(self.next_layer, bool), f"expected next_layer true or false, got {self.next_layer!r} "
+               "(option next_layer)")

@@ -271,11 +271,17 @@ def _check_runs(spec: SweepSpec, i: int, n: int) -> None:
 
 def _check_federated(spec: SweepSpec, m, data, where: str) -> None:
     """Every seed's FedAvg layout exists (test split, public set, clients) and every client and the public set hold
-    the largest batch: the check each of the model's trials makes (:mod:`.federated`), made before any runs."""
+    the largest batch attacked on this model (after the include/exclude rules): the check each of the model's trials
+    makes (:mod:`.federated`), made before any runs."""
     from ..training.federated import client_batch, layout
+    from ..trials.plan import plan, split_round
 
     config = m.federated.run_options()
-    largest = max(spec.batch_sizes)
+    sizes = [t.batch_size for t in plan(spec.model_copy(update={"images": 1}))
+             if t.kind == "attack" and split_round(t.model_key)[0] == m.key]
+    if not sizes:
+        return
+    largest = max(sizes)
     for seed in spec.seeds:
         try:
             lay = layout(data, config, seed)

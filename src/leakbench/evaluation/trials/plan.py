@@ -7,16 +7,19 @@ section) come first: they are few and the privacy–utility plot needs them all.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 from collections.abc import Iterable, Mapping
 
 from ...attacks import preset_revision
 from ...defenses import family_of
+from ...errors import ConfigError
 from .origins import stamp
 from ..sweep_spec.model import SweepSpec
 from .trial import TrialSpec
 
 
+@lru_cache(maxsize=4096)  # matched once per rule and trial: thousands of calls on a few settings
 def defense_family(defense: str) -> tuple[str, str]:
     """``"clip:4+noise:0.01"`` → ``("clip+noise", "4, 0.01")``; ``"none"`` → ``("none", "")`` (the defense grammar's
     :func:`~leakbench.defenses.family_of`)."""
@@ -87,10 +90,11 @@ def plan(spec: SweepSpec) -> list[TrialSpec]:
     common = dict(device=spec.device, threads=spec.threads, stack=spec.stack,
                   trial_seconds=spec.budget.trial_seconds, save_images=spec.save_images)
     for d in spec.datasets:
-        for m in spec.models:
+        for i, m in enumerate(spec.models):
             if m.federated is not None:
                 for t in _federated(spec, d, m, defenses, common):
                     if keep(t, spec.include, spec.exclude):
+                        _check_public(t, m, i)
                         trials.setdefault(t.key, t)
                 continue
             base = dict(dataset=d.name, data_options=dict(d.options), dataset_key=d.key, model=m.spec,
@@ -184,6 +188,16 @@ def _federated(spec: SweepSpec, d, m, defenses: list[str], common: dict) -> list
                                     threat={**spec.threat.model_dump(), **a.threat}, training=training, client=client,
                                     **base, **common))
     return out
+
+
+def _check_public(trial: TrialSpec, model, index: int) -> None:
+    """A federated model's public client must hold a whole batch of every size attacked on it (after the rules)."""
+    public = model.federated.public
+    if trial.kind == "attack" and public and trial.batch_size > public:
+        raise ConfigError(f"spec field models[{index}].federated.public: expected at least every batch size attacked "
+                          f"on model {model.key!r} so the public client holds a batch, got {public} < B = "
+                          f"{trial.batch_size}; raise its federated.public or exclude batch_size "
+                          f"{trial.batch_size} for this model")
 
 
 def _server(model) -> dict[str, Any]:
