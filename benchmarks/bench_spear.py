@@ -54,15 +54,19 @@ def _timed(name: str, obs, **options):
     return rec, time.perf_counter() - start
 
 
-def _spear_counts(obs, x: torch.Tensor) -> tuple[int, int, int, float, int]:
-    """exact (> 60 dB), certified, falsely certified (max-abs error > 1e-4 after matching), seconds, rank."""
-    rec, seconds = _timed("spear", obs)
+def _matched(rec, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per original, after matching: PSNR, max-abs error and whether its reconstruction is certified."""
     scores = lb.compare(rec, x)
-    psnr = torch.tensor(scores["per_sample"]["psnr"])
     order = torch.tensor(scores["order"])
     b = x.shape[0]
     err = (x.reshape(b, -1).double() - rec.images.reshape(b, -1).double()[order]).abs().amax(1)
-    certified = rec.confidence.bool()[order]
+    return torch.tensor(scores["per_sample"]["psnr"]), err, rec.confidence.bool()[order]
+
+
+def _spear_counts(obs, x: torch.Tensor) -> tuple[int, int, int, float, int]:
+    """exact (> 60 dB), certified, falsely certified (max-abs error > 1e-4 after matching), seconds, rank."""
+    rec, seconds = _timed("spear", obs)
+    psnr, err, certified = _matched(rec, x)
     return (int((psnr > 60).sum()), int(certified.sum()), int((certified & (err > 1e-4)).sum()), seconds,
             rec.trace["rank"])
 
@@ -325,10 +329,7 @@ def trained_next_layer() -> None:
             grey = _scores(torch.full_like(x, sum(obs.data_range) / 2), x)
             for flag in (True, False):
                 rec, seconds = _timed("spear", obs, next_layer=flag)
-                scores = lb.compare(rec, x)
-                order_ = torch.tensor(scores["order"])
-                err = (x.reshape(batch, -1).double() - rec.images.reshape(batch, -1).double()[order_]).abs().amax(1)
-                cert = rec.confidence.bool()[order_]
+                _, err, cert = _matched(rec, x)
                 rows.append((batch, k, "on" if flag else "off", f"{int((err < 1e-4).sum())}/{batch}", int(cert.sum()),
                              int((cert & (err > 1e-4)).sum()), seconds, f"{int((grey > 60).sum())}/{batch}"))
     table(f"spear on a trained mlp:1000 (held-out accuracy {acc:.3f}), digits-like 28×28, with and without next_layer",

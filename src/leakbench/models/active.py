@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .malicious import _copy_attributes, _head, _input_shape, _param_device, _public
+from .malicious import _copy_attributes, _head, _input_shape, _layer_inputs, _param_device, _public
 
 __all__ = ["TrapBlock", "trap_weights", "first_linear", "trap_rows", "trap_scales", "fishing", "feature_fishing",
            "refished", "head_inputs"]
@@ -419,20 +419,7 @@ def _candidate_features(phi: torch.Tensor, first: int, tau: float, spread: float
 def head_inputs(model: nn.Module, head: str, images: torch.Tensor, *, chunk: int = 256) -> torch.Tensor:
     """The input φ of ``model``'s layer ``head`` for each of ``images`` (N × width, float64 on the CPU), in eval
     mode and without gradients, ``chunk`` images at a time; the model's mode is restored."""
-    layer = dict(model.named_modules())[head]
-    device, dtype = _param_device(model)
-    seen: list[torch.Tensor] = []
-    handle = layer.register_forward_hook(lambda m, i, o: seen.append(i[0].detach().reshape(i[0].shape[0], -1)))
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for s in range(0, images.shape[0], chunk):
-                model(images[s:s + chunk].to(device, dtype))
-    finally:
-        handle.remove()
-        model.train(was)
-    return torch.cat(seen).double().cpu()
+    return _layer_inputs(model, dict(model.named_modules())[head], images, chunk=chunk).cpu()
 
 
 def refished(shipped: nn.Module, threshold: float, scale: float | None = None, feature: int | None = None) -> nn.Module:

@@ -297,23 +297,28 @@ def _head(model: nn.Module, shape: tuple[int, ...]) -> tuple[str, nn.Linear]:
 CENTERS = (None, "noise", "calibration")
 
 
-def _mean_head_input(model: nn.Module, head: nn.Module, inputs: torch.Tensor, *, train: bool,
-                     chunk: int) -> torch.Tensor:
-    """Mean over ``inputs`` of the input of ``head`` in ``model`` (a throw-away copy, in the client's mode)."""
-    probe = copy.deepcopy(model)
-    probe.train(train)
+def _layer_inputs(model: nn.Module, layer: nn.Module, inputs: torch.Tensor, *, train: bool = False,
+                  chunk: int = 256) -> torch.Tensor:
+    """The input of ``layer`` (a module of ``model``, or ``model`` itself) for each of ``inputs`` (N × width, float64
+    on the model's device), without gradients, ``chunk`` at a time.  In train mode (the client's, with BatchNorm) a
+    throw-away copy runs, since train mode moves the running statistics; in eval mode the model runs and gets its
+    mode back."""
+    probe = copy.deepcopy(model) if train else model
     names = {id(m): n for n, m in model.named_modules()}
-    target = probe.get_submodule(names[id(head)]) if names[id(head)] else probe
+    target = probe.get_submodule(names[id(layer)])
     seen: list[torch.Tensor] = []
     handle = target.register_forward_pre_hook(lambda _m, i: seen.append(i[0].detach().reshape(i[0].shape[0], -1)))
     device, dtype = _param_device(model)
+    was = probe.training
+    probe.train(train)
     try:
         with torch.no_grad():
             for s in range(0, inputs.shape[0], chunk):
                 probe(inputs[s:s + chunk].to(device, dtype))
     finally:
         handle.remove()
-    return torch.cat(seen).double().mean(0)
+        probe.train(was)
+    return torch.cat(seen).double()
 
 
 def random_head(model: nn.Module, *, width: int = 4096, seed: int = 0, act: str = "relu", std: float = 1.0,
@@ -355,14 +360,14 @@ def random_head(model: nn.Module, *, width: int = 4096, seed: int = 0, act: str 
             got = tuple(calibration.shape) if isinstance(calibration, torch.Tensor) else type(calibration).__name__
             raise ConfigError(f"expected calibration samples of shape (N ≥ 2, {', '.join(map(str, shape))}) "
                               f"for center='calibration', got {got} (argument calibration)")
-        mu = _mean_head_input(shipped, head, calibration.detach(), train=train, chunk=center_batch)
+        mu = _layer_inputs(shipped, head, calibration.detach(), train=train, chunk=center_batch).mean(0)
     elif center == "noise":
         lo, hi = (float(v) for v in data_range)
         if not hi > lo:
             raise ConfigError(f"expected data_range (lo, hi) with hi > lo, got {data_range!r} (argument data_range)")
         gen = torch.Generator().manual_seed(int(seed) + 1)
         noise = lo + (hi - lo) * torch.rand((32 * center_batch, *shape), generator=gen, dtype=torch.float64)
-        mu = _mean_head_input(shipped, head, noise, train=train, chunk=center_batch)
+        mu = _layer_inputs(shipped, head, noise, train=train, chunk=center_batch).mean(0)
     block = RandomFeatureHead(head, width, act=act, std=std, scale=scale,
                               generator=torch.Generator().manual_seed(int(seed)), center=mu)
     if name == "":

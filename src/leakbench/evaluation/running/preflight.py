@@ -203,6 +203,7 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
     report = Preflight(trials=total, kinds=kinds or {"trials (upper bound)": total})
     device = torch.device(spec.device)
     smallest = min(spec.batch_sizes)
+    attacked = None   # the largest batch attacked per federated model, planned once when one is met
     for i, d in enumerate(spec.datasets):
         where = f"datasets[{i}] ({d.key})"
         try:
@@ -236,7 +237,10 @@ def preflight(spec: SweepSpec, *, yes: bool = False) -> Preflight:
                 raise ConfigError(f"{where}: cannot build it: {_first_line(err)}") from None
             report.models += 1
             if m.federated is not None:
-                _check_federated(spec, m, data, f"models[{j}].federated ({m.key}) on datasets[{i}] ({d.key})")
+                if attacked is None:
+                    attacked = _attacked_sizes(spec)
+                _check_federated(spec, m, data, attacked.get(m.key),
+                                 f"models[{j}].federated ({m.key}) on datasets[{i}] ({d.key})")
             if m.server is not None:
                 model = _server_model(spec, m, j, model, data, where)
             for threat in _threat_variants(spec):
@@ -269,19 +273,27 @@ def _check_runs(spec: SweepSpec, i: int, n: int) -> None:
             check_training(u.epochs, b, u.lr, n, field="utility")
 
 
-def _check_federated(spec: SweepSpec, m, data, where: str) -> None:
-    """Every seed's FedAvg layout exists (test split, public set, clients) and every client and the public set hold
-    the largest batch attacked on this model (after the include/exclude rules): the check each of the model's trials
-    makes (:mod:`.federated`), made before any runs."""
-    from ..training.federated import client_batch, layout
+def _attacked_sizes(spec: SweepSpec) -> dict[str, int]:
+    """The largest batch size attacked on each federated model (its key), after the include/exclude rules."""
     from ..trials.plan import plan, split_round
 
-    config = m.federated.run_options()
-    sizes = [t.batch_size for t in plan(spec.model_copy(update={"images": 1}))
-             if t.kind == "attack" and split_round(t.model_key)[0] == m.key]
-    if not sizes:
+    largest: dict[str, int] = {}
+    for t in plan(spec.model_copy(update={"images": 1})):
+        if t.kind == "attack" and "federated" in t.training:
+            key = split_round(t.model_key)[0]
+            largest[key] = max(largest.get(key, 0), t.batch_size)
+    return largest
+
+
+def _check_federated(spec: SweepSpec, m, data, largest: int | None, where: str) -> None:
+    """Every seed's FedAvg layout exists (test split, public set, clients) and every client and the public set hold
+    ``largest``, the largest batch attacked on this model (None: none is): the check each of the model's trials
+    makes (:mod:`.federated`), made before any runs."""
+    from ..training.federated import client_batch, layout
+
+    if largest is None:
         return
-    largest = max(sizes)
+    config = m.federated.run_options()
     for seed in spec.seeds:
         try:
             lay = layout(data, config, seed)
