@@ -185,8 +185,9 @@ def _large_data():
     return out
 
 
-def large() -> None:
-    """B = 128 on ``mlp:1000`` and 256 on ``mlp:2000``: spear against exclusivity, cocktail-party and the two chance rows."""
+def large(batches: int = LARGE_BATCHES) -> None:
+    """B = 128 on ``mlp:1000`` and 256 on ``mlp:2000``: spear against exclusivity, cocktail-party and the two chance rows
+    (``batches`` seeded batches a row)."""
     rows = []
     for label, data, pool in _large_data():
         for batch, arch in LARGE:
@@ -194,7 +195,7 @@ def large() -> None:
             with torch.no_grad():
                 acc = float((model(data.images).argmax(1) == data.labels).float().mean())
             counts, grey, rand = [], [], []
-            for k in range(LARGE_BATCHES):
+            for k in range(batches):
                 order = np.random.default_rng([batch, k]).permutation(pool)
                 x, y = data.batch(indices=order[:batch])
                 obs = lb.observe(model, x, y)
@@ -209,7 +210,7 @@ def large() -> None:
                 rand.append(_scores(data.images[pick], x))
                 if k == 0:
                     first = (obs, x)
-            n = batch * LARGE_BATCHES
+            n = batch * batches
             exact, cert, false = (sum(c[i] for c in counts) for i in range(3))
             grey_p, rand_p = torch.cat(grey), torch.cat(rand)
             obs, x = first
@@ -220,7 +221,7 @@ def large() -> None:
                 p_excl = torch.zeros(0)
             cpa, _ = _timed("cocktail-party", obs, preset="quick")
             p_cpa = _scores(cpa.images.clamp(lo, hi), x)
-            rows.append((label, f"{arch} ({acc:.0%})", batch, LARGE_BATCHES,
+            rows.append((label, f"{arch} ({acc:.0%})", batch, batches,
                          "/".join(str(c[4]) for c in counts), _rate(exact, n), cert, false,
                          max(c[3] for c in counts),
                          f"{int((p_excl > 60).sum())}/{batch}",
@@ -231,7 +232,7 @@ def large() -> None:
           ["data", "model (accuracy)", "B", "batches", "rank ∂W", "spear exact [95 % Wilson]", "certified",
            "false cert.", "spear s (max)", "exclusivity exact (1st)", "cocktail-party exact (median dB, 1st)",
            "grey exact (median dB)", "random non-members exact (median dB)"], rows,
-          note="batches: seeded permutations of the pool (np.random.default_rng([B, k]), k = 0, 1); n = batches × B "
+          note="batches: seeded permutations of the pool (np.random.default_rng([B, k]), k = 0, 1, …); n = batches × B "
                "samples (not independent: the interval is indicative); false cert.: certified yet more than 1e-4 "
                "off (max-abs); chance rows matched one-to-one like the reconstructions; accuracy of the untrained "
                "model on the whole dataset; seconds on a shared 2-core machine")

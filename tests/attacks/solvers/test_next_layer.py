@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from leakbench.attacks.solvers.next_layer import DROPS, next_layer_directions, usable
+from leakbench.attacks.solvers.spear_search import deflated_rows, row_inputs
 
 
 def _layer(batch=24, inputs=48, width=240, classes=5, seed=0):
@@ -67,3 +68,19 @@ def test_leaving_out_uncertain_neurons_widens_the_basin():
 @pytest.mark.parametrize("rows, rank, width, ok", [(1000, 128, 10, True), (200, 96, 10, False), (100, 8, 0, False)])
 def test_the_next_layer_is_used_only_where_its_neurons_outnumber_the_unknowns(rows, rank, width, ok):
     assert usable(rows, rank, width) is ok
+
+
+def test_the_deflated_rows_are_means_of_the_missing_samples_only():
+    """Projected off the found samples' ∂L/∂z columns, every row candidate lies in the span of the *missing*
+    samples' inputs (to round-off), which the whole gradient's rows do not."""
+    left, w, b, w2, x, grads = _layer(batch=24, inputs=64, width=240, seed=5)
+    grad_w, grad_b = grads.T @ x, grads.sum(0)
+    found = torch.linalg.lstsq(left, grads[:10].T).solution          # the directions of samples 0–9
+    live = grad_w.norm(dim=1) > 0                                     # neurons some sample activates
+    missing = torch.linalg.svd(x[10:], full_matrices=False)[2]       # orthonormal basis of the missing inputs
+
+    def off_span(rows):
+        return ((rows - rows @ missing.T @ missing).norm(dim=1) / rows.norm(dim=1)).max()
+
+    assert off_span(deflated_rows(left, found, grad_w, grad_b, live, 120)) < 1e-9
+    assert off_span(row_inputs(grad_w, grad_b, live, 120)) > 1e-2

@@ -88,7 +88,9 @@ The whole gradient (ours).  When peeling and SPEAR on the residual stall with sa
 carries the error of provisional subtractions and its zeros are no longer exact; the whole gradient's are.  SPEAR
 then runs once more on the whole gradient (``trace["complete"]``, a budget of its own ``seconds``), every sample
 found so far proposing first (its own direction, and the kernels it shares with the similar samples still
-missing).  With all B directions X = Q⁻¹R/s is exact, and the batch is kept only under the joint certificate.
+missing), then every earlier pass's estimates X̂, certified or not (a residual pass may find every direction and
+still certify little: its zeros carry the subtractions' error).  With all B directions X = Q⁻¹R/s is exact, and the
+batch is kept only under the joint certificate.
 Re-solves of the found samples (``_refine_found``) hold the certified ones fixed.
 
 The next layer (ours; option ``next_layer``).  When a linear layer W₂ follows the attacked ReLU layer, a sample's
@@ -96,8 +98,10 @@ column of ∂L/∂Z is g_i = D_i ⊙ W₂ᵀv_i (v_i = ∂L/∂z₂, m₂ number
 L_j q = W₂[:, j]ᵀv.  :mod:`~leakbench.attacks.solvers.next_layer` solves that from the candidates' activation
 patterns, re-assigning each neuron to the equation it fits until the pattern is stable, first without the least
 certain neurons; it proposes before SPEAR's row subsets in every factorisation (whenever m ≥ 2(B + m₂)), and its
-directions pass the same refinement, sparsity filter and certificates.  Measured on digits-like batches where the
-kernels of similar samples stall (docs/analytic.md).
+directions pass the same refinement, sparsity filter and certificates.  Once some directions are found its starts
+are the rows of the gradient projected off their ∂L/∂z columns: weighted means of the missing samples only
+(``spear_search.deflated_rows``).  Measured on digits-like batches where the kernels of similar samples stall
+(docs/analytic.md).
 
 Limits, said in ``trace``: ``rank`` and ``rank_deficient`` (SPEAR alone would stop there), ``passes`` (how many
 each pass peeled and SPEAR certified), ``unrecovered`` (samples that share every neuron with another and sit
@@ -144,6 +148,8 @@ __all__ = ["Spear", "SpearOptions"]
 
 #: ulps of the observation's dtype a peeled row's round-off bound starts at.
 PEEL_ULPS = 4.0
+#: at most this many earlier estimates start the whole-gradient pass (found samples first)
+MAX_GUESSES = 4096
 #: on an update of several local steps a sample is certified only when its precision estimate is this many times
 #: below ``PRECISION`` (the estimate reached 1.2× the true error there; on one-step gradients it runs ~10× above)
 LOCAL_HEADROOM = 3.0
@@ -178,10 +184,11 @@ class Spear(Attack):
     tags = ("gradient", "update")
     Options = SpearOptions
     presets = {"quick": {"rounds": 2}}
-    preset_revisions = {"default": 4, "quick": 4}  # 1: peeling, precision-gated certificates, option seconds;
+    preset_revisions = {"default": 5, "quick": 5}  # 1: peeling, precision-gated certificates, option seconds;
     # 2: updates of several local steps (replay certificate), an update's storage round-off in the row bounds;
     # 3: shared kernels split, SPEAR on the whole gradient when the residual stalls; 4: directions from the next
-    # linear layer's structure (option next_layer)
+    # linear layer's structure (option next_layer); 5: its starts deflated off the directions found, and the
+    # whole-gradient pass started from every pass's estimates
 
     def requirements(self, obs: Observation) -> list[str]:
         reasons = analytic_reasons(obs, attack=self.name, batch_one=False, several_steps=True)
@@ -250,6 +257,7 @@ class Spear(Attack):
         trace["scale"] = scale
         estimates = None       # SPEAR's last (uncertified) estimates of the samples it could not certify
         tainted = False        # a provisional (imprecise) sample was subtracted: later finds are not certified alone
+        guesses: list[torch.Tensor] = []   # every pass's X̂ (certified or not): starts for the whole-gradient pass
         for _ in range(batch + 1):  # each round certifies at least one sample, or stops
             before = res.count
             if scale is not None:
@@ -269,6 +277,7 @@ class Spear(Attack):
             trace["rounds"] += info.get("rounds", 0)
             if x_hat is None:
                 break
+            guesses.append(x_hat[torch.isfinite(x_hat).all(1)])
             estimates = (x_hat[~found], deltas[~found])
             if not bool(found.any()):
                 break
@@ -287,14 +296,18 @@ class Spear(Attack):
                 scale = self._scale_from(grads, x_hat[found], labels, deltas[found])
                 trace["scale"] = scale
             estimates = None
-        if res.count < batch and spanned and grads is not None and scale is not None:
+        if res.count == batch and not all(res.certified) and grads is not None:
+            res = self._joint(res, grads, None, obs, trace)     # every sample found, some provisionally
+        # a batch found whole but not certified (provisional peels the joint certificate refuses: a trained model's
+        # residual) is re-solved from the whole gradient too, every found sample proposing first
+        if (res.count < batch or not all(res.certified)) and spanned and grads is not None and scale is not None:
             res, estimates = self._complete(obs, grad_w, grad_b, weight, bias, res, estimates, grads,
-                                            (rcond, zero_tol, null_tol, tol), trace)
+                                            (rcond, zero_tol, null_tol, tol), trace, guesses)
         return self._assemble(obs, chain, res, estimates, grads, trace)
 
     def _complete(self, obs: Observation, grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor,
                   bias: torch.Tensor, res: Residual, estimates, grads: SampleGradients,
-                  tolerances: tuple[float, float, float, float], trace: dict):
+                  tolerances: tuple[float, float, float, float], trace: dict, guesses: list[torch.Tensor]):
         """SPEAR on the whole gradient once peeling and the residual's SPEAR stall (ours): the residual carries the
         error of provisional subtractions (its zeros are no longer exact), the whole gradient does not.  Every
         sample found so far proposes its own direction (the kernel of L on the rows it leaves inactive) and, with the
@@ -304,9 +317,14 @@ class Spear(Attack):
         batch = obs.batch_size
         lo, hi = obs.data_range
         self._deadline = _deadline(self.options.seconds)
+        # the samples found, then every pass's estimates: a residual pass whose certificate failed only for the
+        # residual's inexact zeros leaves estimates next to the samples, and the whole gradient's next-layer pass
+        # finds their directions from them at once (digits-like B = 256: 197 directions on a residual, 1 certified)
+        starts = [torch.stack(res.inputs)] if res.count else []
+        starts += [g.reshape(g.shape[0], -1).to(grad_w.dtype) for g in guesses]
+        extra = torch.cat(starts)[: MAX_GUESSES] if starts else None
         x_hat, deltas, _, _, info = factorise(grad_w, grad_b, weight, bias, batch, tolerances, obs.device, hi - lo,
-                                              options=self.options, deadline=self._deadline,
-                                              extra=torch.stack(res.inputs) if res.count else None,
+                                              options=self.options, deadline=self._deadline, extra=extra,
                                               factors=WHOLE_FACTORS, next_weight=self._next_weight)
         trace["complete"] = {k: v for k, v in info.items() if not isinstance(v, list)}
         if x_hat is None or info.get("found", 0) < batch:

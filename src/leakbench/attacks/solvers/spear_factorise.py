@@ -13,8 +13,8 @@ from .sparse_span import (certify, decompose, directions_from_inputs, exact_zero
                           unique_columns)
 from .next_layer import DROPS, next_layer_directions, usable
 from .spear_options import SpearOptions
-from .spear_search import (complete_basis, pattern_disagreements, repair_directions, row_inputs, sample_precision,
-                           select_directions)
+from .spear_search import (complete_basis, deflated_rows, pattern_disagreements, repair_directions, row_inputs,
+                           sample_precision, select_directions)
 
 __all__ = ["factorise", "PRECISION", "ROW_FACTORS", "WHOLE_FACTORS", "SPLIT"]
 
@@ -36,6 +36,11 @@ PRECISION = 1e-4
 NOISE_ZEROS = 10.0
 #: the next layer's directions are sought only on gradients whose σ_{B+1}/σ_1 is below this (round-off, not noise)
 QUIET = 1e-5
+#: cycles through the next layer's fractions (``next_layer.DROPS``) at most, each from the gradient deflated off the
+#: directions selected so far (a cycle that adds nothing ends it sooner)
+MAX_CYCLES = 4
+#: the fraction of the time left that the next layer's pass may use (the kernels keep the rest)
+SHARE = 0.75
 
 def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, batch: int,
               tolerances: tuple[float, float, float, float], device, width: float = 1.0, *, options: SpearOptions,
@@ -85,8 +90,12 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
                 usable(int(live.sum()), rank, next_weight.shape[0]) and time.perf_counter() <= deadline:
             # first (ours): the next layer's structure proposes from the same candidates; at large B it finds in
             # seconds what the kernels' row subsets find in minutes, and what it leaves the kernels still try
-            found, selected = _next_layer_pass(left, weight, bias, next_weight, inputs, found, selected, rank, dead,
-                                               (zero_tol, null_tol), deadline, info)
+            # the samples found before (``extra``) alone start the first round's first fraction: they sit next to
+            # their samples, and the gradient's rows come back deflated off them
+            first = inputs[: extra.shape[0]] if extra is not None and round_ == 0 else inputs
+            found, selected = _next_layer_pass(left, weight, bias, next_weight, first, found, selected, rank, dead,
+                                               (zero_tol, null_tol), deadline, info, grad_w=grad_w, grad_b=grad_b,
+                                               live=live, limit=o.candidates, rows=inputs)
         for factor in factors:  # fewest rows first; stop as soon as B directions are selected
             rows = min(max(int(factor * rank), rank - 1), int(live.sum()), MAX_ROWS)
             if rows < max(rank - 1, 1):
@@ -114,6 +123,8 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
             selected, swapped = repair_directions(left, right, weight, bias, grad_b, selected, found, zero_tol)
             info["swaps"] = info.get("swaps", 0) + swapped
             disagree = pattern_disagreements(left, right, weight, bias, grad_b, selected, zero_tol)
+            info["disagreeing"] = int((disagree > 0).sum())
+            info["disagreements"] = int(disagree.sum())
         missing = rank - selected.shape[1] if disagree is None else int((disagree > 0).sum())
         if missing == 0 or round_ == last or "time_budget" in info:
             break
@@ -155,22 +166,33 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
 
 
 def _next_layer_pass(left, weight, bias, next_weight, inputs, found, selected, rank: int, dead: int,
-                     tolerances: tuple[float, float], deadline: float, info: dict):
+                     tolerances: tuple[float, float], deadline: float, info: dict, *, grad_w: torch.Tensor,
+                     grad_b: torch.Tensor, live: torch.Tensor, limit: int, rows: torch.Tensor):
     """Directions from :mod:`.next_layer`, the neurons' certainty cut at each fraction in turn until B are selected;
-    each judged by SPEAR's refinement and sparsity filter like a kernel's."""
+    each judged by SPEAR's refinement and sparsity filter like a kernel's.  The first fraction starts from
+    ``inputs``; once some directions are selected, the starts are the rows of the gradient deflated off them
+    (:func:`deflated_rows`), else ``rows``.  The fractions cycle while a full cycle still adds directions."""
     zero_tol, null_tol = tolerances
     began = time.perf_counter()
-    if deadline != float("inf"):   # half of what is left: the kernels still get theirs (CIFAR-10, B = 256: the last
-        deadline = began + (deadline - began) / 2    # two directions came only from them)
-    for drop in DROPS:
-        q = next_layer_directions(left, weight, bias, next_weight, inputs, drops=(drop,), deadline=deadline)
+    if deadline != float("inf"):   # ``SHARE`` of what is left: the kernels still get theirs (CIFAR-10, B = 256: the
+        deadline = began + SHARE * (deadline - began)   # last two directions once came only from them)
+    starts, idle = inputs, 0
+    for step in range(MAX_CYCLES * len(DROPS)):
+        drop = DROPS[step % len(DROPS)]
+        q = next_layer_directions(left, weight, bias, next_weight, starts, drops=(drop,), deadline=deadline)
         exact, zeros, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank))
         keep = single & (zeros >= rank - 1 + dead + max(4, rank // 8))
         found = torch.cat([found, exact[:, keep]], 1)
         found = found[:, unique_columns(found)]
         before, selected = selected.shape[1], select_directions(left, found, zero_tol)
-        info["next_layer"] = info.get("next_layer", 0) + selected.shape[1] - before
-        if selected.shape[1] >= rank or time.perf_counter() > deadline:
+        added = selected.shape[1] - before
+        info["next_layer"] = info.get("next_layer", 0) + added
+        idle = 0 if added else idle + 1
+        if selected.shape[1] >= rank or time.perf_counter() > deadline or idle >= len(DROPS):
             break
+        if selected.shape[1] and (added or step == 0):
+            starts = deflated_rows(left, selected, grad_w, grad_b, live, limit)
+        elif step == 0:
+            starts = rows
     info["next_layer_seconds"] = info.get("next_layer_seconds", 0.0) + time.perf_counter() - began
     return found, selected
