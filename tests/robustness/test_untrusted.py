@@ -282,6 +282,24 @@ def test_untrusted_traceback_report_of_a_store_with_malformed_json(tmp_path):
     assert sorted(damaged) == ["metrics", "spec"]
 
 
+def _wait_for_sigint_handler(proc: subprocess.Popen, limit: float = 60.0) -> None:
+    """Until the child has loaded numpy or torch (its /proc maps): leakbench installs its Ctrl-C hook before importing
+    either, and torch then takes seconds.  A signal sent earlier (between fork and exec, or while the interpreter
+    imports ``site``) is lost or fatal; a fixed 0.3 s sleep was once too short on a loaded machine."""
+    maps = Path(f"/proc/{proc.pid}/maps")
+    if not maps.exists():   # no /proc: the start-up takes seconds, 0.3 s is inside it
+        time.sleep(0.3)
+        return
+    deadline = time.time() + limit
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if any(name in maps.read_text() for name in ("/numpy/", "/torch/")):
+                return
+        except OSError:   # the process is between fork and exec, or gone
+            pass
+        time.sleep(0.005)
+
+
 @pytest.mark.parametrize("entry", ["module", "script"])
 def test_untrusted_traceback_ctrl_c_during_start_up_exits_130(w, entry):
     script = Path(sys.executable).parent / "leakbench"
@@ -290,7 +308,7 @@ def test_untrusted_traceback_ctrl_c_during_start_up_exits_130(w, entry):
     argv = [sys.executable, "-m", "leakbench.cli"] if entry == "module" else [str(script)]
     proc = subprocess.Popen([*argv, "evaluate", str(w / "good.yaml"), "--dry-run"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=ENV, cwd=w, preexec_fn=default_sigint)
-    time.sleep(0.3)  # still importing torch (seconds): the signal lands before any command runs
+    _wait_for_sigint_handler(proc)  # still importing torch (seconds): the signal lands before any command runs
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in out + err, err
