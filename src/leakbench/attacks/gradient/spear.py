@@ -297,7 +297,7 @@ class Spear(Attack):
                 trace["scale"] = scale
             estimates = None
         if res.count == batch and not all(res.certified) and grads is not None:
-            res = self._joint(res, grads, None, obs, trace)     # every sample found, some provisionally
+            res = self._joint(res, grads, None, obs, trace)     # every sample found, some provisionally: the only try
         # a batch found whole but not certified (provisional peels the joint certificate refuses: a trained model's
         # residual) is re-solved from the whole gradient too, every found sample proposing first
         if (res.count < batch or not all(res.certified)) and spanned and grads is not None and scale is not None:
@@ -488,8 +488,9 @@ class Spear(Attack):
         images = torch.full((batch, n), (lo + hi) / 2, dtype=torch.float64, device=obs.device)
         certified = torch.zeros(batch, dtype=torch.bool, device=obs.device)
         labels = torch.zeros(batch, dtype=torch.long, device=obs.device)
-        complete = res.count == batch or (estimates is not None and res.count + estimates[0].shape[0] == batch)
-        if grads is not None and complete and (res.count < batch or not all(res.certified)):
+        # SPEAR's estimates complete the batch: the joint certificate (a batch found whole was tried in ``run``)
+        completes = estimates is not None and res.count < batch and res.count + estimates[0].shape[0] == batch
+        if grads is not None and completes:
             res = self._joint(res, grads, estimates, obs, trace)
             if res.count == batch:
                 estimates = None

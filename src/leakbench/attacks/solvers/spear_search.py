@@ -50,9 +50,9 @@ def deflated_rows(left: torch.Tensor, selected: torch.Tensor, grad_w: torch.Tens
     ``mlp:2000`` untrained, the tuning batch): 256 of 256 directions in six fractions (46 s); the whole gradient's
     rows give 82–96, and the same rows projected onto the missing samples' input span stall near 120."""
     basis = torch.linalg.qr(left @ selected)[0]
-    g_w = grad_w.to(basis) - basis @ (basis.T @ grad_w.to(basis))
-    g_b = grad_b.to(basis) - basis @ (basis.T @ grad_b.to(basis))
-    return row_inputs(g_w, g_b, live, limit)
+    both = torch.cat([grad_w, grad_b[:, None]], 1).to(basis)          # ∂L/∂W and ∂L/∂b: one projection
+    both = both - basis @ (basis.T @ both)
+    return row_inputs(both[:, :-1], both[:, -1], live, limit)
 
 
 def select_directions(left: torch.Tensor, found: torch.Tensor, zero_tol: float) -> torch.Tensor:
