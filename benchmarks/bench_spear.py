@@ -245,10 +245,10 @@ FEDERATED = (("local:1,0.1", "one local step (a scaled gradient)"), ("local:5,0.
              ("local:5,0.1+noise:1e-6", "5 steps, then Gaussian noise"))
 
 
-def _trained_mlp(data, train_idx, seed: int = 0):
+def _trained_mlp(data, train_idx, seed: int = 0, arch: str = "mlp:1000"):
     from leakbench.evaluation.training.utility import train_model
 
-    model = lb.build("mlp:1000", input_shape=data.shape, classes=10, seed=seed)
+    model = lb.build(arch, input_shape=data.shape, classes=10, seed=seed)
     return train_model(model, data.subset(list(train_idx)), epochs=3, batch_size=32, lr=0.05, seed=seed).model.eval()
 
 
@@ -315,26 +315,30 @@ def federated(quick: bool) -> None:
 
 
 def trained_next_layer() -> None:
-    """B = 64 and 128 on a trained ``mlp:1000`` (digits-like 0–999, 3 epochs), held-out batches from digits 1000 on,
-    ``spear`` with and without the next layer's directions, beside the grey image."""
+    """B = 64 and 128 on a trained ``mlp:1000`` and B = 256 on a trained ``mlp:2000`` (digits-like 0–999, 3 epochs),
+    held-out batches from digits 1000 on, ``spear`` with and without the next layer's directions, beside the grey
+    image."""
     data = lb.load("digits", size=28, deform=1.0, seed=1)
-    model = _trained_mlp(data, range(1000))
-    with torch.no_grad():
-        acc = float((model(data.images[1000:]).argmax(1) == data.labels[1000:]).float().mean())
     rows = []
-    for batch in (64, 128):
-        for k in range(2):
-            order = np.random.default_rng([batch, k, 7]).permutation(np.arange(1000, len(data)))
-            x, y = data.batch(indices=order[:batch])
-            obs = lb.observe(model, x, y)
-            grey = _scores(torch.full_like(x, sum(obs.data_range) / 2), x)
-            for flag in (True, False):
-                rec, seconds = _timed("spear", obs, next_layer=flag)
-                _, err, cert = _matched(rec, x)
-                rows.append((batch, k, "on" if flag else "off", f"{int((err < 1e-4).sum())}/{batch}", int(cert.sum()),
-                             int((cert & (err > 1e-4)).sum()), seconds, f"{int((grey > 60).sum())}/{batch}"))
-    table(f"spear on a trained mlp:1000 (held-out accuracy {acc:.3f}), digits-like 28×28, with and without next_layer",
-          ["B", "batch", "next_layer", "exact (1e-4)", "certified", "false cert.", "s", "grey exact"], rows)
+    for arch, batches in (("mlp:1000", (64, 128)), ("mlp:2000", (256,))):
+        model = _trained_mlp(data, range(1000), arch=arch)
+        with torch.no_grad():
+            acc = float((model(data.images[1000:]).argmax(1) == data.labels[1000:]).float().mean())
+        for batch in batches:
+            for k in range(2):
+                order = np.random.default_rng([batch, k, 7]).permutation(np.arange(1000, len(data)))
+                x, y = data.batch(indices=order[:batch])
+                obs = lb.observe(model, x, y)
+                grey = _scores(torch.full_like(x, sum(obs.data_range) / 2), x)
+                for flag in (True, False):
+                    rec, seconds = _timed("spear", obs, next_layer=flag)
+                    _, err, cert = _matched(rec, x)
+                    rows.append((f"{arch} ({acc:.3f})", batch, k, "on" if flag else "off",
+                                 f"{int((err < 1e-4).sum())}/{batch}", int(cert.sum()), int((cert & (err > 1e-4)).sum()),
+                                 seconds, f"{int((grey > 60).sum())}/{batch}"))
+    table("spear on trained MLPs (held-out accuracy), digits-like 28×28, with and without next_layer",
+          ["model (accuracy)", "B", "batch", "next_layer", "exact (1e-4)", "certified", "false cert.", "s",
+           "grey exact"], rows)
 
 
 def run(quick: bool = False) -> None:

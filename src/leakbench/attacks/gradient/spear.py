@@ -103,6 +103,11 @@ are the rows of the gradient projected off their ∂L/∂z columns: weighted mea
 (``spear_search.deflated_rows``).  Measured on digits-like batches where the kernels of similar samples stall
 (docs/analytic.md).
 
+The gradient's own error (ours).  At B = 256 an exact direction's zeros in L q̂ sit above the relative ``zero_tol``;
+the pattern test counts an inactive neuron as contradicted only above ``spear_search.zero_band`` (16 standard errors
+of L's first-order error E V Σ⁻¹, E read from σ_{k>B}), and a sample at a neuron's hinge within its precision takes
+the side the gradient fits when the whole batch is polished (``solvers.hinge``, ``trace["hinge_flips"]``).
+
 Limits, said in ``trace``: ``rank`` and ``rank_deficient`` (SPEAR alone would stop there), ``passes`` (how many
 each pass peeled and SPEAR certified), ``unrecovered`` (samples that share every neuron with another and sit
 inside a linear dependency: neither route separates them; they come back as SPEAR's least-squares estimates,
@@ -138,6 +143,7 @@ from ..solvers.analytic import analytic_reasons, chain_or_reason
 from ..solvers.linalg import lstsq
 from ..base import Attack, Reconstruction, register
 from ..observed import attacker_model, layer_gradients, param_index
+from ..solvers.hinge import hinge_deltas
 from ..solvers.local_replay import replay_certificate
 from ..solvers.spear_options import SpearOptions
 from ..solvers.peeling import (UPDATE_ULPS, Residual, SampleGradients, candidate_scale, peel_pass, residual_span,
@@ -184,11 +190,12 @@ class Spear(Attack):
     tags = ("gradient", "update")
     Options = SpearOptions
     presets = {"quick": {"rounds": 2}}
-    preset_revisions = {"default": 5, "quick": 5}  # 1: peeling, precision-gated certificates, option seconds;
+    preset_revisions = {"default": 6, "quick": 6}  # 1: peeling, precision-gated certificates, option seconds;
     # 2: updates of several local steps (replay certificate), an update's storage round-off in the row bounds;
     # 3: shared kernels split, SPEAR on the whole gradient when the residual stalls; 4: directions from the next
     # linear layer's structure (option next_layer); 5: its starts deflated off the directions found, and the
-    # whole-gradient pass started from every pass's estimates
+    # whole-gradient pass started from every pass's estimates; 6: the pattern test's zeros within the gradient's
+    # error (spear_search.zero_band), neurons at a sample's hinge set by the gradient (solvers.hinge)
 
     def requirements(self, obs: Observation) -> list[str]:
         reasons = analytic_reasons(obs, attack=self.name, batch_one=False, several_steps=True)
@@ -496,7 +503,7 @@ class Spear(Attack):
                 estimates = None
         k = res.count
         if k == batch and grads is not None and all(res.certified):
-            self._polish(res, grads, trace)
+            self._polish(res, grads, trace, PRECISION * (hi - lo))
         if k:
             images[:k] = torch.stack(res.inputs)
             labels[:k] = torch.tensor(res.labels, dtype=torch.long, device=obs.device)
@@ -535,7 +542,7 @@ class Spear(Attack):
                 trial.subtract(x_i, int(y_i), d_i, "joint", certified=False)
         if trial.count != obs.batch_size:
             return res
-        self._polish(trial, grads, trace)
+        self._polish(trial, grads, trace, PRECISION * (obs.data_range[1] - obs.data_range[0]))
         total_w = (trial.grad_w.norm() / max(trace["gradient_norm"], 1e-300)).item()
         total_b = (trial.grad_b.norm() / (trial.grad_b + torch.stack(trial.deltas).sum(0)).norm().clamp_min(
             1e-300)).item()
@@ -546,10 +553,11 @@ class Spear(Attack):
         return trial
 
     @staticmethod
-    def _polish(res: Residual, grads: SampleGradients, trace: dict, steps: int = 3) -> None:
+    def _polish(res: Residual, grads: SampleGradients, trace: dict, reach: float, steps: int = 3) -> None:
         """With every sample found, ∂L/∂W = Δᵀ X is linear in X once Δ is fixed: re-solve X̂ by least squares over
         all m rows (each sample was read off one row; all rows pin it more precisely), recompute Δ̂ from X̂ and the
-        labels, and keep the result while the whole first-layer residual shrinks."""
+        labels, and keep the result while the whole first-layer residual shrinks.  Neurons within ``reach``
+        (max-abs, the certified precision) of a sample's hinge take the side the gradient fits (``solvers.hinge``)."""
         x = torch.stack(res.inputs)
         labels = torch.tensor(res.labels, dtype=torch.long, device=x.device)
         deltas = torch.stack(res.deltas)
@@ -557,18 +565,21 @@ class Spear(Attack):
         target_w = res.grad_w + deltas.T @ x
         target_b = res.grad_b + deltas.sum(0)
         best = float(res.grad_w.norm())
-        for _ in range(steps):
+        for step in range(steps + 1):
             if not bool(torch.isfinite(deltas).all()):
                 break
-            try:
-                trial = torch.linalg.lstsq(deltas.T, target_w).solution
+            try:   # step 0: x̂ as found, its neurons at the hinge set by the gradient (``solvers.hinge``)
+                trial = x if step == 0 else torch.linalg.lstsq(deltas.T, target_w).solution
             except (RuntimeError, torch.linalg.LinAlgError):   # a degenerate Δ̂ (estimates far off): keep x
                 break
-            trial_deltas = scale * grads(trial, labels)
+            trial_deltas, flipped = hinge_deltas(grads, trial, labels, target_w, target_b, reach, scale=scale)
             residual = float((target_w - trial_deltas.T @ trial).norm())
             if not residual < best:
-                break
+                if step:
+                    break
+                continue
             best, x, deltas = residual, trial, trial_deltas
+            trace["hinge_flips"] = max(trace.get("hinge_flips", 0), flipped)
         res.inputs, res.deltas = list(x), list(deltas)
         res.grad_w, res.grad_b = target_w - deltas.T @ x, target_b - deltas.sum(0)
 

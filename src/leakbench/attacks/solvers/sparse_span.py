@@ -204,19 +204,23 @@ class Certificate:
 
 
 def certify(inputs: torch.Tensor, deltas: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-            grad_w: torch.Tensor, grad_b: torch.Tensor, *, zero_tol: float, tol: float) -> Certificate:
+            grad_w: torch.Tensor, grad_b: torch.Tensor, *, zero_tol: float, tol: float,
+            band: torch.Tensor | None = None) -> Certificate:
     """Whether each reconstructed sample x̂_i (row of ``inputs``) with gradient δ̂_i (row of ``deltas``) is exact.
 
     A sample is certified when (1) its own pre-activations W x̂_i + b are positive exactly where δ̂_i is
     non-zero (neurons within ``zero_tol`` of the hinge are not counted), and (2) ∂L/∂W − Δ̂ᵀX̂ vanishes, to
     relative ``tol``, on the rows where sample i is active, and ∂L/∂b − Δ̂ᵀ1 over the batch.  A corrupted x̂_i
-    breaks (2) on its rows; a wrong δ̂_i breaks (1) or (2).
+    breaks (2) on its rows; a wrong δ̂_i breaks (1) or (2).  ``band`` (per sample): entries of δ̂_i at most this
+    large may be zeros blurred by the gradient's error, and do not contradict an inactive neuron
+    (``spear_search.zero_band``).
     """
     z = inputs @ weight.T + bias                                          # B×m
     scale = z.abs().amax(1, keepdim=True).clamp_min(torch.finfo(z.dtype).tiny)
     support = ~exact_zeros(deltas.T, zero_tol).T                          # B×m
     clear = z.abs() > zero_tol * scale
-    mismatch = ((z > 0) != support) & clear
+    strong = support if band is None else support & (deltas.abs() > band[:, None])
+    mismatch = (((z > 0) & ~support) | ((z <= 0) & strong)) & clear
     residual = grad_w - deltas.T @ inputs
     row_res = residual.norm(dim=1)
     row_ref = grad_w.norm(dim=1)

@@ -13,8 +13,8 @@ from .sparse_span import (certify, decompose, directions_from_inputs, exact_zero
                           unique_columns)
 from .next_layer import DROPS, next_layer_directions, usable
 from .spear_options import SpearOptions
-from .spear_search import (complete_basis, deflated_rows, pattern_disagreements, repair_directions, row_inputs,
-                           sample_precision, select_directions)
+from .spear_search import (complete_basis, deflated_rows, entry_floor, pattern_disagreements, repair_directions,
+                           row_inputs, sample_precision, select_directions, zero_band)
 
 __all__ = ["factorise", "PRECISION", "ROW_FACTORS", "WHOLE_FACTORS", "SPLIT"]
 
@@ -73,6 +73,7 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
     if rank == 0:
         return None, None, none, none, info
     left, right = dec.left, dec.right
+    floor = entry_floor(dec.spectrum, rank, tuple(grad_w.shape))   # the gradient's error per entry
     live = ~exact_zeros(grad_w.norm(dim=1, keepdim=True), zero_tol)[:, 0]   # neurons some sample activates
     dead = int((~live).sum())
     found = torch.zeros(rank, 0, dtype=torch.float64, device=device)
@@ -97,6 +98,8 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
                                                (zero_tol, null_tol), deadline, info, grad_w=grad_w, grad_b=grad_b,
                                                live=live, limit=o.candidates, rows=inputs)
         for factor in factors:  # fewest rows first; stop as soon as B directions are selected
+            if selected.shape[1] >= rank and round_ == 0:   # the next layer found them all: the kernels' turn
+                break                                       # comes only if the pattern test finds a wrong one
             rows = min(max(int(factor * rank), rank - 1), int(live.sum()), MAX_ROWS)
             if rows < max(rank - 1, 1):
                 continue
@@ -120,9 +123,13 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
         spare = spare[:, exact_zeros(left @ spare, 1e-3).sum(0).argsort(descending=True)[: 4 * rank]]
         disagree = None
         if selected.shape[1] >= rank and rank == batch:
-            selected, swapped = repair_directions(left, right, weight, bias, grad_b, selected, found, zero_tol)
+            selected, swapped = repair_directions(left, right, weight, bias, grad_b, selected, found, zero_tol,
+                                                  floor=floor)
             info["swaps"] = info.get("swaps", 0) + swapped
-            disagree = pattern_disagreements(left, right, weight, bias, grad_b, selected, zero_tol)
+            # the rounds re-propose samples that contradict inactive neurons (a wrong column); an active neuron
+            # that looks zero (a back-propagated value below resolution) is left to the certificates
+            disagree = pattern_disagreements(left, right, weight, bias, grad_b, selected, zero_tol, floor=floor,
+                                             active_side=False)
             info["disagreeing"] = int((disagree > 0).sum())
             info["disagreements"] = int(disagree.sum())
         missing = rank - selected.shape[1] if disagree is None else int((disagree > 0).sum())
@@ -153,7 +160,8 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
     if not torch.isfinite(x_hat).all():
         info["failed"] = "the selected directions were singular; nothing certified"
         return None, None, none, none, info
-    cert = certify(x_hat, deltas, weight, bias, grad_w, grad_b, zero_tol=zero_tol, tol=tol)
+    cert = certify(x_hat, deltas, weight, bias, grad_w, grad_b, zero_tol=zero_tol, tol=tol,
+                   band=zero_band(right, q_full, floor) * s.abs())
     exact = cert.certified & (torch.arange(rank, device=device) < selected.shape[1])
     # precision: X̂ = Q̂⁻¹R/s amplifies R's error (σ_{B+1} of the gradient, its noise or round-off) by row i of
     # Q̂⁻¹, and Q̂'s own error shows as the change of X̂ when every direction is re-solved from half of its
