@@ -9,9 +9,9 @@ certificate refused it.
 
 The observed gradient decides instead.  The pair's inactive δ_ij is 0; its active one is x̂'s own where x̂ is active
 there, else what the rest of the model gives at a pre-activation of +tiny (nothing downstream moves).  The side that
-fits row j of ∂L/∂W and ∂L/∂b better is kept.  The flips are greedy, one per row and round (two pairs on one row interact).  A point within
-ε of x̂ may take either side of each of these hinges, so the δ chosen is still that of a sample within the precision
-the certificate claims.
+fits row j of ∂L/∂W and ∂L/∂b better is kept.  The flips are greedy, one per row and round (two pairs on one
+row interact).  A point within ε of x̂ may take either side of each of these hinges, so the δ chosen is still
+that of a sample within the precision the certificate claims.
 """
 from __future__ import annotations
 
@@ -40,15 +40,14 @@ def hinge_deltas(grads: SampleGradients, inputs: torch.Tensor, labels: torch.Ten
     lifted = pre.masked_fill(near & (pre <= 0), torch.finfo(pre.dtype).tiny)
     on = deltas[near] if bool(active.all()) else \
         torch.where(active, deltas[near], scale * grads.at_pre(lifted, labels)[near])
-    off = torch.zeros_like(on)
     rows, cols = near.nonzero().unbind(1)                                     # sample i, neuron j per pair
     sq = inputs.pow(2).sum(1)[rows] + 1.0                                     # ‖[x_i, 1]‖²
+    # ⟨[R_j, r_j], [x_i, 1]⟩ with R = T − Δᵀ X: T Xᵀ once, then Δᵀ (X Xᵀ) per round (K×K, not m×n)
+    target_x, gram = target_w @ inputs.T, inputs @ inputs.T                   # m×K, K×K
     flipped = torch.zeros_like(active)
     for _ in range(rounds):
-        residual_w = target_w - deltas.T @ inputs                             # m×n
-        residual_b = target_b - deltas.sum(0)
-        fit = (residual_w @ inputs.T)[cols, rows] + residual_b[cols]          # ⟨[R_j, r_j], [x_i, 1]⟩ per pair
-        step = torch.where(active, off - on, on - off)                        # δ_ij's change if flipped
+        fit = (target_x - deltas.T @ gram)[cols, rows] + (target_b - deltas.sum(0))[cols]
+        step = torch.where(active, -on, on)                                   # δ_ij's change if flipped
         gain = 2 * step * fit - step.pow(2) * sq                              # drop of row j's squared residual
         best = torch.full((target_w.shape[0],), -float("inf"), dtype=gain.dtype, device=gain.device)
         best = best.scatter_reduce(0, cols, gain, "amax")
@@ -57,5 +56,5 @@ def hinge_deltas(grads: SampleGradients, inputs: torch.Tensor, labels: torch.Ten
             break
         active = active ^ flip
         flipped = flipped ^ flip
-        deltas[rows[flip], cols[flip]] = torch.where(active, on, off)[flip]
+        deltas[rows[flip], cols[flip]] = (on * active)[flip]
     return deltas, int(flipped.sum())

@@ -26,7 +26,7 @@ import torch
 from .linalg import lstsq
 
 __all__ = ["Decomposition", "decompose", "directions_from_inputs", "separate", "exact_zeros", "refine", "unique_columns",
-           "scales", "certify", "Certificate", "strays"]
+           "scales", "certify", "contradictions", "Certificate", "strays"]
 
 
 @dataclass
@@ -203,6 +203,20 @@ class Certificate:
     bias_residual: float             # ‖∂b − Δ̂ᵀ1‖/‖∂b‖
 
 
+def contradictions(z: torch.Tensor, grads: torch.Tensor, zero_tol: float, band: torch.Tensor | None = None,
+                   active_side: bool = True) -> torch.Tensor:
+    """Per sample (row) and neuron, whether its pre-activation ``z`` (K×m, clear of the hinge: above ``zero_tol`` of
+    its largest) contradicts its gradient ``grads`` (K×m; SPEAR's sparsity matching): inactive where the gradient is
+    non-zero (above ``band``, per sample, when given: zeros blurred by the gradient's own error,
+    ``spear_search.zero_band``), or, with ``active_side``, active where it is zero."""
+    zeros = exact_zeros(grads.T, zero_tol).T
+    strong = ~zeros if band is None else ~zeros & (grads.abs() > band[:, None])
+    wrong = (z <= 0) & strong
+    if active_side:
+        wrong |= (z > 0) & zeros
+    return wrong & (z.abs() > zero_tol * z.abs().amax(1, keepdim=True).clamp_min(torch.finfo(z.dtype).tiny))
+
+
 def certify(inputs: torch.Tensor, deltas: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
             grad_w: torch.Tensor, grad_b: torch.Tensor, *, zero_tol: float, tol: float,
             band: torch.Tensor | None = None) -> Certificate:
@@ -216,11 +230,8 @@ def certify(inputs: torch.Tensor, deltas: torch.Tensor, weight: torch.Tensor, bi
     (``spear_search.zero_band``).
     """
     z = inputs @ weight.T + bias                                          # B×m
-    scale = z.abs().amax(1, keepdim=True).clamp_min(torch.finfo(z.dtype).tiny)
     support = ~exact_zeros(deltas.T, zero_tol).T                          # B×m
-    clear = z.abs() > zero_tol * scale
-    strong = support if band is None else support & (deltas.abs() > band[:, None])
-    mismatch = (((z > 0) & ~support) | ((z <= 0) & strong)) & clear
+    mismatch = contradictions(z, deltas, zero_tol, band)
     residual = grad_w - deltas.T @ inputs
     row_res = residual.norm(dim=1)
     row_ref = grad_w.norm(dim=1)

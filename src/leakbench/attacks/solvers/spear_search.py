@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .sparse_span import exact_zeros, scales, strays
+from .sparse_span import contradictions, exact_zeros, scales, strays
 
 
 def sample_precision(left: torch.Tensor, right: torch.Tensor, grad_b: torch.Tensor, q_full: torch.Tensor, k: int,
@@ -120,14 +120,7 @@ def pattern_disagreements(left: torch.Tensor, right: torch.Tensor, weight: torch
     z = torch.linalg.solve(cols, proj) / s[:, None] + bias
     if not torch.isfinite(z).all():
         return torch.full((cols.shape[1],), weight.shape[0], device=cols.device)
-    clear = z.abs() > zero_tol * z.abs().amax(1, keepdim=True)
-    values = left @ cols
-    zeros = exact_zeros(values, zero_tol).T
-    active = ~zeros & (values.abs() > zero_band(right, cols, floor)[None, :]).T
-    wrong = (z <= 0) & active
-    if active_side:
-        wrong |= (z > 0) & zeros
-    return (wrong & clear).sum(1)
+    return contradictions(z, (left @ cols).T, zero_tol, zero_band(right, cols, floor), active_side).sum(1)
 
 
 def repair_directions(left: torch.Tensor, right: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
