@@ -173,3 +173,68 @@ def test_dager_encoder_search_on_the_gpu():
     on_gpu = lb.attack("dager", lb.observe(model, x.to(CUDA), y.to(CUDA)))
     assert on_gpu.images.device.type == "cuda" and on_gpu.trace["exact"] == on_cpu.trace["exact"] == [True] * 4
     assert {tuple(r) for r in on_gpu.images.cpu().tolist()} == {tuple(r) for r in x.tolist()}
+
+
+def test_spear_at_large_batch_on_the_gpu_certifies_the_whole_batch():
+    """B = 128 on ``mlp:1000``: the next layer's directions, the zero band, the hinge polish and the joint
+    certificate on CUDA tensors (the large-B path; B = 32 above never reaches it)."""
+    data = lb.load("digits", size=28, deform=1.0, seed=1)
+    x, y = data.batch(128, seed=5)
+    model = lb.build("mlp:1000", input_shape=data.shape, classes=10, seed=0).to(CUDA)
+    rec = lb.attack("spear", lb.observe(model, x.to(CUDA), y.to(CUDA)))
+    assert rec.images.device.type == "cuda"
+    order = torch.tensor(lb.compare(rec.images.cpu(), x)["order"])
+    err = (rec.images.cpu().double()[order] - x.double()).reshape(128, -1).abs().amax(1)
+    certified = rec.confidence.cpu().bool()[order]
+    assert int(certified.sum()) >= 120, rec.trace.get("uncertified")
+    assert float(err[certified].max()) < 1e-4, "no certificate is wrong on the GPU either"
+
+
+def test_spear_features_on_the_gpu_recovers_a_convnets_features_and_images():
+    from torch import nn
+
+    data = lb.load("digits")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 1000), nn.ReLU(),
+                        nn.Linear(1000, 10)).to(CUDA)
+    x, y = data.batch(32, seed=3)
+    rec = lb.attack("spear-features", lb.observe(net, x.to(CUDA), y.to(CUDA)))
+    assert rec.images.device.type == "cuda" and int(rec.confidence.sum()) == 32
+    order = torch.tensor(lb.compare(rec.images.cpu(), x)["order"])
+    assert float((rec.images.cpu().double()[order] - x.double()).abs().amax()) < 1e-4
+
+
+@pytest.mark.parametrize("name, options", [
+    ("gias", {"latent_steps": 6, "generator_steps": 3}),
+    ("gifd", {"latent_steps": 6, "feature_steps": 3}),
+    ("ggl", {"evaluations": 30}),
+])
+def test_the_generative_attacks_run_on_the_gpu(name, options, tmp_path):
+    """The learned prior is trained (or read from its cache) and searched on the observation's device."""
+    from leakbench.models.prior import PriorConfig
+
+    tiny = PriorConfig(latent=4, width=4, steps=20, batch=16, seed=0)
+    prior = {"latent": tiny.latent, "prior_width": tiny.width, "prior_steps": tiny.steps, "cache_dir": str(tmp_path)}
+    data = lb.load("digits", size=8)
+    model = lb.build("cnn:4-3-1-1", input_shape=data.shape, classes=10, act="sigmoid", seed=0).to(CUDA)
+    x, y = data.batch(indices=list(range(1000, 1002)))
+    obs = lb.observe(model, x.to(CUDA), y.to(CUDA))
+    rec = lb.attack(name, obs, preset="quick", seed=0, **prior, **options)
+    assert rec.images.device.type == "cuda" and rec.images.shape == x.shape
+    assert bool(torch.isfinite(rec.images).all())
+
+
+def test_a_federated_sweep_on_the_gpu_trains_its_rounds_and_resumes(tmp_path):
+    """The training axis on CUDA: the FedAvg run, its checkpoints, the client and public-data trials, the store."""
+    spec = {"name": "fed-cuda", "datasets": [{"name": "digits", "options": {"limit": 240}}],
+            "models": [{"spec": "mlp:16", "federated": {"clients": 3, "rounds": [0, 2], "public": 8, "lr": 0.1}}],
+            "batch_sizes": [2], "images": 4, "seeds": [0],
+            "attacks": [{"name": "inverting-gradients", "options": {"iterations": 4}, "label": "ig"}],
+            "defenses": ["none", "noise:0.1"], "device": "cuda"}
+    first = Sweep(spec, tmp_path / "r.db", max_trials=7).run()
+    assert first.ran == 7
+    rest = Sweep(spec, tmp_path / "r.db").run()
+    rows = Store(tmp_path / "r.db").rows()
+    assert first.ran + rest.ran == len(rows) == len(plan(load_spec(spec)))
+    assert {r["status"] for r in rows} == {"done"}, [r.get("error") for r in rows if r["status"] != "done"]
+    assert any((r.get("spec") or {}).get("client") == "public" for r in rows if r["kind"] == "attack")

@@ -251,7 +251,12 @@ def test_signature_bad_options(data, honest, signed):
 def test_signature_on_cuda_gives_the_cpu_sentences(data, honest):
     public = lb.load("text", split="train", context=16).ids[:, :16]
     on_gpu = imprint_text(copy.deepcopy(honest).to("cuda"), bins=16384, seed=0, public=public.cuda(), signature=8)
+    on_cpu = imprint_text(copy.deepcopy(honest), bins=16384, seed=0, public=public, signature=8)
     x, y = data.batch(8, seed=101)
     rec = lb.attack("text-imprint", lb.observe(on_gpu, x.cuda(), y.cuda()))
-    assert rec.images.device.type == "cuda" and rec.trace["exact"] == [True] * 8
-    assert text_scores(rec.images.cpu(), x, **kw(data))["exact"] == 1.0
+    cpu = lb.attack("text-imprint", lb.observe(on_cpu, x, y))
+    # the same machine's CPU, not a fixed count: the vocabulary's tokenizer and torch's initialisation differ between
+    # environments (on the H200's image, torch 2.11, this batch gives 5 of 8 on both devices)
+    assert rec.images.device.type == "cuda" and rec.trace["exact"] == cpu.trace["exact"] and any(cpu.trace["exact"])
+    assert torch.equal(rec.images.cpu(), cpu.images)
+    assert text_scores(rec.images.cpu(), x, **kw(data))["exact"] == text_scores(cpu.images, x, **kw(data))["exact"] > 0
