@@ -314,10 +314,35 @@ def federated(quick: bool) -> None:
              "sample for a non-member and replays: above the threshold, a wrong batch is not certified")
 
 
+def _trained_cifar() -> list[tuple]:
+    """Rows of :func:`trained_next_layer` for an ``mlp:2000`` trained on the CIFAR-10 images with index mod 100 < 50
+    (the file is sorted by class), B = 256 on two batches of the others; none without the file."""
+    if not CIFAR_NPZ.exists():
+        return []
+    from leakbench.data.cifar import CIFAR10_CLASSES
+
+    rows = []
+    data = lb.load("npz", path=str(CIFAR_NPZ), classes=list(CIFAR10_CLASSES))
+    index = np.arange(len(data))
+    train, held = index[index % 100 < 50], index[index % 100 >= 50]
+    model = _trained_mlp(data, train, arch="mlp:2000")
+    with torch.no_grad():
+        acc = float((model(data.images[held]).argmax(1) == data.labels[held]).float().mean())
+    for k in range(2):
+        x, y = data.batch(indices=np.random.default_rng([256, k, 7]).permutation(held)[:256])
+        obs = lb.observe(model, x, y)
+        grey = _scores(torch.full_like(x, sum(obs.data_range) / 2), x)
+        rec, seconds = _timed("spear", obs)
+        _, err, cert = _matched(rec, x)
+        rows.append((f"CIFAR-10 mlp:2000 ({acc:.3f})", 256, k, "on", f"{int((err < 1e-4).sum())}/256",
+                     int(cert.sum()), int((cert & (err > 1e-4)).sum()), seconds, f"{int((grey > 60).sum())}/256"))
+    return rows
+
+
 def trained_next_layer() -> None:
     """B = 64 and 128 on a trained ``mlp:1000`` and B = 256 on a trained ``mlp:2000`` (digits-like 0–999, 3 epochs),
     held-out batches from digits 1000 on, ``spear`` with and without the next layer's directions, beside the grey
-    image."""
+    image; and B = 256 on an ``mlp:2000`` trained on half the CIFAR-10 images (when the file is there)."""
     data = lb.load("digits", size=28, deform=1.0, seed=1)
     rows = []
     for arch, batches in (("mlp:1000", (64, 128)), ("mlp:2000", (256,))):
@@ -336,7 +361,8 @@ def trained_next_layer() -> None:
                     rows.append((f"{arch} ({acc:.3f})", batch, k, "on" if flag else "off",
                                  f"{int((err < 1e-4).sum())}/{batch}", int(cert.sum()), int((cert & (err > 1e-4)).sum()),
                                  seconds, f"{int((grey > 60).sum())}/{batch}"))
-    table("spear on trained MLPs (held-out accuracy), digits-like 28×28, with and without next_layer",
+    rows += _trained_cifar()
+    table("spear on trained MLPs (held-out accuracy), digits-like 28×28 (and CIFAR-10), with and without next_layer",
           ["model (accuracy)", "B", "batch", "next_layer", "exact (1e-4)", "certified", "false cert.", "s",
            "grey exact"], rows)
 

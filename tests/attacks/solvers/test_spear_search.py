@@ -2,8 +2,8 @@
 (``zero_band``), a wrong column is not."""
 import torch
 
-from leakbench.attacks.solvers.sparse_span import certify, decompose, scales
-from leakbench.attacks.solvers.spear_search import entry_floor, pattern_disagreements, zero_band
+from leakbench.attacks.solvers.sparse_span import certify, decompose, entry_floor, scales, zero_band
+from leakbench.attacks.solvers.spear_search import pattern_disagreements
 
 
 def _noisy_layer(batch=12, inputs=60, width=240, classes=5, noise=1e-9, seed=0):

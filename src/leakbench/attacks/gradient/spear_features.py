@@ -88,8 +88,8 @@ class SpearFeatures(Attack):
     tags = ("gradient", "update")
     Options = SpearFeaturesOptions
     presets = {"quick": {"rounds": 2, "steps": 200}}
-    preset_revisions = {"default": 5, "quick": 5}  # 1: spear's revision 2 inside (an update's round-off); 2: its 3;
-    # 3: its 4; 4: its 5; 5: its 6
+    preset_revisions = {"default": 6, "quick": 6}  # 1: spear's revision 2 inside (an update's round-off); 2: its 3;
+    # 3: its 4; 4: its 5; 5: its 6; 6: its 7
 
     def requirements(self, obs: Observation) -> list[str]:
         reasons = analytic_reasons(obs, attack=self.name, batch_one=False)

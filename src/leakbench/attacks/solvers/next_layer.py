@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from .sparse_span import unique_columns
+from .sparse_span import NULL_SE, unique_columns, zero_band, ZERO_BAND
 
 __all__ = ["next_layer_directions", "usable", "DROPS"]
 
@@ -135,10 +135,13 @@ def _solve(layer: _Layer, masks: torch.Tensor, kept: torch.Tensor) -> tuple[torc
 
 
 def next_layer_directions(left: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, next_weight: torch.Tensor,
-                          inputs: torch.Tensor, *, drops: tuple[float, ...] = DROPS, deadline: float = float("inf")
-                          ) -> torch.Tensor:
+                          inputs: torch.Tensor, *, drops: tuple[float, ...] = DROPS, deadline: float = float("inf"),
+                          right: torch.Tensor | None = None, floor: float = 0.0) -> torch.Tensor:
     """Unit directions q (r×K, in ``left``'s coordinates) whose L q fits g = D ⊙ W₂ᵀv exactly, from the patterns of
-    ``inputs`` (K₀×n candidate inputs of the layer ``weight``/``bias``); ``next_weight`` is W₂ (m₂×m)."""
+    ``inputs`` (K₀×n candidate inputs of the layer ``weight``/``bias``); ``next_weight`` is W₂ (m₂×m).  With the
+    gradient's error (``right`` = ΣVᵀ of an orthonormal ``left``, ``floor`` per entry) "exactly" is to that error:
+    g's part off span L is then about √m·floor‖Σ⁻¹q‖ (L's first-order error E V Σ⁻¹), which for the samples with
+    the smallest gradients of a trained model's ill-conditioned gradient is above ``ACCEPT`` (ours)."""
     left, weight, bias = left.double(), weight.double(), bias.double()
     wt = next_weight.detach().double().T.to(left.device)                # m×m₂
     span, tri = torch.linalg.qr(left)                                    # L = span · tri, span orthonormal
@@ -156,9 +159,15 @@ def next_layer_directions(left: torch.Tensor, weight: torch.Tensor, bias: torch.
             zs, cs = z[s:s + chunk], certainty[s:s + chunk]
             kept = torch.zeros_like(cs).scatter_(1, cs.argsort(dim=1)[:, k:], 1.0)   # the m − k most certain
             lq, value = _solve(layer, (zs > 0).to(z.dtype), kept)
-            ok = torch.isfinite(value) & (value <= ACCEPT)
+            q = torch.linalg.solve_triangular(tri, span.T @ lq, upper=True)
+            bound = torch.full_like(value, ACCEPT)
+            if right is not None and floor:
+                unit = q / q.norm(dim=0, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
+                error = zero_band(right, unit, floor) / ZERO_BAND
+                bound = torch.maximum(bound, NULL_SE ** 2 * m * error.pow(2))
+            ok = torch.isfinite(value) & (value <= bound)
             if bool(ok.any()):
-                out.append(torch.linalg.solve_triangular(tri, span.T @ lq[:, ok], upper=True))
+                out.append(q[:, ok])
     if not out:
         return left.new_zeros(r, 0)
     q = torch.cat(out, 1)

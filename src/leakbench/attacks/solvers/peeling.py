@@ -92,6 +92,29 @@ class SampleGradients:
             cols.append(self.at_pre(pre, labels).gather(1, rows[:, None])[:, 0])
         return torch.stack(cols, 1)
 
+    def hessian_product(self, inputs: torch.Tensor, labels: torch.Tensor):
+        """u ↦ H u (K×m → K×m): each sample's Hessian of its loss term with respect to its pre-activations at
+        ``inputs`` (K×n), by double backward through the rest of the model (H is symmetric, so this is also
+        the transpose's product).  The graph is built once and kept for every product."""
+        graphs = []
+        for start in range(0, inputs.shape[0], self.chunk):
+            with torch.enable_grad():
+                z = (inputs[start:start + self.chunk] @ self.weight.T + self.bias).detach().requires_grad_(True)
+                loss = self.loss_fn(self.rest(z), labels[start:start + self.chunk]) * z.shape[0] / self.batch
+                graphs.append((z, torch.autograd.grad(loss, z, create_graph=True)[0]))
+
+        def product(u: torch.Tensor) -> torch.Tensor:
+            out, start = [], 0
+            for z, g in graphs:
+                part = u[start:start + z.shape[0]]
+                start += z.shape[0]
+                h = torch.autograd.grad(g, z, grad_outputs=part, retain_graph=True, allow_unused=True)[0] \
+                    if g.requires_grad else None                  # a loss linear in z: H = 0
+                out.append(torch.zeros_like(part) if h is None else h)
+            return torch.cat(out) if out else u.new_zeros(0, self.weight.shape[0])
+
+        return product
+
 
 #: an update's storage round-off per row, in ulps of the rows of θ (measured on mlp:1000 after one step of 0.1,
 #: untrained and trained: 0.22–0.24 ulp of ‖W_j‖ against the float64 replay; 4 ulps of ‖∂W_j‖, the bound of a

@@ -9,12 +9,12 @@ import time
 
 import torch
 
-from .sparse_span import (certify, decompose, directions_from_inputs, exact_zeros, refine, scales, strays,
-                          unique_columns)
+from .sparse_span import (certify, decompose, directions_from_inputs, entry_floor, exact_zeros, refine, scales,
+                          strays, unique_columns, zero_band)
 from .next_layer import DROPS, next_layer_directions, usable
 from .spear_options import SpearOptions
-from .spear_search import (complete_basis, deflated_rows, entry_floor, pattern_disagreements, repair_directions,
-                           row_inputs, sample_precision, select_directions, zero_band)
+from .spear_search import (complete_basis, deflated_rows, pattern_disagreements, repair_directions, row_inputs,
+                           sample_precision, select_directions)
 
 __all__ = ["factorise", "PRECISION", "ROW_FACTORS", "WHOLE_FACTORS", "SPLIT"]
 
@@ -96,7 +96,7 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
             first = inputs[: extra.shape[0]] if extra is not None and round_ == 0 else inputs
             found, selected = _next_layer_pass(left, weight, bias, next_weight, first, found, selected, rank, dead,
                                                (zero_tol, null_tol), deadline, info, grad_w=grad_w, grad_b=grad_b,
-                                               live=live, limit=o.candidates, rows=inputs)
+                                               live=live, limit=o.candidates, rows=inputs, right=right, floor=floor)
         for factor in factors:  # fewest rows first; stop as soon as B directions are selected
             if selected.shape[1] >= rank and round_ == 0:   # the next layer found them all: the kernels' turn
                 break                                       # comes only if the pattern test finds a wrong one
@@ -105,7 +105,8 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
                 continue
             q, ok = directions_from_inputs(left, weight, bias, inputs, rows=rows, null_tol=null_tol, live=live,
                                            split=SPLIT)
-            exact, zeros, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank))
+            exact, zeros, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank),
+                                          right=right, floor=floor)
             # SPEAR's sparsity filter: a sample's kernel vanishes on its whole zero set, beyond the rows it was
             # read from; a kernel of rows that do not span (few rows, each active for few samples) vanishes on
             # little more than those rows and the dead ones
@@ -114,7 +115,7 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
             found = found[:, unique_columns(found)]
             spare = torch.cat([spare, q[:, ~keep]], 1)
             if selected.shape[1] < rank:  # once B are selected, new directions only enter by repair swaps
-                selected = select_directions(left, found, zero_tol)
+                selected = select_directions(left, found, zero_tol, right, floor)
             if selected.shape[1] >= rank and round_ == 0:  # later rounds have few candidates: try every k
                 break
             if time.perf_counter() > deadline:
@@ -175,7 +176,8 @@ def factorise(grad_w: torch.Tensor, grad_b: torch.Tensor, weight: torch.Tensor, 
 
 def _next_layer_pass(left, weight, bias, next_weight, inputs, found, selected, rank: int, dead: int,
                      tolerances: tuple[float, float], deadline: float, info: dict, *, grad_w: torch.Tensor,
-                     grad_b: torch.Tensor, live: torch.Tensor, limit: int, rows: torch.Tensor):
+                     grad_b: torch.Tensor, live: torch.Tensor, limit: int, rows: torch.Tensor, right: torch.Tensor,
+                     floor: float):
     """Directions from :mod:`.next_layer`, the neurons' certainty cut at each fraction in turn until B are selected;
     each judged by SPEAR's refinement and sparsity filter like a kernel's.  The first fraction starts from
     ``inputs``; once some directions are selected, the starts are the rows of the gradient deflated off them
@@ -187,12 +189,14 @@ def _next_layer_pass(left, weight, bias, next_weight, inputs, found, selected, r
     starts, idle = inputs, 0
     for step in range(MAX_CYCLES * len(DROPS)):
         drop = DROPS[step % len(DROPS)]
-        q = next_layer_directions(left, weight, bias, next_weight, starts, drops=(drop,), deadline=deadline)
-        exact, zeros, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank))
+        q = next_layer_directions(left, weight, bias, next_weight, starts, drops=(drop,), deadline=deadline,
+                                  right=right, floor=floor)
+        exact, zeros, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank),
+                                          right=right, floor=floor)
         keep = single & (zeros >= rank - 1 + dead + max(4, rank // 8))
         found = torch.cat([found, exact[:, keep]], 1)
         found = found[:, unique_columns(found)]
-        before, selected = selected.shape[1], select_directions(left, found, zero_tol)
+        before, selected = selected.shape[1], select_directions(left, found, zero_tol, right, floor)
         added = selected.shape[1] - before
         info["next_layer"] = info.get("next_layer", 0) + added
         idle = 0 if added else idle + 1

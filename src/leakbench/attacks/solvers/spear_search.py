@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .sparse_span import contradictions, exact_zeros, scales, strays
+from .sparse_span import blurred_zeros, contradictions, exact_zeros, scales, strays, zero_band
 
 
 def sample_precision(left: torch.Tensor, right: torch.Tensor, grad_b: torch.Tensor, q_full: torch.Tensor, k: int,
@@ -55,11 +55,13 @@ def deflated_rows(left: torch.Tensor, selected: torch.Tensor, grad_w: torch.Tens
     return row_inputs(both[:, :-1], both[:, -1], live, limit)
 
 
-def select_directions(left: torch.Tensor, found: torch.Tensor, zero_tol: float) -> torch.Tensor:
-    """SPEAR's greedy selection: most exact zeros first, skipping directions in the span of those taken."""
+def select_directions(left: torch.Tensor, found: torch.Tensor, zero_tol: float, right: torch.Tensor | None = None,
+                      floor: float = 0.0) -> torch.Tensor:
+    """SPEAR's greedy selection: most exact zeros first (within the gradient's error, :func:`blurred_zeros`),
+    skipping directions in the span of those taken."""
     if found.shape[1] == 0:
         return found
-    zeros = exact_zeros(left @ found, zero_tol).to(found.dtype)
+    zeros = blurred_zeros(left @ found, found, zero_tol, right, floor).to(found.dtype)
     counts = zeros.sum(0)
     # a mixture of samples is zero on their common zeros plus a few stray rows: drop a direction whose zeros
     # lie, but for a few stray rows, inside the zeros of a sparser one (two samples' zero sets differ far more)
@@ -78,30 +80,6 @@ def select_directions(left: torch.Tensor, found: torch.Tensor, zero_tol: float) 
         if len(taken) == found.shape[0]:
             break
     return torch.stack(taken, 1)
-
-
-#: an entry of L q̂ that is zero in exact arithmetic sits within this many of its standard errors (:func:`zero_band`)
-#: of zero.  Measured with q̂ the kernel of L on a sample's true zeros, float32 gradients of untrained MLPs: the
-#: largest zero at 6.7–11.3 standard errors (digits-like B = 128, 256; CIFAR-10 B = 64, 256), where the relative
-#: ``zero_tol`` of 16 ulps was passed by a few per cent of them at B = 256; 3e-5 of the active entries or fewer
-#: fall below the band (they are not counted either way).
-ZERO_BAND = 16.0
-
-
-def entry_floor(spectrum: torch.Tensor, rank: int, shape: tuple[int, int]) -> float:
-    """The standard error of one entry of ∂L/∂W (its round-off or noise), from the singular values past the rank:
-    Σ_{k>r} σ_k² ≈ (m − r)(n − r)·e²."""
-    m, n = shape
-    if spectrum.numel() <= rank or min(m, n) <= rank:
-        return 0.0
-    return float((spectrum[rank:].double().pow(2).sum() / ((m - rank) * (n - rank))).sqrt())
-
-
-def zero_band(right: torch.Tensor, cols: torch.Tensor, floor: float) -> torch.Tensor:
-    """Per column q̂ of Q̂, the magnitude below which an entry of L q̂ may be a zero blurred by the gradient's error
-    (ours).  L's error is E V Σ⁻¹ to first order (E: the gradient's, ``floor`` per entry), so an entry of L q̂
-    carries about ``floor``·‖Σ⁻¹q̂‖; ``ZERO_BAND`` of those.  ``right`` = Σ Vᵀ (its row norms are the σ_k)."""
-    return ZERO_BAND * floor * (cols / right.norm(dim=1, keepdim=True).clamp_min(1e-300)).norm(dim=0)
 
 
 def pattern_disagreements(left: torch.Tensor, right: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
