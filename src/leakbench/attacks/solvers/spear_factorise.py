@@ -192,7 +192,7 @@ def _next_layer_pass(left, weight, bias, next_weight, inputs, found, selected, r
         q = next_layer_directions(left, weight, bias, next_weight, starts, drops=(drop,), deadline=deadline,
                                   right=right, floor=floor)
         exact, zeros, single = refine(left, q, zero_tol=zero_tol, null_tol=null_tol, stray=strays(rank),
-                                          right=right, floor=floor)
+                                      right=right, floor=floor)
         keep = single & (zeros >= rank - 1 + dead + max(4, rank // 8))
         found = torch.cat([found, exact[:, keep]], 1)
         found = found[:, unique_columns(found)]
