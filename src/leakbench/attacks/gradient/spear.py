@@ -468,7 +468,7 @@ class Spear(Attack):
 
     @staticmethod
     def _labels_of(grads: SampleGradients | None, inputs: torch.Tensor, deltas: torch.Tensor, obs: Observation
-                   ) -> torch.Tensor:
+                   ) -> tuple[torch.Tensor, float]:
         """Per sample, the class whose δ(x̂, c) is most nearly parallel to the recovered δ̂ (any global scale)."""
         if grads is None or inputs.shape[0] == 0:
             return torch.zeros(inputs.shape[0], dtype=torch.long, device=inputs.device)
@@ -476,7 +476,7 @@ class Spear(Attack):
 
     @staticmethod
     def _label_errors(grads: SampleGradients, inputs: torch.Tensor, deltas: torch.Tensor, obs: Observation
-                      ) -> torch.Tensor:
+                      ) -> tuple[torch.Tensor, float]:
         """1 − |cos| between δ̂_i and δ(x̂_i, c), per sample and class (K×C)."""
         errors = []
         unit = deltas / deltas.norm(dim=1, keepdim=True).clamp_min(1e-300)
@@ -555,10 +555,7 @@ class Spear(Attack):
             return res
         width = obs.data_range[1] - obs.data_range[0]
         before, alone = list(trial.inputs), list(trial.certified)
-        precision = self._polish(trial, grads, trace, PRECISION * width, tol, newton)
-        deltas = torch.stack(trial.deltas)
-        trace["joint_residual"] = misfit(trial.grad_w + deltas.T @ torch.stack(trial.inputs),
-                                         trial.grad_b + deltas.sum(0), torch.stack(trial.inputs), deltas)
+        precision, trace["joint_residual"] = self._polish(trial, grads, trace, PRECISION * width, tol, newton)
         if not trace["joint_residual"] <= tol:
             return res
         # the residual bounds the batch, not a sample whose δ is tiny: each is certified to its own precision
@@ -572,12 +569,12 @@ class Spear(Attack):
 
     @staticmethod
     def _polish(res: Residual, grads: SampleGradients, trace: dict, reach: float, tol: float, newton: bool = True
-                ) -> torch.Tensor:
+                ) -> tuple[torch.Tensor, float]:
         """With every sample found, the whole batch is fitted to the whole first-layer gradient: the fixed-Δ
         re-solve, then, unless that reproduces the gradient to ``tol`` (relative), Gauss–Newton
         through δ(X) (``solvers.joint_fit``); neurons within ``reach`` (max-abs, the certified precision) of a
         sample's hinge take the side the gradient fits (``solvers.hinge``).  Returns each sample's precision
-        (``joint_fit.split_precision``)."""
+        (``joint_fit.split_precision``) and the fit's relative misfit (``joint_fit.misfit``)."""
         x = torch.stack(res.inputs)
         labels = torch.tensor(res.labels, dtype=torch.long, device=x.device)
         deltas = torch.stack(res.deltas)
@@ -585,12 +582,14 @@ class Spear(Attack):
         target_b = res.grad_b + deltas.sum(0)
         scale = trace.get("scale") or 1.0
         fit = fit_batch(grads, x, labels, target_w, target_b, reach, scale=scale, steps=3, newton=False)
-        if newton and not misfit(target_w, target_b, fit.inputs, fit.deltas) <= tol:   # for a sample with a small δ
-            fit = fit_batch(grads, fit.inputs, labels, target_w, target_b, reach, scale=scale)   # the re-solve stalls
+        relative = misfit(target_w, target_b, fit.inputs, fit.deltas)
+        if newton and not relative <= tol:   # for a sample with a small δ the fixed-Δ re-solve stalls
+            fit = fit_batch(grads, fit.inputs, labels, target_w, target_b, reach, scale=scale)
+            relative = misfit(target_w, target_b, fit.inputs, fit.deltas)
         trace.update({"joint_steps": fit.steps, "hinge_flips": fit.flipped})
         res.inputs, res.deltas = list(fit.inputs), list(fit.deltas)
         res.grad_w, res.grad_b = target_w - fit.deltas.T @ fit.inputs, target_b - fit.deltas.sum(0)
-        return split_precision(fit.deltas, target_w)
+        return split_precision(fit.deltas, target_w), relative
 
     @staticmethod
     def _result(obs: Observation, images: torch.Tensor, certified: torch.Tensor, labels, trace: dict
