@@ -21,7 +21,8 @@ pool** (digits 1 000–1 299), on which the presets were chosen.  Rows: the grey
 presets; the first run trains the generator, about half a minute, then it is cached), and on request ``gradinversion``
 (Inverting Gradients with GradInversion's group consistency, and its BN prior where statistics are granted).
 
-``LEAKBENCH_PRIOR_B=4,8`` the batch sizes, ``LEAKBENCH_PRIOR_N=8`` the batches per size,
+``LEAKBENCH_PRIOR_B=4,8`` the batch sizes, ``LEAKBENCH_PRIOR_N=8`` the batches per size (``LEAKBENCH_PRIOR_FIRST=k``
+attacks only batches k… of them: one run split over processes, the same batches and seeds),
 ``LEAKBENCH_PRIOR_ATTACKS=trained,gias,gifd,ggl`` which attacks (default: all but ``gradinversion``), ``LEAKBENCH_PRIOR_GIAS='{"restarts": 1}'`` /
 ``LEAKBENCH_PRIOR_GIFD='{"radius": 0.1}'`` / ``LEAKBENCH_PRIOR_TRAINED='{"local_model": "first-order"}'`` options
 (JSON, for tuning; named in the row; likewise ``LEAKBENCH_PRIOR_GGL``, ``LEAKBENCH_PRIOR_GRADINVERSION``).
@@ -37,6 +38,7 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +48,7 @@ import leakbench as lb
 from leakbench.attacks import attack_batch
 from leakbench.evaluation.training.utility import loss_and_accuracy, train_model
 
-from .common import benchmark_images, console, env_ints, env_names, resized, table
+from .common import benchmark_images, console, env_ints, env_names, mean_cell, resized, table
 
 MODEL = "convnet-16"
 #: (epochs, batch, lr) of plain SGD per dataset: bench_trained_layouts' recipes (CIFAR-10's 500 training images need
@@ -114,10 +116,43 @@ def _describe(local: dict) -> str:
             f"{local['local_batch']})")
 
 
+@dataclass
+class Setting:
+    """The benchmark's trained network and data: ``LEAKBENCH_PRIOR_DATA`` at ``size`` px."""
+
+    data: str
+    ds: lb.ImageDataset
+    pools: dict
+    public: str             # the generators' ``public`` option
+    source: str
+    model: torch.nn.Module  # trained, eval mode
+    accuracy: float         # on every image it was not trained on
+    recipe: tuple           # (epochs, batch, lr)
+
+
+def setting(folder: Path, size: int, *, quick: bool = False) -> Setting:
+    """Train ``convnet-16`` on ``LEAKBENCH_PRIOR_DATA``'s training images (seed 0; CIFAR-10's public ``.npz`` written
+    to ``folder``)."""
+    data = os.environ.get("LEAKBENCH_PRIOR_DATA", "digits")
+    if data not in RECIPES:
+        raise SystemExit(f"LEAKBENCH_PRIOR_DATA: unknown data {data!r}; known: {', '.join(RECIPES)}")
+    ds, train, pools, public, source = _data(data, size, folder)
+    epochs, batch_size, lr = RECIPES[data]
+    model = lb.build(MODEL, input_shape=ds.shape, classes=ds.num_classes, seed=0)
+    model = train_model(model, ds.subset(train), epochs=2 if quick else epochs, batch_size=batch_size, lr=lr,
+                        seed=0).model.eval()
+    held = sorted(set(range(len(ds.labels))) - set(train))
+    _, acc = loss_and_accuracy(model, ds.images[held], ds.labels[held])
+    return Setting(data, ds, pools, public, source, model, acc, (2 if quick else epochs, batch_size, lr))
+
+
 def run(*, quick: bool = False) -> None:
     size = env_ints("LEAKBENCH_PRIOR_SIZE", "16")[0]
     sizes = env_ints("LEAKBENCH_PRIOR_B", "4,8")
     count = env_ints("LEAKBENCH_PRIOR_N", "2" if quick else "8")[0]
+    first = env_ints("LEAKBENCH_PRIOR_FIRST", "0")[0]
+    if not 0 <= first < count:
+        raise SystemExit(f"LEAKBENCH_PRIOR_FIRST: expected a batch index from 0 to {count - 1}, got {first}")
     pool = os.environ.get("LEAKBENCH_PRIOR_POOL", "report")
     if pool not in POOLS:
         raise SystemExit(f"LEAKBENCH_PRIOR_POOL: unknown pool {pool!r}; known: {', '.join(POOLS)}")
@@ -135,39 +170,32 @@ def run(*, quick: bool = False) -> None:
                      "gradinversion": {"iterations": 50}} if quick else {}
 
     start = time.perf_counter()
-    data = os.environ.get("LEAKBENCH_PRIOR_DATA", "digits")
-    if data not in RECIPES:
-        raise SystemExit(f"LEAKBENCH_PRIOR_DATA: unknown data {data!r}; known: {', '.join(RECIPES)}")
     scratch = tempfile.TemporaryDirectory(prefix="leakbench-prior-")   # removed when run returns
-    ds, train, pools, public, source = _data(data, size, Path(scratch.name))
+    s = setting(Path(scratch.name), size, quick=quick)
+    ds, pools, model, acc, (epochs, batch_size, lr) = s.ds, s.pools, s.model, s.accuracy, s.recipe
+    data, source = s.data, s.source
     for name in GENERATIVE:
-        options[name].setdefault("public", public)
-    epochs, batch_size, lr = RECIPES[data]
-    model = lb.build(MODEL, input_shape=ds.shape, classes=ds.num_classes, seed=0)
-    model = train_model(model, ds.subset(train), epochs=2 if quick else epochs, batch_size=batch_size, lr=lr,
-                        seed=0).model.eval()
-    held = sorted(set(range(len(ds.labels))) - set(train))
-    _, acc = loss_and_accuracy(model, ds.images[held], ds.labels[held])
+        options[name].setdefault("public", s.public)
     console.print(f"[dim]{MODEL} on {data} {size}×{size}: held-out accuracy {acc:.3f} "
                   f"({time.perf_counter() - start:.0f} s)[/dim]")
 
     rows = []
     for B in sizes:
-        pairs = [ds.batch(indices=idx) for idx in batches(pools, pool, B, count)]
+        pairs = [ds.batch(indices=idx) for idx in batches(pools, pool, B, count)][first:]
         observations = [lb.observe(model, x, y, labels_known=True, **local, **bn, defense=defense or None, seed=b)
-                        for b, (x, y) in enumerate(pairs)]
+                        for b, (x, y) in enumerate(pairs, start=first)]
         grey = [lb.compare(torch.full_like(x, float(x.mean())), x, y)["psnr"] for x, y in pairs]
-        rows.append([B, "grey (chance)", " / ".join(f"{g:.2f}" for g in grey), "+0.00", f"0 of {count}", "–", "–"])
+        rows.append([B, "grey (chance)", " / ".join(f"{g:.2f}" for g in grey), "+0.00", f"0 of {len(pairs)}", "–", "–"])
         seconds: dict[str, float] = {}
         for name in attacks:
             t0 = time.perf_counter()
             if name == "trained":
-                recs = attack_batch("inverting-gradients", observations, seeds=list(range(count)), preset="trained",
+                recs = attack_batch("inverting-gradients", observations, seeds=list(range(first, count)), preset="trained",
                                     **{**options[name], **quick_options.get(name, {})})
             else:
                 recs = [lb.attack(name, obs, seed=b, **{**options[name], **quick_options.get(name, {})})
-                        for b, obs in enumerate(observations)]
-            seconds[name] = (time.perf_counter() - t0) / count
+                        for b, obs in enumerate(observations, start=first)]
+            seconds[name] = (time.perf_counter() - t0) / len(pairs)
             bad = [r for r in recs if isinstance(r, Exception)]
             if bad:
                 raise SystemExit(f"{name} failed: {bad[0]}")
@@ -175,14 +203,15 @@ def run(*, quick: bool = False) -> None:
             label = ("inverting-gradients trained" if name == "trained" else name) + "".join(
                 f" {k}={v}" for k, v in options[name].items() if k != "public")
             ratio = (f"{seconds[name] / seconds['trained']:.2f}" if name != "trained" and "trained" in seconds else "–")
-            rows.append([B, label, " / ".join(f"{o:+.2f}" for o in over), f"{sum(over) / count:+.2f}",
-                         f"{sum(o > 0 for o in over)} of {count}", f"{seconds[name]:.0f}", ratio])
+            rows.append([B, label, " / ".join(f"{o:+.2f}" for o in over), mean_cell(over),
+                         f"{sum(o > 0 for o in over)} of {len(over)}", f"{seconds[name]:.0f}", ratio])
             console.print(f"[dim]{' | '.join(map(str, rows[-1]))} ({time.perf_counter() - start:.0f} s)[/dim]",
                           highlight=False)
     table(f"Learned prior on a trained {MODEL} ({data} {size}×{size}, accuracy {acc:.2f}): PSNR over grey (dB), "
-          f"{count} held-out batches per B ({pool} pool), labels known",
-          ["B", "attack", "over grey per batch", "mean", "above grey", "s / batch", "s ratio to trained"], rows,
+          f"{len(pairs)} held-out batches per B ({pool} pool{f', batches {first}–{count - 1}' if first else ''}), "
+          "labels known",
+          ["B", "attack", "over grey per batch", "mean [95 % t-interval]", "above grey", "s / batch", "s ratio to trained"], rows,
           f"observed: {_describe(local)}{', BN statistics granted (train mode)' if bn else ''}"
-          f"{f', defense {defense}' if defense else ''}; {source} ({'2' if quick else epochs} epochs SGD, lr {lr}, batch "
+          f"{f', defense {defense}' if defense else ''}; {source} ({epochs} epochs SGD, lr {lr}, batch "
           f"{batch_size}); attacked pool {pool} (indices {min(pools[pool])}–{max(pools[pool])}); "
           f"{time.perf_counter() - start:.0f} s on {torch.get_num_threads()} thread(s).")

@@ -35,7 +35,7 @@ import torch
 import leakbench as lb
 from leakbench.evaluation.training.utility import loss_and_accuracy, train_model, utility_seeds
 
-from .common import benchmark_images, console, resized, table
+from .common import benchmark_images, console, interval, resized, table
 
 ADAPTIVE = {"soteria": "soteria-adaptive", "topk": "topk-adaptive", "mixup": "mixup-adaptive",
             "instahide": "instahide-carlini", "precode": "precode-adaptive", "ats": "ats-adaptive"}
@@ -52,17 +52,6 @@ QUICK_SPECS = ["none", "noise:0.1", "soteria:0.8", "topk:0.01", "mixup:1", "inst
 #: dB above grey on the same tuning batches (B = 2), and exact at B = 1 (51 dB).
 SETUPS = {"digits": ("cnn:3-8-1-1,3-8-2-1", "tanh", 2, 3, 3, 120, None),
           "cifar": ("cnn:3-8-1-1,3-8-2-1", "tanh", 2, 8, 2, 500, 16)}
-
-
-def interval(values: list[float]) -> tuple[float, float]:
-    """(mean, half-width of the 95 % t-interval); half-width inf below two values."""
-    from scipy.stats import t
-
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, math.inf
-    return mean, float(t.ppf(0.975, n - 1)) * statistics.stdev(values) / math.sqrt(n)
 
 
 def fmt(values: list[float]) -> str:

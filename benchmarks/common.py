@@ -1,7 +1,9 @@
 """Shared helpers for benchmarks: tables, timing, the benchmark images."""
 from __future__ import annotations
 
+import math
 import os
+import statistics
 import time
 from pathlib import Path
 from collections.abc import Sequence
@@ -117,3 +119,20 @@ def tv_variants(name: str, default: str = "") -> list[float]:
         return [float(v.strip()) for v in os.environ.get(name, default).split(",") if v.strip()]
     except ValueError:
         raise SystemExit(f"{name}: expected comma-separated TV weights, e.g. {name}=0.03,0.1") from None
+
+
+def interval(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, half-width of the 95 % t-interval); half-width inf below two values."""
+    from scipy.stats import t
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, math.inf
+    return mean, float(t.ppf(0.975, n - 1)) * statistics.stdev(values) / math.sqrt(n)
+
+
+def mean_cell(values: Sequence[float]) -> str:
+    """``+m [lo, hi]``: the mean and its 95 % t-interval (dB)."""
+    mean, half = interval(values)
+    return f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}]" if math.isfinite(half) else f"{mean:+.2f}"

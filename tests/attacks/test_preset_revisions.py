@@ -59,7 +59,7 @@ RECORDED = {
     ("lamp", "quick"): (0, "28bb60e2bd59"),
     ("gias", "default"): (1, "a49c30ef4f7a"),
     ("gias", "quick"): (1, "e224137914f4"),
-    ("gias", "colour"): (0, "917072565d60"),
+    ("gias", "colour"): (1, "1a96aeb4b72d"),
     ("gifd", "default"): (0, "6dd6da524e02"),
     ("gifd", "quick"): (0, "8f71f7560149"),
     ("ggl", "default"): (0, "860c86b8105a"),
@@ -99,7 +99,7 @@ RECORDED = {
 #: options added after the presets were recorded, with the value at which they change nothing: left out of
 #: the digest at that value, so adding an inert option does not revise every preset.
 INERT = {"features": 0.0, "feature_phase": 0.0, "features_from": 2, "features_labels": "all", "features_max_images": 0,
-         "local_model": "exact", "group": 0.0, "group_every": 50, "group_from": 0.25}
+         "local_model": "exact", "group": 0.0, "group_every": 50, "group_from": 0.25, "consensus": 1}
 
 
 def _digest(name: str, preset: str) -> str:

@@ -47,3 +47,16 @@ def test_trained_layout_batches_are_disjoint_in_the_pool_and_follow_the_pattern(
         assert len(set(flat)) == len(flat) == 3 * len(pattern)
         assert set(flat) <= set(pool)
         assert all([int(labels[i]) for i in b] == pattern for b in batches)
+
+
+def test_interval_agrees_with_scipy_and_is_infinite_below_two_values():
+    from scipy import stats
+
+    from benchmarks.common import interval, mean_cell
+
+    values = [0.3, -1.2, 2.5, 0.9, 1.4]
+    mean, half = interval(values)
+    lo, hi = stats.t.interval(0.95, len(values) - 1, loc=stats.tmean(values), scale=stats.sem(values))
+    assert mean == pytest.approx((lo + hi) / 2) and half == pytest.approx((hi - lo) / 2)
+    assert interval([1.5]) == (1.5, float("inf"))
+    assert mean_cell([1.0, 2.0, 3.0]) == "+2.00 [-0.48, +4.48]" and mean_cell([-1.0]) == "-1.00"

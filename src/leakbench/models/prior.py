@@ -80,7 +80,7 @@ class ConvDecoder(nn.Module):
         """The decoder as the composition of its stages (z → fc → conv1 → conv2 → image): each callable maps the
         previous stage's output to the next, so that an attack can search an intermediate feature space (GIFD)."""
         def fc(z):
-            return F.leaky_relu(self.fc(z), 0.2).reshape(len(z), 2 * self.width, *self.base)
+            return F.leaky_relu(self.fc(z), 0.2).reshape(z.shape[0], 2 * self.width, *self.base)   # traceable
 
         def conv1(h):
             return F.leaky_relu(self.conv1(F.interpolate(h, scale_factor=2.0, mode="nearest")), 0.2)

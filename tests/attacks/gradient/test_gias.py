@@ -166,3 +166,39 @@ def test_user_generator_errors(digits, tmp_path):
     torch.save(TinyGenerator(3).state_dict(), tmp_path / "small.pt")
     with pytest.raises(ConfigError, match="loading generator weights"):
         user_generator(f"{__name__}:TinyGenerator", SHAPE, latent=6, weights=tmp_path / "small.pt")
+
+
+@pytest.mark.parametrize("value", [0, 33, 1.5, True])
+def test_bad_consensus_fails_with_one_line(value):
+    with pytest.raises(ConfigError, match="option consensus") as info:
+        lb.attacks.create("gias", consensus=value)
+    assert "\n" not in str(info.value)
+
+
+def test_consensus_is_the_registered_mean_of_independent_runs(observe_digits, cached, monkeypatch):
+    """consensus=3: three whole runs on one random stream (the first is the consensus=1 result), their mean the
+    result; its squared error is at most the runs' average (the mean's, by convexity), and progress counts 3 runs."""
+    from leakbench.attacks.solvers import generative
+
+    x, obs = observe_digits(3)
+    short = dict(latent_steps=6, generator_steps=3)
+    single = lb.attack("gias", obs, preset="quick", seed=5, **short, **cached)
+    assert torch.equal(single.images, lb.attack("gias", obs, preset="quick", seed=5, consensus=1, **short,
+                                                **cached).images)
+    seen, runs, original = [], [], generative.registered_mean
+
+    def spy(images, labels, *, reference=0):
+        runs.extend(images)
+        return original(images, labels, reference=reference)
+
+    monkeypatch.setattr(generative, "registered_mean", spy)
+    rec = lb.attack("gias", obs, preset="quick", seed=5, consensus=3, progress=lambda d, t, v: seen.append((d, t)),
+                    **short, **cached)
+    assert len(runs) == 3 and torch.equal(runs[0], single.images)
+    assert not torch.equal(runs[0], runs[1])
+    assert rec.trace["consensus"] == 3 and len(rec.trace["run_matches"]) == 3
+    assert rec.trace["run_matches"][0] == single.trace["final_match"]
+    assert torch.allclose(rec.images, torch.stack(runs).mean(0))     # labels distinct: nothing to register
+    errors = [float((r - x).pow(2).sum()) for r in runs]
+    assert float((rec.images - x).pow(2).sum()) <= sum(errors) / 3 + 1e-9
+    assert seen[-1] == (27, 27) and len(seen) == 27

@@ -62,3 +62,16 @@ def test_bad_options_fail_with_one_line(obs_and_x, options, message):
     obs, _ = obs_and_x
     with pytest.raises(ConfigError, match=message):
         lb.attack("inverting-gradients", obs, preset="quick", **options)
+
+
+def test_registered_mean_aligns_images_of_one_label_only():
+    from leakbench.attacks.solvers.group_matching import registered_mean
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.rand(4, 1, 3, 3, generator=gen)
+    labels = torch.tensor([2, 5, 2, 7])
+    swapped = a[[2, 1, 0, 3]]                       # the two images of label 2 trade slots
+    assert torch.equal(registered_mean([a, swapped], labels), a)
+    assert torch.equal(registered_mean([swapped, a], labels, reference=1), a)
+    crossed = a[[0, 3, 2, 1]]                       # labels 5 and 7 differ: their slots are never exchanged
+    assert torch.allclose(registered_mean([a, crossed], labels), (a + crossed) / 2)

@@ -2,6 +2,7 @@
 federated spec and plan, and the attack's power deciding which verdicts a round may give."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -158,6 +159,53 @@ def test_a_precode_run_trains_its_bottleneck_and_its_state_loads_into_the_extend
     assert math.isfinite(info["test_loss"])
 
 
+def test_rounds_kept_on_the_way_are_read_not_retrained_and_change_nothing(data, tmp_path, monkeypatch):
+    steps: list[int] = []
+    real = Run.step
+
+    def counting(self, model, round_):
+        steps.append(round_)
+        return real(self, model, round_)
+
+    monkeypatch.setattr(Run, "step", counting)
+    key = run_key({"test": "keep"})
+    end, end_info = checkpoint(Run(small_model(data), data, "none", CONFIG, 0), 3, key, tmp_path, keep=[1, 2])
+    federated._MEMORY.clear()
+    kept, kept_info = checkpoint(Run(small_model(data), data, "none", CONFIG, 0), 2, key, tmp_path)
+    assert steps == [1, 2, 3], "round 2 was stored on the way to round 3"
+    plain, plain_info = checkpoint(Run(small_model(data), data, "none", CONFIG, 0), 3, key, tmp_path / "b")
+    direct, direct_info = checkpoint(Run(small_model(data), data, "none", CONFIG, 0), 2, key, tmp_path / "c")
+    assert all(torch.equal(end[n], plain[n]) and torch.equal(kept[n], direct[n]) for n in end)
+    assert end_info["test_accuracy"] == plain_info["test_accuracy"]
+    assert kept_info["train_loss"] == direct_info["train_loss"] and kept_info["round"] == 2
+
+
+def test_an_early_round_at_the_untrained_loss_is_training_unless_the_run_ends_there(monkeypatch):
+    """FedAvg's first round may sit a little above the untrained model's loss: diverged only if the run is still
+    above it at its last attacked round (judged from that checkpoint); never the checkpoint's own start."""
+    from leakbench.evaluation.trials import kinds
+    from leakbench.evaluation.trials.trial import Clock
+
+    (spec,) = [t for t in plan(load_spec(with_fed(rounds=[1, 5]))) if t.kind == "utility" and t.defense == "none"
+               and t.training["round"] == 1]
+    assert spec.training["rounds"] == [1, 5]
+    losses = {1: 2.34}
+
+    def fake(spec, data, model, cache_dir, *, round_=None):
+        r = spec.training["round"] if round_ is None else round_
+        return {}, {"train_loss": losses[r], "untrained_loss": 2.30, "test_accuracy": 0.1, "round": r}
+
+    monkeypatch.setattr(kinds, "federated_checkpoint", fake)
+    losses[5] = 0.4
+    metrics = kinds.federated_utility(spec, Clock(None), None).metrics
+    assert "diverged" not in metrics and "still training" in metrics["above_untrained"]
+    losses[5] = 2.5
+    metrics = kinds.federated_utility(spec, Clock(None), None).metrics
+    assert "round 1" in metrics["diverged"] and "round 5" in metrics["diverged"]
+    last = dataclasses.replace(spec, training={**spec.training, "round": 5})
+    assert "above the untrained" in kinds.federated_utility(last, Clock(None), None).metrics["diverged"]
+
+
 def test_diverged_is_measured_against_the_untrained_model_not_the_start():
     assert diverged({"train_loss": 0.30, "untrained_loss": 2.3}) is None  # above a checkpoint's 0.29: healthy
     assert "above the untrained" in diverged({"train_loss": 2.5, "untrained_loss": 2.3})
@@ -296,8 +344,6 @@ def test_a_vanishing_update_is_never_credited_as_stopping_the_attack():
 
 
 def test_a_rounds_utility_is_never_stacked_with_other_training():
-    import dataclasses
-
     from leakbench.evaluation.running.chunks import batch_group
 
     utility = next(t for t in plan(load_spec(SPEC)) if t.kind == "utility")

@@ -1,7 +1,15 @@
 """The machinery of the generative gradient-inversion attacks (``gias``, ``gifd``): their shared options, the
 gradient-matching context every stage runs in (:class:`Search`), the latent search (stage 1 of both: one code per
 image, several random starts z ~ N(0, I), the best gradient match kept; Jeon et al. 2021, Sec. 3.1), and the attack
-base class that builds the generator and runs the stages (:class:`GenerativeAttack`)."""
+base class that builds the generator and runs the stages (:class:`GenerativeAttack`).
+
+``consensus`` = K > 1 runs the whole attack K times from independent starts (one random stream: run 1 is the
+``consensus=1`` result) and returns their mean, registered by label (:func:`~.group_matching.registered_mean`).  This
+is GradInversion's consensus E(x̂_g) (Yin et al. 2021, eq. 8) returned as the result rather than used as a penalty:
+where a gradient pins an image the runs agree and the mean keeps it; where it leaves details open each run fills
+them from the prior differently and the mean averages them out — an estimate of the posterior mean, which minimises
+the expected squared error (so PSNR), where one run is a posterior sample (ours; the result is the mean even when a
+single run matches the gradient better, since the match does not rank runs by their error: docs/cli.md)."""
 from __future__ import annotations
 
 import math
@@ -17,10 +25,15 @@ from ...threat import Observation
 from ..base import Attack, Reconstruction
 from ..labels import recover_labels
 from .gradient_matching import GradientMatcher
+from .group_matching import registered_mean
 from .matching_settings import LOCAL_MODELS, SCHEDULES, MatchingSettings, step_schedule
 from .objectives import DISTANCES
 
 __all__ = ["GenerativeOptions", "GenerativeAttack", "Search", "latent_search"]
+
+
+#: the most independent runs one attack averages (option ``consensus``; each is a whole run)
+MAX_CONSENSUS = 32
 
 
 @dataclass
@@ -40,6 +53,8 @@ class GenerativeOptions:
     latent_lr: float = 0.1
     latent_prior: float = 1e-4     # λ_z
     restarts: int = 2
+    #: independent whole runs whose registered mean is the result (1: the single run)
+    consensus: int = 1
     distance: str = "cosine"
     schedule: str = "cosine"
     tv: float = 0.0
@@ -63,6 +78,9 @@ class GenerativeOptions:
             value = getattr(self, name)
             expect(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                    f"expected an integer {name} ≥ 1, got {value!r} (option {name})")
+        expect(isinstance(self.consensus, int) and not isinstance(self.consensus, bool)
+               and 1 <= self.consensus <= MAX_CONSENSUS,
+               f"expected an integer consensus from 1 to {MAX_CONSENSUS}, got {self.consensus!r} (option consensus)")
         for name in ("latent_lr",):
             value = getattr(self, name)
             expect(math.isfinite(value) and value > 0, f"expected {name} > 0, got {value} (option {name})")
@@ -214,11 +232,21 @@ class GenerativeAttack(Attack):
         matcher = self.matcher(obs, MatchingSettings(iterations=o.latent_steps, distance=o.distance, tv=o.tv, bn=bn,
                                                      restarts=o.restarts, trace_every=o.trace_every,
                                                      local_model=o.local_model))
-        search = Search(obs, matcher, labels, total=self.total_steps(gen, obs), trace_every=o.trace_every,
-                        schedule=o.schedule, callback=callback, progress=progress)
+        search = Search(obs, matcher, labels, total=self.total_steps(gen, obs) * o.consensus,
+                        trace_every=o.trace_every, schedule=o.schedule, callback=callback, progress=progress)
         rng = torch.Generator(device="cpu").manual_seed(int(seed))
-        z_best, images, latent_match, trace = self.first_stage(search, gen, rng)
-        images, final = self.refine(search, gen, z_best, images, latent_match, trace)
+        runs = []
+        for _ in range(o.consensus):
+            z, images, latent_match, trace = self.first_stage(search, gen, rng)
+            images, final = self.refine(search, gen, z, images, latent_match, trace)
+            runs.append((final, images, z, trace))
+        best = min(range(len(runs)), key=lambda k: runs[k][0] if math.isfinite(runs[k][0]) else math.inf)
+        final, images, z_best, trace = runs[best]
+        if o.consensus > 1:
+            images = registered_mean([run[1] for run in runs], labels, reference=best)
+            final = search.match_of(images)
+            trace.update(consensus=o.consensus, run_matches=[run[0] for run in runs], best_run=best,
+                         best_run_match=runs[best][0])
         grey = torch.full_like(images, sum(obs.data_range) / 2)
         grey_match = search.match_of(grey)
         trace.update(final_match=final, grey_match=grey_match, latent=z_best.cpu(), restarts=o.restarts,

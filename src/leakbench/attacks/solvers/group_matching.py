@@ -17,17 +17,22 @@ paper starts it after the first iterations; the schedule's numbers are ours).  T
 of the G runs, or their consensus — whose gradient matches best.
 
 Called by :meth:`~.gradient_matching.GradientMatcher.run` when ``group > 0`` (with ``restarts`` = G ≥ 2).
+:func:`registered_mean` forms the consensus of independent whole runs (the generative attacks' ``consensus``): the
+runs are registered by label — a batch's gradient is unchanged when two images of one label swap places, so runs
+may return them in different slots — by the one-to-one assignment of least squared distance (SciPy's Hungarian
+solver) to a reference run, then averaged.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+from scipy.optimize import linear_sum_assignment
 
 from ...progress import keep_here
 from .matching_settings import MatchResult, step_schedule
 
-__all__ = ["run_grouped"]
+__all__ = ["run_grouped", "registered_mean"]
 
 
 def run_grouped(matcher, labels: torch.Tensor, gen: torch.Generator, shape: tuple, init, callback,
@@ -91,3 +96,21 @@ def run_grouped(matcher, labels: torch.Tensor, gen: torch.Generator, shape: tupl
     if stopped is not None:
         trace["partial"] = stopped
     return MatchResult(images=images, labels=labels, trace=trace)
+
+
+def registered_mean(runs: list[torch.Tensor], labels: torch.Tensor, *, reference: int = 0) -> torch.Tensor:
+    """The pixel-wise mean of ``runs`` (each B × …, slot i carrying ``labels[i]``), every run's slots of one label
+    first assigned one-to-one to ``runs[reference]``'s by least squared distance."""
+    ref = runs[reference]
+    labels = labels.reshape(-1).cpu()
+    groups = [(labels == c).nonzero().flatten() for c in labels.unique()]
+    groups = [g for g in groups if len(g) > 1]
+    aligned = []
+    for x in runs:
+        order = torch.arange(len(x))
+        for pos in groups:
+            cost = torch.cdist(ref[pos].flatten(1).double().cpu(), x[pos].flatten(1).double().cpu()).pow(2)
+            rows, cols = linear_sum_assignment(cost.numpy())
+            order[pos[torch.as_tensor(rows)]] = pos[torch.as_tensor(cols)]
+        aligned.append(x[order.to(x.device)])
+    return torch.stack(aligned).mean(0)

@@ -32,7 +32,7 @@ import math
 import os
 import pickle  # noqa: S403 (only its error type: checkpoints are read with torch.load(weights_only=True))
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,13 +231,14 @@ class Run:
         return float(torch.sqrt(sum((u.double() ** 2).sum() for u in update)))
 
 
-def checkpoint(run: Run, round_: int, key: str, cache_dir: str | Path | None) -> tuple[dict[str, torch.Tensor],
-                                                                                      dict[str, Any]]:
+def checkpoint(run: Run, round_: int, key: str, cache_dir: str | Path | None, *,
+               keep: Sequence[int] = ()) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(state dict, metrics) of the global model after ``round_`` rounds (0 = the start), training what is missing.
 
     From disk when stored (``cache_dir``), else resumed from the latest stored round at or below ``round_`` (or
-    from θ_0), saving ``round_`` and ``latest`` as it goes.  Without a ``cache_dir`` nothing is written and the
-    run trains in memory.
+    from θ_0), saving ``round_`` and ``latest`` as it goes, and every round of ``keep`` it passes (the run's other
+    attacked rounds: later trials read them instead of retraining).  Without a ``cache_dir`` nothing is written
+    and the run trains in memory.
     """
     if isinstance(round_, bool) or not isinstance(round_, int) or round_ < 0:
         raise ConfigError(f"expected a round ≥ 0, got {round_!r} (field federated.rounds)")
@@ -250,13 +251,15 @@ def checkpoint(run: Run, round_: int, key: str, cache_dir: str | Path | None) ->
     with lock:
         found = _load(folder, f"round-{round_}") if folder is not None else None
         if found is None:
-            found = _train_to(run, round_, folder)
+            found = _train_to(run, round_, folder, key, keep)
     _remember((key, round_), found)
     return found
 
 
-def _train_to(run: Run, round_: int, folder: Path | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Train from the latest stored round at or below ``round_`` (else θ_0) to ``round_``; store it and ``latest``."""
+def _train_to(run: Run, round_: int, folder: Path | None, key: str,
+              keep: Sequence[int] = ()) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Train from the latest stored round at or below ``round_`` (else θ_0) to ``round_``; store it, ``latest`` and
+    the rounds of ``keep`` on the way."""
     model = copy.deepcopy(run.model)
     start, norm = 0, None
     latest = _load(folder, "latest") if folder is not None else None
@@ -265,6 +268,11 @@ def _train_to(run: Run, round_: int, folder: Path | None) -> tuple[dict[str, tor
         start, norm = int(latest[1]["round"]), latest[1].get("update_norm")
     for t in range(start + 1, round_ + 1):
         norm = run.step(model, t)
+        if t < round_ and t in keep:
+            passed = (_state(model), _metrics(run, model, t, norm))
+            _remember((key, t), passed)
+            if folder is not None:
+                _save(folder, f"round-{t}", *passed)
         if folder is not None and t < round_:  # a killed run resumes here
             _save(folder, "latest", _state(model), {"round": t, "update_norm": norm})
     info = _metrics(run, model, round_, norm)

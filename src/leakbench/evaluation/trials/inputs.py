@@ -93,8 +93,10 @@ def model_for(spec: TrialSpec, data, device: torch.device, cache_dir: Path | Non
     return model
 
 
-def federated_checkpoint(spec: TrialSpec, data, model: torch.nn.Module, cache_dir) -> tuple[dict, dict]:
-    """(state dict, metrics) of the federated run of ``spec`` (:mod:`.federated`) at its round; ``model`` is θ_0."""
+def federated_checkpoint(spec: TrialSpec, data, model: torch.nn.Module, cache_dir, *,
+                         round_: int | None = None) -> tuple[dict, dict]:
+    """(state dict, metrics) of the federated run of ``spec`` (:mod:`.federated`) at its round (or ``round_``);
+    ``model`` is θ_0.  The run's other attacked rounds (``training["rounds"]``, where given) are kept on the way."""
     from ..training.federated import Run, checkpoint, run_key
 
     t = spec.training
@@ -112,7 +114,8 @@ def federated_checkpoint(spec: TrialSpec, data, model: torch.nn.Module, cache_di
                           **dict(opts.get("options") or {}))
     run = Run(model, data, spec.defense, t["federated"], int(t["seed"]), loss=spec.threat.get("loss", "ce"),
               untrained=untrained if untrained is not None else model)
-    return checkpoint(run, int(t["round"]), run_key(identity), cache_dir)
+    return checkpoint(run, int(t["round"] if round_ is None else round_), run_key(identity), cache_dir,
+                      keep=[int(r) for r in t.get("rounds") or ()])
 
 
 def batch_for(spec: TrialSpec, data) -> tuple[torch.Tensor, torch.Tensor]:

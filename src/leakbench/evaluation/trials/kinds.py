@@ -58,18 +58,34 @@ def utility_trial(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
 
 
 def federated_utility(spec: TrialSpec, clock: Clock, cache_dir) -> TrialResult:
-    """The federated run's utility at the trial's round: test accuracy and loss, training loss, the update's norm;
-    diverged against the untrained model's loss (:func:`.federated.diverged`)."""
+    """The federated run's utility at the trial's round: test accuracy and loss, training loss, the update's norm.
+
+    Diverged (:func:`.federated.diverged`): a non-finite loss, or a training loss above the untrained model's — at
+    this round *and* at the run's last attacked round (``training["rounds"]``).  A run still at the untrained
+    model's loss in an early round (FedAvg's first rounds may sit a little above it) that descends below it by its
+    last round is training, not diverged: said under ``above_untrained``, and its utility is measured."""
     from ..training.federated import diverged
 
     data = dataset_for(spec)
-    _, info = federated_checkpoint(spec, data, built(spec, data, torch.device(spec.device)), cache_dir)
-    clock.lap("train")
+    theta0 = built(spec, data, torch.device(spec.device))
+    _, info = federated_checkpoint(spec, data, theta0, cache_dir)
     metrics = {k: _number(info.get(k)) for k in ("train_loss", "train_accuracy", "test_accuracy", "test_loss",
                                                  "update_norm", "untrained_loss")}
-    metrics["round"] = int(spec.training["round"])
-    metrics["samples_seen"] = float(int(info.get("samples_per_round") or 0) * int(spec.training["round"]))
+    here = int(spec.training["round"])
+    metrics["round"] = here
+    metrics["samples_seen"] = float(int(info.get("samples_per_round") or 0) * here)
     why = diverged(info)
+    last = max([here, *(int(r) for r in spec.training.get("rounds") or ())])
+    if why is not None and not why.startswith("non-finite") and last > here:
+        _, end = federated_checkpoint(spec, data, theta0, cache_dir, round_=last)
+        later = diverged(end)
+        if later is None:
+            metrics["above_untrained"] = (f"{why} at round {here}; the run is below it by round {last}, its last "
+                                          "attacked round: still training, not diverged")
+            why = None
+        else:
+            why = f"{why} at round {here}, and at round {last}, the run's last attacked round: {later}"
+    clock.lap("train")
     if why is not None:
         metrics["diverged"] = why
         if why.startswith("non-finite"):

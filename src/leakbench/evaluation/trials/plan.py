@@ -172,7 +172,8 @@ def _federated(spec: SweepSpec, d, m, defenses: list[str], common: dict) -> list
                     model_key=round_key(m.key, r), model_options=m.build_options(), server=_server(m))
         for defense in defenses:
             for seed in spec.seeds:
-                training = {"federated": fed.run_options(), "round": r, "seed": seed}
+                # the run's attacked rounds: divergence is judged at its last (kinds.federated_utility)
+                training = {"federated": fed.run_options(), "round": r, "seed": seed, "rounds": list(fed.rounds)}
                 out.append(TrialSpec(kind="utility", defense=defense, seed=seed, training=training,
                                      utility={"seed": seed}, threat={"loss": spec.threat.loss}, **base, **common))
             for size in spec.batch_sizes:
