@@ -16,7 +16,9 @@ benchmark's size), ``convnet-16`` trained with plain SGD (10 epochs, batch 16, l
 the same images the generator is trained on, none attacked — its accuracy on digits 1 000+ printed.  Attacked:
 undefended one-step gradients of disjoint batches, labels known (the informed eavesdropper), drawn by a seeded
 permutation from the **report pool** (digits 1 300–1 796) or, with ``LEAKBENCH_PRIOR_POOL=tuning``, the **tuning
-pool** (digits 1 000–1 299), on which the presets were chosen.  Rows: the grey image at each batch's mean (chance),
+pool** (digits 1 000–1 299), on which the presets were chosen.  Rows: the grey image at each batch's mean (chance), and under every attack its
+non-member control: batch j's reconstruction scored against batch j + 1's images and grey level (what the same
+images score on a batch they were not built from: the prior's and the averaging's own share),
 ``inverting-gradients`` preset ``trained`` (the batches stacked in one call), ``gias``, ``gifd`` and ``ggl`` (default
 presets; the first run trains the generator, about half a minute, then it is cached), and on request ``gradinversion``
 (Inverting Gradients with GradInversion's group consistency, and its BN prior where statistics are granted).
@@ -207,6 +209,11 @@ def run(*, quick: bool = False) -> None:
                          f"{sum(o > 0 for o in over)} of {len(over)}", f"{seconds[name]:.0f}", ratio])
             console.print(f"[dim]{' | '.join(map(str, rows[-1]))} ({time.perf_counter() - start:.0f} s)[/dim]",
                           highlight=False)
+            if len(pairs) > 1:  # non-member control: batch j's reconstruction scored against batch j + 1's images
+                other = [lb.compare(recs[j].images.cpu(), *pairs[(j + 1) % len(pairs)])["psnr"]
+                         - grey[(j + 1) % len(pairs)] for j in range(len(pairs))]
+                rows.append([B, "  on the next batch's images (control)", " / ".join(f"{o:+.2f}" for o in other),
+                             mean_cell(other), f"{sum(o > 0 for o in other)} of {len(other)}", "–", "–"])
     table(f"Learned prior on a trained {MODEL} ({data} {size}×{size}, accuracy {acc:.2f}): PSNR over grey (dB), "
           f"{len(pairs)} held-out batches per B ({pool} pool{f', batches {first}–{count - 1}' if first else ''}), "
           "labels known",
