@@ -140,12 +140,12 @@ def setting(folder: Path, size: int, *, quick: bool = False) -> Setting:
         raise SystemExit(f"LEAKBENCH_PRIOR_DATA: unknown data {data!r}; known: {', '.join(RECIPES)}")
     ds, train, pools, public, source = _data(data, size, folder)
     epochs, batch_size, lr = RECIPES[data]
+    epochs = 2 if quick else epochs
     model = lb.build(MODEL, input_shape=ds.shape, classes=ds.num_classes, seed=0)
-    model = train_model(model, ds.subset(train), epochs=2 if quick else epochs, batch_size=batch_size, lr=lr,
-                        seed=0).model.eval()
+    model = train_model(model, ds.subset(train), epochs=epochs, batch_size=batch_size, lr=lr, seed=0).model.eval()
     held = sorted(set(range(len(ds.labels))) - set(train))
     _, acc = loss_and_accuracy(model, ds.images[held], ds.labels[held])
-    return Setting(data, ds, pools, public, source, model, acc, (2 if quick else epochs, batch_size, lr))
+    return Setting(data, ds, pools, public, source, model, acc, (epochs, batch_size, lr))
 
 
 def run(*, quick: bool = False) -> None:

@@ -468,7 +468,7 @@ class Spear(Attack):
 
     @staticmethod
     def _labels_of(grads: SampleGradients | None, inputs: torch.Tensor, deltas: torch.Tensor, obs: Observation
-                   ) -> tuple[torch.Tensor, float]:
+                   ) -> torch.Tensor:
         """Per sample, the class whose δ(x̂, c) is most nearly parallel to the recovered δ̂ (any global scale)."""
         if grads is None or inputs.shape[0] == 0:
             return torch.zeros(inputs.shape[0], dtype=torch.long, device=inputs.device)
@@ -476,7 +476,7 @@ class Spear(Attack):
 
     @staticmethod
     def _label_errors(grads: SampleGradients, inputs: torch.Tensor, deltas: torch.Tensor, obs: Observation
-                      ) -> tuple[torch.Tensor, float]:
+                      ) -> torch.Tensor:
         """1 − |cos| between δ̂_i and δ(x̂_i, c), per sample and class (K×C)."""
         errors = []
         unit = deltas / deltas.norm(dim=1, keepdim=True).clamp_min(1e-300)

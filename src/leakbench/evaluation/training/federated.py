@@ -268,13 +268,16 @@ def _train_to(run: Run, round_: int, folder: Path | None, key: str,
         start, norm = int(latest[1]["round"]), latest[1].get("update_norm")
     for t in range(start + 1, round_ + 1):
         norm = run.step(model, t)
-        if t < round_ and t in keep:
-            passed = (_state(model), _metrics(run, model, t, norm))
+        if t == round_:
+            break
+        state = _state(model) if folder is not None or t in keep else None
+        if t in keep:
+            passed = (state, _metrics(run, model, t, norm))
             _remember((key, t), passed)
             if folder is not None:
                 _save(folder, f"round-{t}", *passed)
-        if folder is not None and t < round_:  # a killed run resumes here
-            _save(folder, "latest", _state(model), {"round": t, "update_norm": norm})
+        if folder is not None:  # a killed run resumes here
+            _save(folder, "latest", state, {"round": t, "update_norm": norm})
     info = _metrics(run, model, round_, norm)
     state = _state(model)
     if folder is not None:
