@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 import time
 import warnings
@@ -43,10 +42,9 @@ import leakbench as lb
 from leakbench.attacks import create
 from leakbench.models.prior import PriorConfig, learned_generator
 
-from .bench_learned_prior import POOLS, batches, setting
-from .common import console, env_ints, interval, mean_cell, table
-
-RUNNER = Path(__file__).parent / "peers" / "gias_reference.py"
+from .bench_learned_prior import batches, setting
+from .common import console, env_ints, mean_cell, table
+from .peers.driver import Images, call, environment, paired
 
 
 def _options(data: str) -> dict:
@@ -62,64 +60,45 @@ def _export(model: torch.nn.Module, gen: torch.nn.Module, x: torch.Tensor, laten
         torch.jit.trace(gen, torch.zeros(2, latent)).save(str(folder / "decoder.pt"))
 
 
-def _reference(python: str, repo: str, folder: Path, x, y, latent: int, o, seed: int) -> tuple[torch.Tensor, float]:
-    np.savez(folder / "data.npz", x=x.numpy(), y=y.numpy(), latent=np.asarray(latent))
-    cmd = [python, str(RUNNER), "--repo", repo, "--model", str(folder / "model.pt"), "--generator",
-           str(folder / "decoder.pt"), "--data", str(folder / "data.npz"), "--out", str(folder / "out.npz"),
-           "--latent-steps", str(o.latent_steps), "--generator-steps", str(o.generator_steps),
-           "--restarts", str(o.restarts), "--threads", str(torch.get_num_threads()), "--seed", str(seed)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"the reference GIAS failed: {done.stderr.strip().splitlines()[-1:]}")
-    out = np.load(folder / "out.npz", allow_pickle=False)
-    return torch.from_numpy(out["final"]).float(), float(out["seconds"])
-
-
 def run(*, quick: bool = False) -> None:
-    python, repo = os.environ.get("LEAKBENCH_GIAS_PYTHON", ""), os.environ.get("LEAKBENCH_GIAS_REPO", "")
-    if not (python and Path(python).is_file() and repo and (Path(repo) / "inversefed").is_dir()):
-        console.print("[yellow]peers_gias skipped: set LEAKBENCH_GIAS_PYTHON (a Python with torch and torchvision) "
-                      "and LEAKBENCH_GIAS_REPO (a checkout of ml-postech/gradient-inversion-generative-image-prior); "
-                      "see this benchmark's docstring[/yellow]")
+    if (env := environment("peers_gias", "GIAS", "inversefed", "torch and torchvision")) is None:
         return
-    size = env_ints("LEAKBENCH_PRIOR_SIZE", "16")[0]
+    python, repo = env
     B = env_ints("LEAKBENCH_PRIOR_B", "4")[0]
-    count = env_ints("LEAKBENCH_PRIOR_N", "1" if quick else "8")[0]
-    first = env_ints("LEAKBENCH_PRIOR_FIRST", "0")[0]
-    pool = os.environ.get("LEAKBENCH_PRIOR_POOL", "report")
-    if pool not in POOLS or not 0 <= first < count:
-        raise SystemExit(f"LEAKBENCH_PRIOR_POOL in {', '.join(POOLS)} and 0 ≤ LEAKBENCH_PRIOR_FIRST < N, got "
-                         f"{pool!r} and {first}")
+    want = Images.from_env(quick)
     start = time.perf_counter()
     scratch = tempfile.TemporaryDirectory(prefix="leakbench-peers-gias-")
     folder = Path(scratch.name)
-    s = setting(folder, size, quick=quick)
+    s = setting(folder, want.size, quick=quick)
     options = {**_options(s.data), "public": s.public, **({"latent_steps": 30, "generator_steps": 20} if quick else {})}
     o = create("gias", **options).options
     gen, _ = learned_generator(s.ds.shape, public=o.public, config=PriorConfig(
         latent=o.latent, width=o.prior_width, steps=o.prior_steps, seed=o.prior_seed))
-    console.print(f"[dim]convnet-16 on {s.data} {size}×{size}: held-out accuracy {s.accuracy:.3f} "
+    console.print(f"[dim]convnet-16 on {s.data} {want.size}×{want.size}: held-out accuracy {s.accuracy:.3f} "
                   f"({time.perf_counter() - start:.0f} s)[/dim]")
-    pairs = [s.ds.batch(indices=idx) for idx in batches(s.pools, pool, B, count)][first:]
+    pairs = [s.ds.batch(indices=idx) for idx in batches(s.pools, want.pool, B, want.count)][want.first:]
     _export(s.model, gen.eval(), pairs[0][0], o.latent, folder)
     ours, theirs, grey, t_ours, t_theirs = [], [], [], 0.0, 0.0
-    for b, (x, y) in enumerate(pairs, start=first):
+    for b, (x, y) in enumerate(pairs, start=want.first):
         obs = lb.observe(s.model, x, y, labels_known=True, seed=b)
         g = lb.compare(torch.full_like(x, float(x.mean())), x, y)["psnr"]
         t0 = time.perf_counter()
         rec = lb.attack("gias", obs, seed=b, **options)
         t_ours += time.perf_counter() - t0
-        images, seconds = _reference(python, repo, folder, x, y, o.latent, o, b)
-        t_theirs += seconds
+        np.savez(folder / "data.npz", x=x.numpy(), y=y.numpy(), latent=np.asarray(o.latent))
+        out = call(python, "gias_reference.py", folder, {
+            "repo": repo, "model": folder / "model.pt", "generator": folder / "decoder.pt", "data": folder / "data.npz",
+            "latent_steps": o.latent_steps, "generator_steps": o.generator_steps, "restarts": o.restarts, "seed": b},
+            "GIAS")
+        images = torch.from_numpy(out["final"]).float()
+        t_theirs += float(out["seconds"])
         grey.append(g)
         ours.append(lb.compare(rec.images, x, y)["psnr"] - g)
         theirs.append(lb.compare(images, x, y)["psnr"] - g)
         console.print(f"[dim]batch {b}: grey {g:.2f} dB; leakbench {ours[-1]:+.2f}, reference {theirs[-1]:+.2f} "
                       f"({time.perf_counter() - start:.0f} s)[/dim]", highlight=False)
     n = len(pairs)
-    diff = [a - b for a, b in zip(ours, theirs)]
-    mean, half = interval(diff)
-    verdict = "a tie" if abs(mean) <= half else ("leakbench higher" if mean > 0 else "reference higher")
+    diff, verdict = paired(ours, theirs)
     label = " ".join(f"{k}={v}" for k, v in options.items() if k != "public")
     rows = [["grey (chance)", " / ".join(f"{v:.2f}" for v in grey), "+0.00", "–", "–"],
             [f"leakbench gias ({label})", " / ".join(f"{v:+.2f}" for v in ours), mean_cell(ours),
@@ -127,9 +106,9 @@ def run(*, quick: bool = False) -> None:
             ["reference GIAS (same generator)", " / ".join(f"{v:+.2f}" for v in theirs), mean_cell(theirs),
              f"{sum(v > 0 for v in theirs)} of {n}", f"{t_theirs / n:.1f} ({t_theirs / t_ours:.2f}×)"],
             ["leakbench − reference, paired", " / ".join(f"{v:+.2f}" for v in diff), mean_cell(diff),
-             f"higher on {sum(v > 0 for v in diff)} of {n}: {verdict}", "–"]]
-    table(f"GIAS peers on a trained convnet-16 ({s.data} {size}×{size}, accuracy {s.accuracy:.2f}), B = {B}: PSNR "
-          f"over grey (dB), {n} held-out batches ({pool} pool), labels known",
+             verdict, "–"]]
+    table(f"GIAS peers on a trained convnet-16 ({s.data} {want.size}×{want.size}, accuracy {s.accuracy:.2f}), B = "
+          f"{B}: PSNR over grey (dB), {n} held-out batches ({want.pool} pool), labels known",
           ["row", "per batch", "mean [95 % t-interval]", "above grey", "s / batch"], rows,
           f"{s.source}; both sides: {o.restarts} restarts × {o.latent_steps} latent steps, {o.generator_steps} "
           f"generator steps, the same VAE decoder (latent {o.latent}, width {o.prior_width}); the reference's "

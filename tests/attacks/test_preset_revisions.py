@@ -59,7 +59,7 @@ RECORDED = {
     ("lamp", "quick"): (0, "28bb60e2bd59"),
     ("gias", "default"): (1, "a49c30ef4f7a"),
     ("gias", "quick"): (1, "e224137914f4"),
-    ("gias", "colour"): (1, "1a96aeb4b72d"),
+    ("gias", "colour"): (2, "d879da1fd966"),
     ("gifd", "default"): (0, "6dd6da524e02"),
     ("gifd", "quick"): (0, "8f71f7560149"),
     ("ggl", "default"): (0, "860c86b8105a"),
