@@ -20,7 +20,6 @@ it is imported with an empty one (its own defaults), and its ``run_exp`` (CelebA
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import io
@@ -48,16 +47,9 @@ def load_script(repo: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("--repo", "--model", "--generator", "--data", "--out"):
-        parser.add_argument(name, required=True)
-    parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    np.random.seed(args.seed)           # nevergrad draws its random state from NumPy's global one
+    from _cli import parse
+
+    args = parse(__doc__.splitlines()[0], ("model", "generator", "data"), rounds=40)
     script = load_script(args.repo)
     from inversefed.data.loss import Classification
 

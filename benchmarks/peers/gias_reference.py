@@ -26,9 +26,7 @@ Two adaptations, both of the harness and not of the algorithm:
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import sys
 import time
 
 import numpy as np
@@ -78,18 +76,10 @@ def _cuda_to_cpu() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("--repo", "--model", "--generator", "--data", "--out"):
-        parser.add_argument(name, required=True)
-    parser.add_argument("--latent-steps", type=int, default=200)
-    parser.add_argument("--generator-steps", type=int, default=200)
-    parser.add_argument("--restarts", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    sys.path.insert(0, args.repo)
+    from _cli import parse
+
+    args = parse(__doc__.splitlines()[0], ("model", "generator", "data"), latent_steps=200, generator_steps=200,
+                 restarts=2)
     if not torch.cuda.is_available():
         _cuda_to_cpu()
     from inversefed.reconstruction_algorithms import GradientReconstructor

@@ -33,10 +33,8 @@ Seen in the reference and left as is: ``choose_optimal`` scores every restart bu
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
-import sys
 import time
 
 import numpy as np
@@ -75,19 +73,10 @@ def config(latent_steps: int, feature_steps: int, restarts: int, radii: list[flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("--repo", "--model", "--stages", "--data", "--out"):
-        parser.add_argument(name, required=True)
-    parser.add_argument("--latent-steps", type=int, default=200)
-    parser.add_argument("--feature-steps", type=int, default=70)
-    parser.add_argument("--restarts", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    np.random.seed(args.seed)
-    sys.path.insert(0, args.repo)
+    from _cli import parse
+
+    args = parse(__doc__.splitlines()[0], ("model", "stages", "data"), latent_steps=200, feature_steps=70,
+                 restarts=2)
     from inversefed.reconstruction_algorithms import GradientReconstructor
 
     data = np.load(args.data, allow_pickle=False)

@@ -78,3 +78,24 @@ def test_radii_are_the_relative_radius_times_each_features_mean_l1_norm(tmp_path
     options = config(10, 5, 2, radii)              # one latent round, one round per feature space
     assert options["steps"] == [10, 5, 5, 5] and options["end_layer"] == len(fs)
     assert options["max_radius_gen_out"] == [-1.0, *radii] and len(options["lr_io"]) == len(fs)
+
+
+def test_runner_command_line_sets_threads_seeds_and_the_checkout_first(tmp_path, monkeypatch):
+    from benchmarks.peers._cli import parse
+
+    monkeypatch.setattr(sys, "argv", ["runner", "--repo", str(tmp_path), "--model", "m.pt", "--out", "o.npz",
+                                      "--latent-steps", "7", "--seed", "3"])
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    threads = torch.get_num_threads()
+    try:
+        args = parse("a runner", ("model",), latent_steps=200, rounds=40)
+        first = torch.rand(2)
+        torch.manual_seed(3)
+        assert torch.equal(first, torch.rand(2))
+        assert (args.model, args.latent_steps, args.rounds, args.threads) == ("m.pt", 7, 40, 1)
+        assert torch.get_num_threads() == 1 and sys.path[0] == str(tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.setattr(sys, "argv", ["runner", "--repo", str(tmp_path), "--out", "o.npz"])
+    with pytest.raises(SystemExit):                 # a required input file missing
+        parse("a runner", ("model",))
