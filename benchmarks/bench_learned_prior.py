@@ -50,7 +50,7 @@ import leakbench as lb
 from leakbench.attacks import attack_batch
 from leakbench.evaluation.training.utility import loss_and_accuracy, train_model
 
-from .common import benchmark_images, console, env_ints, env_names, mean_cell, resized, table
+from .common import benchmark_images, console, env_ints, env_names, grey_psnr, mean_cell, resized, table
 
 MODEL = "convnet-16"
 #: (epochs, batch, lr) of plain SGD per dataset: bench_trained_layouts' recipes (CIFAR-10's 500 training images need
@@ -186,7 +186,7 @@ def run(*, quick: bool = False) -> None:
         pairs = [ds.batch(indices=idx) for idx in batches(pools, pool, B, count)][first:]
         observations = [lb.observe(model, x, y, labels_known=True, **local, **bn, defense=defense or None, seed=b)
                         for b, (x, y) in enumerate(pairs, start=first)]
-        grey = [lb.compare(torch.full_like(x, float(x.mean())), x, y)["psnr"] for x, y in pairs]
+        grey = [grey_psnr(x, y) for x, y in pairs]
         rows.append([B, "grey (chance)", " / ".join(f"{g:.2f}" for g in grey), "+0.00", f"0 of {len(pairs)}", "–", "–"])
         seconds: dict[str, float] = {}
         for name in attacks:

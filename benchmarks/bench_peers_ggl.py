@@ -38,13 +38,11 @@ import numpy as np
 import torch
 
 import leakbench as lb
-from leakbench.attacks import create
-from leakbench.models.prior import PriorConfig, learned_generator
 
 from .bench_learned_prior import batches, setting
 from .bench_peers_gias import _export
-from .common import console, env_ints, mean_cell, table
-from .peers.driver import Images, call, environment, paired
+from .common import console, env_ints, grey_psnr, mean_cell, table
+from .peers.driver import Images, call, environment, paired, prior
 
 #: the generator per data: CIFAR-10's is ``gias``'s ``colour`` preset's
 GENERATORS = {"cifar": {"prior_width": 16, "latent": 32, "prior_steps": 3000}, "digits": {}}
@@ -69,19 +67,17 @@ def run(*, quick: bool = False) -> None:
     base = {**GENERATORS[s.data], "public": s.public, "evaluations": PER_ROUND * rounds, **extra}
     layers = len(list(s.model.parameters()))
     matched = {**base, "distance": "l2", "kl": 0.1 * layers, "sigma": 1.0, "adapt": "none", **extra}
-    o = create("ggl", **base).options
-    gen, _ = learned_generator(s.ds.shape, public=o.public, config=PriorConfig(
-        latent=o.latent, width=o.prior_width, steps=o.prior_steps, seed=o.prior_seed))
+    o, gen = prior("ggl", base, s.ds.shape)
     console.print(f"[dim]convnet-16 on {s.data} {want.size}×{want.size}: held-out accuracy {s.accuracy:.3f} "
                   f"({time.perf_counter() - start:.0f} s)[/dim]")
     pairs = [s.ds.batch(indices=idx) for idx in batches(s.pools, want.pool, 1, want.count)][want.first:]
-    _export(s.model, gen.eval(), pairs[0][0], o.latent, folder)
+    _export(s.model, gen, pairs[0][0], o.latent, folder)
     scores = {"reference": [], "matched": [], "default": []}
     seconds = dict.fromkeys(scores, 0.0)
     grey, labels_right = [], {"reference": 0, "matched": 0, "default": 0}
     for b, (x, y) in enumerate(pairs, start=want.first):
         obs = lb.observe(s.model, x, y, labels_known=False, seed=b)
-        g = lb.compare(torch.full_like(x, float(x.mean())), x, y)["psnr"]
+        g = grey_psnr(x, y)
         grey.append(g)
         for name, options in (("matched", matched), ("default", base)):
             t0 = time.perf_counter()

@@ -39,12 +39,10 @@ import numpy as np
 import torch
 
 import leakbench as lb
-from leakbench.attacks import create
-from leakbench.models.prior import PriorConfig, learned_generator
 
 from .bench_learned_prior import batches, setting
-from .common import console, env_ints, mean_cell, table
-from .peers.driver import Images, call, environment, paired
+from .common import console, env_ints, grey_psnr, mean_cell, table
+from .peers.driver import Images, call, environment, paired, prior
 
 
 def _options(data: str) -> dict:
@@ -71,17 +69,15 @@ def run(*, quick: bool = False) -> None:
     folder = Path(scratch.name)
     s = setting(folder, want.size, quick=quick)
     options = {**_options(s.data), "public": s.public, **({"latent_steps": 30, "generator_steps": 20} if quick else {})}
-    o = create("gias", **options).options
-    gen, _ = learned_generator(s.ds.shape, public=o.public, config=PriorConfig(
-        latent=o.latent, width=o.prior_width, steps=o.prior_steps, seed=o.prior_seed))
+    o, gen = prior("gias", options, s.ds.shape)
     console.print(f"[dim]convnet-16 on {s.data} {want.size}×{want.size}: held-out accuracy {s.accuracy:.3f} "
                   f"({time.perf_counter() - start:.0f} s)[/dim]")
     pairs = [s.ds.batch(indices=idx) for idx in batches(s.pools, want.pool, B, want.count)][want.first:]
-    _export(s.model, gen.eval(), pairs[0][0], o.latent, folder)
+    _export(s.model, gen, pairs[0][0], o.latent, folder)
     ours, theirs, grey, t_ours, t_theirs = [], [], [], 0.0, 0.0
     for b, (x, y) in enumerate(pairs, start=want.first):
         obs = lb.observe(s.model, x, y, labels_known=True, seed=b)
-        g = lb.compare(torch.full_like(x, float(x.mean())), x, y)["psnr"]
+        g = grey_psnr(x, y)
         t0 = time.perf_counter()
         rec = lb.attack("gias", obs, seed=b, **options)
         t_ours += time.perf_counter() - t0

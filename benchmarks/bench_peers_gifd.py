@@ -39,13 +39,12 @@ import numpy as np
 import torch
 
 import leakbench as lb
-from leakbench.attacks import create
-from leakbench.models.prior import PriorConfig, generator_stages, learned_generator
+from leakbench.models.prior import generator_stages
 
 from .bench_learned_prior import batches, setting
 from .bench_peers_ggl import GENERATORS
-from .common import console, mean_cell, table
-from .peers.driver import Images, call, environment, paired
+from .common import console, grey_psnr, mean_cell, table
+from .peers.driver import Images, call, environment, paired, prior
 
 #: random codes the absolute radii are averaged over
 RADIUS_CODES = 256
@@ -72,7 +71,7 @@ def export_stages(gen: torch.nn.Module, latent: int, radius: float, folder: Path
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         for i in range(len(stages)):
             path = folder / f"stage{i}.pt"
-            torch.jit.trace(_Stage(gen, i), h[:2] if i == 0 else h[:2].clone()).save(str(path))
+            torch.jit.trace(_Stage(gen, i), h[:2]).save(str(path))
             paths.append(str(path))
             h = stages[i](h)
             if i < len(stages) - 1:
@@ -93,10 +92,7 @@ def run(*, quick: bool = False) -> None:
     options = {**GENERATORS[s.data], "public": s.public,
                **({"latent_steps": 30, "feature_steps": 7} if quick else {}),
                **json.loads(os.environ.get("LEAKBENCH_PEERS_GIFD", "{}"))}
-    o = create("gifd", **options).options
-    gen, _ = learned_generator(s.ds.shape, public=o.public, config=PriorConfig(
-        latent=o.latent, width=o.prior_width, steps=o.prior_steps, seed=o.prior_seed))
-    gen = gen.eval()
+    o, gen = prior("gifd", options, s.ds.shape)
     console.print(f"[dim]convnet-16 on {s.data} {want.size}×{want.size}: held-out accuracy {s.accuracy:.3f} "
                   f"({time.perf_counter() - start:.0f} s)[/dim]")
     pairs = [s.ds.batch(indices=idx) for idx in batches(s.pools, want.pool, 1, want.count)][want.first:]
@@ -107,7 +103,7 @@ def run(*, quick: bool = False) -> None:
     ours, theirs, grey, right, t_ours, t_theirs, layers = [], [], [], [0, 0], 0.0, 0.0, []
     for b, (x, y) in enumerate(pairs, start=want.first):
         obs = lb.observe(s.model, x, y, labels_known=False, seed=b)
-        g = lb.compare(torch.full_like(x, float(x.mean())), x, y)["psnr"]
+        g = grey_psnr(x, y)
         t0 = time.perf_counter()
         rec = lb.attack("gifd", obs, seed=b, **options)
         t_ours += time.perf_counter() - t0

@@ -77,6 +77,11 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(lb.metrics.psnr(a, b).mean())
 
 
+def grey_psnr(x: torch.Tensor, y: torch.Tensor) -> float:
+    """PSNR (``lb.compare``) of the grey image at the batch's mean against the batch: the chance row."""
+    return lb.compare(torch.full_like(x, float(x.mean())), x, y)["psnr"]
+
+
 def pattern_batches(pools: dict, pattern: list, count: int) -> list[list[int]]:
     """``count`` disjoint index lists: each entry ``c`` of ``pattern`` takes the next unused index of ``pools[c]``
     (so batch b holds the b-th run of each entry's pool)."""

@@ -11,6 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from leakbench.attacks import create
+from leakbench.models.prior import PriorConfig, learned_generator
+
 from ..bench_learned_prior import POOLS
 from ..common import console, env_ints, interval
 
@@ -49,6 +52,14 @@ class Images:
             raise SystemExit(f"LEAKBENCH_PRIOR_POOL in {', '.join(POOLS)} and 0 ≤ LEAKBENCH_PRIOR_FIRST < N, got "
                              f"{pool!r} and {first}")
         return cls(size, count, first, pool)
+
+
+def prior(attack: str, options: dict, shape) -> tuple:
+    """(``attack``'s options object for ``options``, the library generator they name, in eval mode)."""
+    o = create(attack, **options).options
+    gen, _ = learned_generator(shape, public=o.public, config=PriorConfig(
+        latent=o.latent, width=o.prior_width, steps=o.prior_steps, seed=o.prior_seed))
+    return o, gen.eval()
 
 
 def call(python: str, runner: str, folder: Path, args: dict, what: str) -> dict:

@@ -71,7 +71,7 @@ def main() -> None:
     seconds = time.perf_counter() - start
     label = int(machine.infer_label(grads)[0])
     np.savez(args.out, final=images.detach().clamp(0, 1).numpy(), seconds=np.asarray(seconds),
-             loss=np.asarray(float(loss)), label=np.asarray(label), evaluations=np.asarray(50 * args.rounds + 1))
+             loss=np.asarray(float(loss)), label=np.asarray(label))
 
 
 if __name__ == "__main__":
