@@ -98,6 +98,39 @@ def test_one_client_full_batch_round_is_plain_gradient_descent(data):
     assert info["round"] == 1 and info["update_norm"] > 0 and 0 <= info["test_accuracy"] <= 1
 
 
+def _bn_model(data):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(data.shape)), 16), nn.BatchNorm1d(16), nn.ReLU(),
+                         nn.Linear(16, data.num_classes))
+
+
+def test_the_global_running_statistics_are_the_clients_weighted_average_in_any_order(data):
+    """FedAvg averages a BN model's running statistics like its weights — Σ_k n_k/n · stats_k, each client's after
+    its own local training from the global values — so a round does not depend on which client trains last."""
+    config = {**CONFIG, "batch_size": 10_000, "local_epochs": 2}   # full-batch steps: no shuffle to reproduce
+
+    def after_round(clients=None):
+        run = Run(_bn_model(data), data, "none", config, 0)
+        if clients is not None:
+            run.layout = dataclasses.replace(run.layout, clients=clients)
+        model = _bn_model(data)
+        run.step(model, 1)
+        return run, {n: b.detach().clone() for n, b in model.named_buffers()}
+
+    run, together = after_round()
+    owned = run.layout.clients
+    alone = [after_round([c])[1] for c in owned]
+    total = sum(len(c) for c in owned)
+    for name in ("2.running_mean", "2.running_var"):
+        expected = sum(len(c) / total * b[name] for c, b in zip(owned, alone))
+        torch.testing.assert_close(together[name], expected)
+        assert not torch.allclose(together[name], alone[-1][name])   # not the last client's
+    assert int(together["2.num_batches_tracked"]) == 2
+    _, reordered = after_round(list(reversed(owned)))
+    for name, value in together.items():
+        torch.testing.assert_close(reordered[name], value)
+
+
 def test_a_killed_run_resumes_without_retraining_and_equals_the_uninterrupted_one(data, tmp_path, monkeypatch):
     steps: list[int] = []
     real = Run.step

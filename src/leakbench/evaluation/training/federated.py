@@ -4,10 +4,12 @@ A sweep with a ``federated:`` section (:class:`~.specfederated.FederatedEntry`) 
 averaging per (dataset, model, defense, seed) and attacks the global model of chosen rounds.  The run is
 McMahan et al. (2017), Algorithm 1 (FederatedAveraging) with every client taking part (C = 1): in round t each
 client k starts from the global θ_t, runs E local epochs of minibatch SGD (batch b, rate η) over its n_k samples
-and returns Δ_k = θ_k − θ_t; the server sets θ_{t+1} = θ_t + Σ_k (n_k / n) Δ_k.  The defense acts in every
-client's round through :func:`leakbench.defenses.share` — the code path :func:`leakbench.observe` uses — so a
-defended run trains under its defense from round 1, as it would in production.  A ``local:k,lr[,b]`` defense
-(local aggregation) replaces the run's own E, η and b in the clients' rounds.
+and returns Δ_k = θ_k − θ_t; the server sets θ_{t+1} = θ_t + Σ_k (n_k / n) Δ_k.  A model's buffers (BatchNorm's
+running statistics) are averaged with the same weights, from each client's values after its local training
+(:class:`_Buffers`).  The defense acts in every client's round through :func:`leakbench.defenses.share` — the
+code path :func:`leakbench.observe` uses — so a defended run trains under its defense from round 1, as it would
+in production.  A ``local:k,lr[,b]`` defense (local aggregation) replaces the run's own E, η and b in the clients'
+rounds.
 
 The data of a seed (:func:`layout`): a per-class test split (``test_fraction``), ``public`` training images the
 attacker holds and no client ever sees (the power control of :mod:`.strongest`), and the rest partitioned among
@@ -47,8 +49,8 @@ from ...errors import ConfigError
 from ...losses import get_loss
 from .utility import loss_and_accuracy, split_indices, tensors
 
-#: files of a run's checkpoints and metrics (version 1)
-FORMAT = 1
+#: files of a run's checkpoints and metrics (version 2: BN running statistics averaged like the weights)
+FORMAT = 2
 #: checkpoints kept in memory per process (the attack trials of one round share one)
 _MEMORY: OrderedDict[tuple[str, int], tuple[dict[str, torch.Tensor], dict[str, Any]]] = OrderedDict()
 _MEMORY_SIZE = 16
@@ -211,8 +213,10 @@ class Run:
         population = self.data.subset(torch.as_tensor(np.concatenate(self.layout.clients)))
         total = float(sum(len(c) for c in self.layout.clients))
         update = [torch.zeros_like(p) for _, p in named]
+        buffers = _Buffers(model)
         clients = self.layout.clients
         for k, owned in enumerate(clients):
+            buffers.restore()  # every client starts from the global model's running statistics
             check_time(f"federated round {round_}, client {k + 1} of {len(clients)}")
             chosen = owned
             if cfg.get("client_samples") and int(cfg["client_samples"]) < len(owned):
@@ -225,10 +229,46 @@ class Run:
             weight = len(chosen) / total if not cfg.get("client_samples") else 1.0 / len(clients)
             for u, s in zip(update, shared.tensors):
                 u.add_(s.to(u.dtype), alpha=weight)
+            buffers.add(weight)
+        buffers.settle()
         with torch.no_grad():
             for (_, p), u in zip(named, update):
                 p.add_(u)
         return float(torch.sqrt(sum((u.double() ** 2).sum() for u in update)))
+
+
+class _Buffers:
+    """A model's buffers (BatchNorm's running statistics) through one FedAvg round: each client's local training
+    starts from the global values and moves them in place; the server averages the clients' values with the weights
+    of their updates (the whole state dict, as a FedAvg server does with a PyTorch model — Flower's strategy averages
+    every array it is sent).  Counters (``num_batches_tracked``) take the largest client's count.  Before (format 1)
+    the global model kept the statistics of whichever client trained last.  The averaged statistics are still those
+    of the clients' models, not of the averaged one: after a large first round they need not fit it
+    (docs/evaluation.md, "Leakage along training": round 1 of a digits run at chance accuracy, 0.64 with statistics
+    re-estimated)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.live = dict(model.named_buffers())
+        self.start = {n: b.detach().clone() for n, b in self.live.items()}
+        self.sum = {n: torch.zeros_like(b) for n, b in self.start.items() if b.is_floating_point()}
+        self.count = {n: b.clone() for n, b in self.start.items() if not b.is_floating_point()}
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for n, b in self.live.items():
+                b.copy_(self.start[n])
+
+    def add(self, weight: float) -> None:
+        with torch.no_grad():
+            for n, total in self.sum.items():
+                total.add_(self.live[n].to(total.dtype), alpha=weight)
+            for n, most in self.count.items():
+                torch.maximum(most, self.live[n], out=most)
+
+    def settle(self) -> None:
+        with torch.no_grad():
+            for n, b in self.live.items():
+                b.copy_(self.sum[n] if n in self.sum else self.count[n])
 
 
 def checkpoint(run: Run, round_: int, key: str, cache_dir: str | Path | None, *,
