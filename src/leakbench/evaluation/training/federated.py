@@ -244,8 +244,8 @@ class _Buffers:
     every array it is sent).  Counters (``num_batches_tracked``) take the largest client's count.  Before (format 1)
     the global model kept the statistics of whichever client trained last.  The averaged statistics are still those
     of the clients' models, not of the averaged one: after a large first round they need not fit it
-    (docs/evaluation.md, "Leakage along training": round 1 of a digits run at chance accuracy, 0.64 with statistics
-    re-estimated)."""
+    (docs/evaluation.md, "The paper's setting", the learned-prior preset: round 1 of a digits run at chance
+    accuracy, 0.64 with statistics re-estimated)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.live = dict(model.named_buffers())
