@@ -10,6 +10,8 @@ search with a search of the generator's intermediate features, each in an ℓ1 b
 ``LEAKBENCH_PRIOR_DATA=cifar`` runs the same on the shared CIFAR-10 test images (``../shared/data``) at
 ``LEAKBENCH_PRIOR_SIZE`` px: ``convnet-16`` trained on index mod 100 < 50 (30 epochs, lr 0.02, batch 32), the
 generator trained on those 500 images, attacked mod 100 ≥ 50 (tuning pool below 500, report pool from 500 on).
+``LEAKBENCH_PRIOR_MODEL=convnet-32`` attacks another network (any model spec; default ``convnet-16``), trained with the
+same recipe and seed.
 
 Set-up: scikit-learn's digits at ``LEAKBENCH_PRIOR_SIZE`` px (default 16: the CPU budget; 28 is the trained-layouts
 benchmark's size), ``convnet-16`` trained with plain SGD (10 epochs, batch 16, lr 0.05, seed 0) on digits 0–999 —
@@ -123,6 +125,7 @@ class Setting:
     """The benchmark's trained network and data: ``LEAKBENCH_PRIOR_DATA`` at ``size`` px."""
 
     data: str
+    name: str               # the model spec
     ds: lb.ImageDataset
     pools: dict
     public: str             # the generators' ``public`` option
@@ -133,19 +136,23 @@ class Setting:
 
 
 def setting(folder: Path, size: int, *, quick: bool = False) -> Setting:
-    """Train ``convnet-16`` on ``LEAKBENCH_PRIOR_DATA``'s training images (seed 0; CIFAR-10's public ``.npz`` written
-    to ``folder``)."""
+    """Train ``LEAKBENCH_PRIOR_MODEL`` (default ``convnet-16``) on ``LEAKBENCH_PRIOR_DATA``'s training images (seed 0;
+    CIFAR-10's public ``.npz`` written to ``folder``)."""
     data = os.environ.get("LEAKBENCH_PRIOR_DATA", "digits")
     if data not in RECIPES:
         raise SystemExit(f"LEAKBENCH_PRIOR_DATA: unknown data {data!r}; known: {', '.join(RECIPES)}")
+    name = os.environ.get("LEAKBENCH_PRIOR_MODEL", "").strip() or MODEL
     ds, train, pools, public, source = _data(data, size, folder)
     epochs, batch_size, lr = RECIPES[data]
     epochs = 2 if quick else epochs
-    model = lb.build(MODEL, input_shape=ds.shape, classes=ds.num_classes, seed=0)
+    try:
+        model = lb.build(name, input_shape=ds.shape, classes=ds.num_classes, seed=0)
+    except ValueError as err:
+        raise SystemExit(f"LEAKBENCH_PRIOR_MODEL: {err}") from None
     model = train_model(model, ds.subset(train), epochs=epochs, batch_size=batch_size, lr=lr, seed=0).model.eval()
     held = sorted(set(range(len(ds.labels))) - set(train))
     _, acc = loss_and_accuracy(model, ds.images[held], ds.labels[held])
-    return Setting(data, ds, pools, public, source, model, acc, (epochs, batch_size, lr))
+    return Setting(data, name, ds, pools, public, source, model, acc, (epochs, batch_size, lr))
 
 
 def run(*, quick: bool = False) -> None:
@@ -178,7 +185,7 @@ def run(*, quick: bool = False) -> None:
     data, source = s.data, s.source
     for name in GENERATIVE:
         options[name].setdefault("public", s.public)
-    console.print(f"[dim]{MODEL} on {data} {size}×{size}: held-out accuracy {acc:.3f} "
+    console.print(f"[dim]{s.name} on {data} {size}×{size}: held-out accuracy {acc:.3f} "
                   f"({time.perf_counter() - start:.0f} s)[/dim]")
 
     rows = []
@@ -214,7 +221,7 @@ def run(*, quick: bool = False) -> None:
                          - grey[(j + 1) % len(pairs)] for j in range(len(pairs))]
                 rows.append([B, "  on the next batch's images (control)", " / ".join(f"{o:+.2f}" for o in other),
                              mean_cell(other), f"{sum(o > 0 for o in other)} of {len(other)}", "–", "–"])
-    table(f"Learned prior on a trained {MODEL} ({data} {size}×{size}, accuracy {acc:.2f}): PSNR over grey (dB), "
+    table(f"Learned prior on a trained {s.name} ({data} {size}×{size}, accuracy {acc:.2f}): PSNR over grey (dB), "
           f"{len(pairs)} held-out batches per B ({pool} pool{f', batches {first}–{count - 1}' if first else ''}), "
           "labels known",
           ["B", "attack", "over grey per batch", "mean [95 % t-interval]", "above grey", "s / batch", "s ratio to trained"], rows,
