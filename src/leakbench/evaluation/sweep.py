@@ -26,13 +26,14 @@ from collections.abc import Callable, Iterator
 from ..errors import ConfigError
 from ..progress import sweep_progress
 from .running.chunks import batched_order
-from .running.eta import CostEstimate, probes_first
+from .running.eta import CostEstimate, cheapest_groups_first, probes_first
 from .running.images import save_trial_files
 from .trials.plan import plan
 from .running.preflight import check_size, preflight
 from .running.runner import Runner
 from .running.runners import capped_workers, make_runner
 from .running.guard import in_spawned_main, refuse_unguarded_main
+from .verdicts.replicate import cell_of
 from .sweep_spec.model import SweepSpec, dump_spec, load_spec
 from .store import RETRYABLE, Store
 from .trials.trial import SWEEP_BUDGET, TrialResult, TrialSpec, worker_id
@@ -140,7 +141,9 @@ class Sweep:
         wanted = ("pending", *RETRYABLE) if self.retry_failed else ("pending",)
         return [t for t in self.trials if status.get(t.key, "pending") in wanted]
 
-    def _feed(self, todo: list[TrialSpec], start: float) -> Iterator[TrialSpec]:
+    def _feed(self, todo: list[TrialSpec], start: float, until: float | None = None) -> Iterator[TrialSpec]:
+        """Claim and yield the trials of ``todo`` until a limit: ``max_trials``, ``budget.sweep_minutes``, or
+        ``until`` (a ``perf_counter`` time after which no trial starts; those already started finish)."""
         budget = self.spec.budget.sweep_minutes
         # the sweep's end as a wall-clock time: every loop of a trial (training too) stops there, in any process
         end = None if budget is None else time.time() + 60 * budget - (time.perf_counter() - start)
@@ -150,6 +153,8 @@ class Sweep:
                 return
             if budget is not None and time.perf_counter() - start > 60 * budget:
                 self.stopped = "budget.sweep_minutes"
+                return
+            if until is not None and time.perf_counter() > until:
                 return
             if self.store.claim([trial.key], self.worker, retry_failed=self.retry_failed):
                 self._claimed.add(trial.key)
@@ -204,9 +209,12 @@ class Sweep:
         """Trials the runner runs at once (its workers; 1 in this process)."""
         return int(getattr(runner, "workers", None) or self.workers or 1)
 
-    def _execute(self, runner: Runner, todo: list[TrialSpec], start: float, advance) -> None:
-        # the trials of one batch group next to each other, so that a chunk holds a stack of them
-        for result in runner.run(self._feed(probes_first(batched_order(todo)), start)):
+    def _execute(self, runner: Runner, todo: list[TrialSpec], start: float, advance,
+                 until: float | None = None) -> None:
+        # the trials of one batch group next to each other, so that a chunk holds a stack of them; one trial of
+        # each shape first (the ETA's prices) unless a time bound orders them (``until``: the caller's order kept)
+        order = batched_order(todo)
+        for result in runner.run(self._feed(order if until is not None else probes_first(order), start, until)):
             self._commit(result)
             if result.key in self.by_key:
                 self.estimate.done(self.by_key[result.key], (result.timings or {}).get("total"))
@@ -223,6 +231,8 @@ class Sweep:
 
         rep = self.spec.replicate
         begun = time.perf_counter()  # replication's own clock: max_minutes is spent on replication rounds
+        # no added trial starts after it (a started one finishes): the bound holds within a round too
+        until = None if rep.max_minutes is None else begun + 60 * rep.max_minutes
         planned = {t.key for t in self.trials}
         limits: dict[tuple, int] = {}
         while True:
@@ -235,17 +245,18 @@ class Sweep:
             pending = [t for k, t in extra.items() if known[k]["status"] == "pending"]
             cells = open_cells(self.store.rows())
             why = None
-            if not pending:
+            if until is not None and time.perf_counter() > until and (pending or cells):
+                why = f"replicate.max_minutes ({rep.max_minutes:g}) spent" + (
+                    f" ({len(pending)} added trial(s) not run: a resumed sweep runs them first)" if pending else "")
+            elif not pending:
                 if not cells:
                     why = "every verdict decided (or an exact tie)"
                 elif added >= rep.max_trials:
                     why = f"replicate.max_trials ({rep.max_trials}) spent"
-                elif rep.max_minutes is not None and time.perf_counter() - begun > 60 * rep.max_minutes:
-                    why = f"replicate.max_minutes ({rep.max_minutes:g}) spent"
                 else:
                     trials = [*self.trials, *extra.values()]
                     for t in trials:
-                        cell = (t.threat_model, t.dataset_key or t.dataset, t.model_key or t.model, t.batch_size)
+                        cell = cell_of(t)
                         if t.kind == "attack" and cell in cells and cell not in limits:
                             limits[cell] = max(1, len(dataset_for(t)) // max(1, t.batch_size))
                     # only trials the store does not hold yet: a round that adds nothing ends replication
@@ -265,12 +276,16 @@ class Sweep:
                 return
             self.store.set_meta("replicate", json.dumps({"added": added, "rounds": rounds, "stopped": None,
                                                          "open": {}}))
-            self.estimate = CostEstimate(pending, self._parallel(runner))
+            estimate = CostEstimate(pending, self._parallel(runner))
+            estimate.learn_from(self.estimate)  # priced by every trial measured before this round
+            if until is not None:  # whole cells, the cheapest first: a cell cut short gains no pairs
+                pending = cheapest_groups_first(pending, estimate, cell_of)
+            self.estimate = estimate
             bar = (sweep_progress(len(pending), 0, f"{self.spec.name} (replication round {rounds})",
                                   eta=self.estimate.seconds_left) if progress
                    else contextlib.nullcontext(None))
             with bar as advance:
-                self._execute(runner, pending, start, advance)
+                self._execute(runner, pending, start, advance, until)
             if self.stopped is not None:
                 return
 
@@ -286,8 +301,7 @@ def _rounds(added, step: int) -> int:
     """Replication rounds behind the ``added`` trials: the most batches added to one cell, in rounds of ``step``."""
     batches: dict[tuple, set[int]] = {}
     for t in added:
-        cell = (t.threat_model, t.dataset_key or t.dataset, t.model_key or t.model, t.batch_size)
-        batches.setdefault(cell, set()).add(int(t.batch))
+        batches.setdefault(cell_of(t), set()).add(int(t.batch))
     return max((-(-len(b) // max(1, step)) for b in batches.values()), default=0)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -124,5 +125,34 @@ def test_an_interrupted_replication_ends_with_the_same_counts(tmp_path):
     got, want = (json.loads(s.store.meta("replicate")) for s in (again, reference))
     assert (got["added"], got["rounds"]) == (want["added"], want["rounds"]) == (len(_extra(reference)),
                                                                                  want["rounds"])
+    again.store.close()
+    reference.store.close()
+
+
+def test_max_minutes_bounds_a_round_and_a_resumed_sweep_runs_what_it_left(tmp_path):
+    # before: max_minutes was read between rounds only, so one long round ran past it (the demo's first round:
+    # 2 min 53 s against max_minutes: 2)
+    slow = {**STEP1, "replicate": {**STEP1["replicate"], "max_minutes": 0.02}}
+
+    def sleep_past_the_bound(spec, result):
+        if spec.batch >= 2:  # an added trial: the bound (1.2 s) is spent once it finishes
+            time.sleep(1.3)
+
+    sweep = Sweep(slow, tmp_path / "m.db", on_result=sleep_past_the_bound)
+    assert sweep.run()
+    state = json.loads(sweep.store.meta("replicate"))
+    extra = _extra(sweep)
+    done = [r for r in extra if r["status"] == "done"]
+    pending = [r for r in extra if r["status"] == "pending"]
+    assert done and pending  # no added trial started after the bound; those already started finished
+    assert state["stopped"] == (f"replicate.max_minutes (0.02) spent ({len(pending)} added trial(s) not run: a "
+                                "resumed sweep runs them first)")
+    sweep.store.close()
+    again = Sweep(STEP1, tmp_path / "m.db")
+    again.run()
+    reference = Sweep(STEP1, tmp_path / "ref.db")
+    reference.run()
+    assert all(r["status"] == "done" for r in again.store.rows(kind="attack"))
+    assert sorted(r["key"] for r in _extra(again)) == sorted(r["key"] for r in _extra(reference))
     again.store.close()
     reference.store.close()

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from ..trials.trial import TrialSpec
 
-__all__ = ["CostEstimate", "shape_of", "probes_first"]
+__all__ = ["CostEstimate", "shape_of", "probes_first", "cheapest_groups_first"]
 
 
 def shape_of(trial: TrialSpec) -> tuple:
@@ -43,6 +43,22 @@ class CostEstimate:
             self.sums[shape] = self.sums.get(shape, 0.0) + float(seconds)
             self.counts[shape] += 1
 
+    def learn_from(self, other: CostEstimate) -> None:
+        """Start from ``other``'s measured seconds (a replication round priced by the trials before it)."""
+        for shape, total in other.sums.items():
+            self.sums[shape] = self.sums.get(shape, 0.0) + total
+        self.counts.update(other.counts)
+
+    def seconds(self, trial: TrialSpec) -> float:
+        """``trial``'s expected seconds: its shape's mean measured, else the dearest mean of its kind, else of any
+        shape (0.0 before any trial was measured)."""
+        means = {s: self.sums[s] / self.counts[s] for s in self.counts}
+        shape = shape_of(trial)
+        if shape in means:
+            return means[shape]
+        kind = [m for s, m in means.items() if s[0] == shape[0]]
+        return max(kind or means.values() or [0.0])
+
     def seconds_left(self) -> float | None:
         """The estimate, or None before any trial was measured."""
         means = {s: self.sums[s] / self.counts[s] for s in self.counts}
@@ -66,3 +82,13 @@ def probes_first(trials: Iterable[TrialSpec]) -> list[TrialSpec]:
         (rest if shape in seen else first).append(t)
         seen.add(shape)
     return first + rest
+
+
+def cheapest_groups_first(trials: Iterable[TrialSpec], estimate: CostEstimate, group) -> list[TrialSpec]:
+    """``trials`` by ``group(trial)``, the groups in ascending order of their expected seconds (``estimate``), each
+    group's order kept: under a time bound the cheap groups finish whole, and as many of them as the time allows."""
+    groups: dict = {}
+    for t in trials:
+        groups.setdefault(group(t), []).append(t)
+    cost = {g: sum(estimate.seconds(t) for t in members) for g, members in groups.items()}
+    return [t for g in sorted(groups, key=lambda g: cost[g]) for t in groups[g]]

@@ -66,7 +66,9 @@ class ReplicateEntry(_Strict):
     """Adaptive replication: after the planned trials, add ``step`` batches at a time to the cells whose verdict
     is still undecided (a tie that is not exact, or fewer than MIN_N batches), until each is decided,
     ``max_batches`` per cell is reached, or ``max_trials`` added trials / ``max_minutes`` of replication rounds
-    (counted from the end of the planned trials) are spent."""
+    (counted from the end of the planned trials) are spent.  No added trial starts after ``max_minutes`` (one
+    already started finishes; the others stay pending, and a resumed sweep runs them first); under it a round
+    runs whole cells, the cheapest first."""
 
     auto: bool = False
     step: int = Field(4, ge=1, le=256)

@@ -50,7 +50,8 @@ def open_cells(rows: Sequence[Mapping[str, Any]], budgets: Sequence[float] = BUD
     return out
 
 
-def _cell_of(t: TrialSpec) -> Cell:
+def cell_of(t: TrialSpec) -> Cell:
+    """The verdict cell of a trial: (threat model, dataset, model, batch size)."""
     return (t.threat_model, t.dataset_key or t.dataset, t.model_key or t.model, int(t.batch_size))
 
 
@@ -64,7 +65,7 @@ def more_trials(trials: Iterable[TrialSpec], cells: Iterable[Cell], *, step: int
     for t in trials:
         if t.kind != "attack" or t.indices:
             continue
-        cell = _cell_of(t)
+        cell = cell_of(t)
         if cell not in wanted:
             continue
         top[cell] = max(top.get(cell, -1), int(t.batch))
@@ -78,4 +79,4 @@ def more_trials(trials: Iterable[TrialSpec], cells: Iterable[Cell], *, step: int
     return out
 
 
-__all__ = ["open_cells", "more_trials", "Cell"]
+__all__ = ["open_cells", "more_trials", "cell_of", "Cell"]
