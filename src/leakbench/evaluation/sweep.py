@@ -230,9 +230,9 @@ class Sweep:
         from .trials.inputs import dataset_for
 
         rep = self.spec.replicate
-        begun = time.perf_counter()  # replication's own clock: max_minutes is spent on replication rounds
-        # no added trial starts after it (a started one finishes): the bound holds within a round too
-        until = None if rep.max_minutes is None else begun + 60 * rep.max_minutes
+        # replication's own clock: no added trial starts once max_minutes of it are spent (a started one finishes),
+        # within a round too
+        until = None if rep.max_minutes is None else time.perf_counter() + 60 * rep.max_minutes
         planned = {t.key for t in self.trials}
         limits: dict[tuple, int] = {}
         while True:

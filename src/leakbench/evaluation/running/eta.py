@@ -49,27 +49,30 @@ class CostEstimate:
             self.sums[shape] = self.sums.get(shape, 0.0) + total
         self.counts.update(other.counts)
 
-    def seconds(self, trial: TrialSpec) -> float:
-        """``trial``'s expected seconds: its shape's mean measured, else the dearest mean of its kind, else of any
-        shape (0.0 before any trial was measured)."""
+    def _prices(self) -> tuple[dict[tuple, float], dict[str, float], float]:
+        """(mean measured seconds per shape, the dearest mean per kind, the dearest of all; 0.0 before any)."""
         means = {s: self.sums[s] / self.counts[s] for s in self.counts}
-        shape = shape_of(trial)
-        if shape in means:
-            return means[shape]
-        kind = [m for s, m in means.items() if s[0] == shape[0]]
-        return max(kind or means.values() or [0.0])
-
-    def seconds_left(self) -> float | None:
-        """The estimate, or None before any trial was measured."""
-        means = {s: self.sums[s] / self.counts[s] for s in self.counts}
-        if not means:
-            return None
         dearest: dict[str, float] = {}
         for shape, mean in means.items():
             dearest[shape[0]] = max(dearest.get(shape[0], 0.0), mean)
-        overall = max(means.values())
-        total = sum(n * means.get(shape, dearest.get(shape[0], overall)) for shape, n in self.left.items() if n > 0)
-        return total / self.workers
+        return means, dearest, max(means.values(), default=0.0)
+
+    @staticmethod
+    def _price(shape: tuple, prices: tuple[dict[tuple, float], dict[str, float], float]) -> float:
+        means, dearest, overall = prices
+        return means.get(shape, dearest.get(shape[0], overall))
+
+    def seconds(self, trial: TrialSpec) -> float:
+        """``trial``'s expected seconds: its shape's mean measured, else the dearest mean of its kind, else of any
+        shape (0.0 before any trial was measured)."""
+        return self._price(shape_of(trial), self._prices())
+
+    def seconds_left(self) -> float | None:
+        """The estimate, or None before any trial was measured."""
+        prices = self._prices()
+        if not prices[0]:
+            return None
+        return sum(n * self._price(shape, prices) for shape, n in self.left.items() if n > 0) / self.workers
 
 
 def probes_first(trials: Iterable[TrialSpec]) -> list[TrialSpec]:
